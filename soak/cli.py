@@ -1,0 +1,65 @@
+"""``soak`` command line: a thin dispatcher.
+
+Each command lives with its stage and exposes ``configure(parser)`` and
+``main(args) -> int``; ``main`` unpacks the namespace into explicit keyword
+arguments at once, so no argparse namespace travels further. Errors from the
+``soak.errors`` tree become one line on stderr and their exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from soak import __version__
+from soak.errors import SoakError, UsageError
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("soak.run.cli", "run a soak from a config (the main job)"),
+    "validate": ("soak.run.validate_cli", "check a config and its workload, print the plan, run nothing"),
+    "sim": ("soak.sim.cli", "the simulated pipeline-parallel vLLM server, in the foreground"),
+    "report": ("soak.report.cli", "render summary.json, report.html and junit.xml from a run directory"),
+    "compare": ("soak.report.compare_cli", "compare two runs: throughput, latency, hit ratio, hang rate"),
+    "plan": ("soak.report.plan_cli", "how long a clean soak must run to beat a baseline MTBF"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="soak", description="Soak-test harness for vLLM servers.")
+    parser.add_argument("--version", action="version", version=f"soak {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.configure(command_parser)
+        command_parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.main(args) or 0)
+    except UsageError as exc:
+        print(f"soak {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except SoakError as exc:
+        print(f"soak {args.command}: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    except KeyboardInterrupt:
+        print(f"soak {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Every error soak raises, in one tree.
+
+Third-party errors (aiohttp, pydantic, yaml, pynvml, psutil) are translated at
+the boundary where they are caught, ``raise X(...) from exc``, so code above the
+edges only ever sees these classes.
+
+    SoakError
+    ├── UsageError                 exit 2: bad config, workload or arguments
+    │   ├── ConfigError            a file and a field (or line) are known
+    │   │   └── WorkloadError      a workload or trace file is at fault
+    │   └── ArgumentError          a command-line argument is at fault
+    ├── EnvironmentProblem         exit 3: something the config asks for is missing
+    │   ├── TargetNotReady         the server never answered /health and /v1/models
+    │   ├── PortInUse
+    │   └── GpuUnavailable         no NVML, no GPU, or the driver does not answer
+    ├── TransportError             one request failed; recorded, the soak goes on
+    │   ├── ConnectRefused
+    │   ├── ConnectionReset
+    │   ├── HTTPStatusError        carries .status and the server's message
+    │   ├── MalformedStream        the SSE stream broke the protocol
+    │   └── RequestTimeout         carries .phase: connect | first_token | stall | total
+    ├── ProbeError                 one sample could not be taken; the probe goes on
+    │   ├── ProbeTimeout           a call ran past its deadline (a wedged driver)
+    │   └── MetricsUnavailable
+    └── ResponseError              the kill path could not finish (recorded in the incident)
+
+``exit_code_for(exc)`` maps an error to the exit status of CONTRACTS.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SoakError(Exception):
+    """Base of every error soak raises on purpose."""
+
+
+class UsageError(SoakError):
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A config, workload or trace file is wrong.
+
+    ``str()`` is the one line the CLI prints: ``FILE: FIELD: MESSAGE``, or
+    ``FILE:LINE: MESSAGE`` when a line number is known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        field: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.message = message
+        self.path = str(path) if path is not None else None
+        self.field = field
+        self.line = line
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        where = self.path or "<config>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        if self.field:
+            return f"{where}: {self.field}: {self.message}"
+        return f"{where}: {self.message}"
+
+
+class WorkloadError(ConfigError):
+    pass
+
+
+class ArgumentError(UsageError):
+    pass
+
+
+class EnvironmentProblem(SoakError):
+    exit_code = 3
+
+
+class TargetNotReady(EnvironmentProblem):
+    pass
+
+
+class PortInUse(EnvironmentProblem):
+    pass
+
+
+class GpuUnavailable(EnvironmentProblem):
+    pass
+
+
+class TransportError(SoakError):
+    """One request failed. ``outcome`` names the class recorded in requests.jsonl."""
+
+    outcome = "error"
+
+
+class ConnectRefused(TransportError):
+    outcome = "refused"
+
+
+class ConnectionReset(TransportError):
+    outcome = "reset"
+
+
+class HTTPStatusError(TransportError):
+    outcome = "http_status"
+
+    def __init__(self, status: int, message: str = "") -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"HTTP {status}: {message}" if message else f"HTTP {status}")
+
+
+class MalformedStream(TransportError):
+    outcome = "malformed_stream"
+
+
+class RequestTimeout(TransportError):
+    PHASES = ("connect", "first_token", "stall", "total")
+
+    def __init__(self, phase: str, after_s: float) -> None:
+        if phase not in self.PHASES:
+            raise ValueError(f"unknown timeout phase {phase!r}, known: {', '.join(self.PHASES)}")
+        self.phase = phase
+        self.after_s = after_s
+        super().__init__(f"{phase} timeout after {after_s:.1f}s")
+
+    @property
+    def outcome(self) -> str:  # type: ignore[override]
+        return f"timeout_{self.phase}"
+
+
+class ProbeError(SoakError):
+    pass
+
+
+class ProbeTimeout(ProbeError):
+    pass
+
+
+class MetricsUnavailable(ProbeError):
+    pass
+
+
+class ResponseError(SoakError):
+    pass
+
+
+def exit_code_for(exc: BaseException) -> int | None:
+    """The CONTRACTS.md exit status for an error that ends a command, or None."""
+    return getattr(exc, "exit_code", None)

@@ -1,0 +1,190 @@
+"""Immutable sample records: what probes produce, the detector consumes, and the
+run store writes one JSON object a line (``samples.jsonl``).
+
+Every record has ``ts`` (unix seconds, from the run's clock) and a ``kind`` tag.
+``to_json()`` gives the line's object; ``sample_from_json()`` reads one back, so
+a recorded run replays through the detector exactly as it was seen live.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, Mapping, Union
+
+
+class GpuSource(str, Enum):
+    NVML = "nvml"
+    DCGM = "dcgm"
+    SIM = "sim"
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at one instant. Optional fields are None where the source lacks them."""
+
+    index: int
+    util_pct: float
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+    pids: tuple[int, ...] = ()
+    # NVML's 200 ms utilization samples since the previous reading, oldest first.
+    util_samples: tuple[float, ...] = ()
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    kind: ClassVar[str] = "gpu"
+    ts: float
+    source: GpuSource
+    gpus: tuple[GpuReading, ...]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """One scrape of /metrics. ``values`` is keyed by soak.metric_names keys,
+    summed over label sets (histograms as ``<key>_sum`` / ``<key>_count``)."""
+
+    kind: ClassVar[str] = "server"
+    ts: float
+    ok: bool
+    values: Mapping[str, float] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
+    error: str | None = None
+    latency_s: float | None = None
+
+
+@dataclass(frozen=True)
+class HealthSample:
+    kind: ClassVar[str] = "health"
+    ts: float
+    ok: bool
+    status: int | None = None
+    latency_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """Whether the target's root process is alive (launched or attached with a PID)."""
+
+    kind: ClassVar[str] = "process"
+    ts: float
+    pid: int
+    alive: bool
+    exit_code: int | None = None
+    tree_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClientSample:
+    """Client-side progress across the in-flight streams."""
+
+    kind: ClassVar[str] = "client"
+    ts: float
+    in_flight: int
+    bytes_total: int
+    tokens_total: int
+    requests_done: int
+    # Seconds since the stalest in-flight stream last received a byte; None when idle.
+    max_silence_s: float | None = None
+    # Streams past their first token that have been silent longest.
+    streaming: int = 0
+
+
+@dataclass(frozen=True)
+class LogSample:
+    """A line of the server's log that matched a known signature."""
+
+    kind: ClassVar[str] = "log"
+    ts: float
+    signature: str
+    line: str
+    fatal: bool = False
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+Sample = Union[GpuSample, ServerSample, HealthSample, ProcessSample, ClientSample, LogSample]
+SAMPLE_TYPES: dict[str, type] = {
+    t.kind: t for t in (GpuSample, ServerSample, HealthSample, ProcessSample, ClientSample, LogSample)
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def to_json(sample: Sample) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": sample.kind}
+    out.update(_plain(sample))
+    return out
+
+
+def sample_from_json(obj: Mapping[str, Any]) -> Sample:
+    kind = obj.get("kind")
+    cls = SAMPLE_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown sample kind {kind!r}, known: {', '.join(SAMPLE_TYPES)}")
+    data = {k: v for k, v in obj.items() if k != "kind"}
+    if cls is GpuSample:
+        data["source"] = GpuSource(data["source"])
+        data["gpus"] = tuple(
+            GpuReading(**{**g, "pids": tuple(g.get("pids", ())), "util_samples": tuple(g.get("util_samples", ()))})
+            for g in data["gpus"]
+        )
+    for name, f in cls.__dataclass_fields__.items():  # type: ignore[attr-defined]
+        if name in data and isinstance(data[name], list):
+            data[name] = tuple(data[name])
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request: a line of requests.jsonl."""
+
+    request_id: str
+    session: str | None
+    turn: int | None
+    started_at: float
+    ended_at: float
+    outcome: str  # "ok" or a TransportError outcome: refused, reset, http_status, timeout_<phase>, ...
+    prompt_tokens: int | None = None  # as the server reported (usage), else the plan's figure
+    planned_prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    itl_mean_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p99_s: float | None = None
+    itl_max_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    http_status: int | None = None
+    error: str | None = None
+    warmup: bool = False
+    finish_reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "RequestRecord":
+        known = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return cls(**{k: v for k, v in obj.items() if k in known})
