@@ -1,0 +1,352 @@
+"""The streaming client: one aiohttp session (one connection pool) per run.
+
+``send(request)`` posts one OpenAI-style streaming request and always returns a
+``RequestRecord``: success or a classified failure (refused, reset, HTTP
+status, which timeout, malformed stream). Failures never raise out of
+``send``; only cancellation of the caller does.
+
+Timeouts other than connect are enforced by one sweep over the in-flight
+streams (``ProgressTracker``) a few times a second instead of a timer per
+chunk: the hot path per chunk is a clock read, two attribute writes and the
+SSE decoder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any, Protocol
+
+import aiohttp
+
+from soak.clock import Clock, SystemClock
+from soak.errors import (
+    ConnectionReset,
+    ConnectRefused,
+    HTTPStatusError,
+    MalformedStream,
+    RequestTimeout,
+    TransportError,
+)
+from soak.load.config import TimeoutsConfig
+from soak.load.progress import ProgressTracker, StreamProgress
+from soak.load.sse import SSEDecoder
+from soak.samples import RequestRecord
+
+_ERROR_BODY_LIMIT = 2048
+
+
+class RequestAborted(TransportError):
+    """The harness cut the request short: the drain ran out, or the target is
+    being killed or restarted. Not the server's fault as such."""
+
+    outcome = "aborted"
+
+
+class TurnLike(Protocol):
+    """What the client needs of a ``soak.workload`` ``TurnRequest``."""
+
+    session_id: str | None
+    turn: int | None
+    path: str
+    body: bytes
+    planned_prompt_tokens: int | None
+    max_tokens: int
+
+
+class _Stream:
+    """What one response taught us; filled in as chunks arrive."""
+
+    __slots__ = ("first_at", "last_at", "gaps", "chunks", "usage", "finish_reason", "done", "status")
+
+    def __init__(self) -> None:
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.gaps: list[float] = []
+        self.chunks = 0
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+        self.status: int | None = None
+
+
+def _has_content(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    if delta is not None:
+        return bool(
+            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
+        )
+    return bool(choice.get("text"))
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank quantile, as vLLM's benchmark reports percentiles."""
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+class StreamingClient:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        timeouts: TimeoutsConfig,
+        tracker: ProgressTracker,
+        max_connections: int,
+        api_key: str | None = None,
+        clock: Clock | None = None,
+        sweep_interval_s: float | None = None,
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._timeouts = timeouts
+        self._tracker = tracker
+        self._max_connections = max_connections
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._clock = clock or SystemClock()
+        if sweep_interval_s is None:
+            shortest = min(timeouts.first_token, timeouts.stall, timeouts.total)
+            sweep_interval_s = min(1.0, max(0.05, shortest / 8))
+        self._sweep_interval_s = sweep_interval_s
+        self._session: aiohttp.ClientSession | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._closed = False
+        self._abort_reason: str | None = None
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, force_close=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.connect),
+            auto_decompress=False,
+        )
+        self._sweeper = asyncio.create_task(self._sweep(), name="soak-client-deadlines")
+
+    async def __aenter__(self) -> "StreamingClient":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+        if self._session is not None:
+            await self._session.close()
+
+    def abort_in_flight(self, reason: str) -> int:
+        """Cut every in-flight request short; each still yields its record
+        (outcome ``aborted``). Returns how many were cut."""
+        self._abort_reason = reason
+        count = 0
+        for stream_id, stream in self._tracker.streams():
+            task = self._tasks.get(stream_id)
+            if task is not None and stream.timed_out is None:
+                stream.timed_out = "aborted"
+                task.cancel()
+                count += 1
+        return count
+
+    async def _sweep(self) -> None:
+        timeouts = self._timeouts
+        while True:
+            await asyncio.sleep(self._sweep_interval_s)
+            now = self._clock.monotonic()
+            for stream_id, stream in self._tracker.streams():
+                if stream.timed_out is not None:
+                    continue
+                phase = None
+                if now - stream.started_at > timeouts.total:
+                    phase = "total"
+                elif stream.first_token_at is None:
+                    if now - stream.started_at > timeouts.first_token:
+                        phase = "first_token"
+                elif now - stream.last_byte_at > timeouts.stall:
+                    phase = "stall"
+                if phase is not None:
+                    task = self._tasks.get(stream_id)
+                    if task is not None:
+                        stream.timed_out = phase
+                        task.cancel()
+
+    async def send(self, request: TurnLike, *, request_id: str, warmup: bool = False) -> RequestRecord:
+        if self._session is None:
+            raise RuntimeError("StreamingClient.send before start()")
+        clock = self._clock
+        started_wall = clock.now()
+        t0 = clock.monotonic()
+        stream_id, progress = self._tracker.open(t0)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[stream_id] = task
+        state = _Stream()
+        error: TransportError | None = None
+        try:
+            await self._stream(request, progress, state)
+        except asyncio.CancelledError:
+            if progress.timed_out is None or task.uncancel() > 0:
+                raise
+            if progress.timed_out == "aborted":
+                error = RequestAborted(self._abort_reason or "aborted by the harness")
+            else:
+                error = RequestTimeout(progress.timed_out, clock.monotonic() - t0)
+        except TransportError as exc:
+            error = exc
+        except asyncio.TimeoutError as exc:  # aiohttp's sock_connect
+            error = RequestTimeout("connect", self._timeouts.connect)
+            error.__cause__ = exc
+        except aiohttp.ClientConnectorError as exc:
+            error = ConnectRefused(str(exc))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            error = ConnectionReset(str(exc) or type(exc).__name__)
+        except aiohttp.ClientResponseError as exc:
+            error = MalformedStream(f"bad HTTP response: {exc.message}")
+        except aiohttp.ClientError as exc:
+            error = TransportError(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._tasks.pop(stream_id, None)
+            self._tracker.close(stream_id)
+        return self._record(request, request_id, warmup, started_wall, t0, progress, state, error)
+
+    async def _stream(self, request: TurnLike, progress: StreamProgress, state: _Stream) -> None:
+        assert self._session is not None
+        mono = self._clock.monotonic
+        async with self._session.post(
+            self._base_url + request.path, data=request.body, headers=self._headers
+        ) as response:
+            state.status = response.status
+            if response.status >= 400:
+                body = await response.content.read(_ERROR_BODY_LIMIT)
+                raise HTTPStatusError(response.status, _error_message(body))
+            decoder = SSEDecoder()
+            async for chunk in response.content.iter_any():
+                now = mono()
+                progress.last_byte_at = now
+                progress.bytes += len(chunk)
+                for event in decoder.feed(chunk):
+                    self._on_event(event.data, now, progress, state)
+            for event in decoder.flush():
+                self._on_event(event.data, mono(), progress, state)
+        if not state.done:
+            if decoder.malformed_lines:
+                raise MalformedStream(f"{decoder.malformed_lines} line(s) that are not SSE, no [DONE]")
+            raise MalformedStream("stream ended before data: [DONE]")
+
+    def _on_event(self, data: str, now: float, progress: StreamProgress, state: _Stream) -> None:
+        if data == "[DONE]":
+            state.done = True
+            return
+        if state.done:
+            raise MalformedStream("data after [DONE]")
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise MalformedStream(f"chunk is not JSON: {data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise MalformedStream(f"chunk is not a JSON object: {data[:80]!r}")
+        if "error" in obj:
+            err = obj["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            raise TransportError(f"server error in stream: {message}")
+        choices = obj.get("choices")
+        if choices:
+            for choice in choices:
+                if _has_content(choice):
+                    if state.first_at is None:
+                        state.first_at = now
+                        progress.first_token_at = now
+                    else:
+                        state.gaps.append(now - state.last_at)  # type: ignore[operator]
+                    state.last_at = now
+                    state.chunks += 1
+                    progress.tokens += 1
+                reason = choice.get("finish_reason")
+                if reason:
+                    state.finish_reason = reason
+        usage = obj.get("usage")
+        if usage:
+            state.usage = usage
+
+    def _record(
+        self,
+        request: TurnLike,
+        request_id: str,
+        warmup: bool,
+        started_wall: float,
+        t0: float,
+        progress: StreamProgress,
+        state: _Stream,
+        error: TransportError | None,
+    ) -> RequestRecord:
+        elapsed = self._clock.monotonic() - t0
+        usage = state.usage or {}
+        prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        output_tokens = usage.get("completion_tokens")
+        if not isinstance(output_tokens, int):
+            output_tokens = state.chunks
+        ttft = state.first_at - t0 if state.first_at is not None else None
+        itl_mean = itl_p50 = itl_p99 = itl_max = None
+        if state.gaps:
+            gaps = sorted(state.gaps)
+            itl_mean = sum(gaps) / len(gaps)
+            itl_p50 = _quantile(gaps, 0.50)
+            itl_p99 = _quantile(gaps, 0.99)
+            itl_max = gaps[-1]
+        e2e = elapsed if error is None else None
+        tpot = None
+        if error is None and ttft is not None and output_tokens > 1:
+            tpot = (elapsed - ttft) / (output_tokens - 1)
+        return RequestRecord(
+            request_id=request_id,
+            session=request.session_id,
+            turn=request.turn,
+            started_at=started_wall,
+            ended_at=started_wall + elapsed,
+            outcome="ok" if error is None else error.outcome,
+            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else request.planned_prompt_tokens,
+            planned_prompt_tokens=request.planned_prompt_tokens,
+            cached_tokens=cached if isinstance(cached, int) else None,
+            output_tokens=output_tokens,
+            ttft_s=ttft,
+            itl_mean_s=itl_mean,
+            itl_p50_s=itl_p50,
+            itl_p99_s=itl_p99,
+            itl_max_s=itl_max,
+            tpot_s=tpot,
+            e2e_s=e2e,
+            bytes_sent=len(request.body),
+            bytes_received=progress.bytes,
+            http_status=state.status,
+            error=None if error is None else str(error),
+            warmup=warmup,
+            finish_reason=state.finish_reason,
+        )
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text[:200]
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:200]
+        return str(obj.get("message", err))[:200]
+    return text[:200]

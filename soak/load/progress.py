@@ -1,0 +1,89 @@
+"""Client-side progress: bytes and tokens on every in-flight stream.
+
+The streaming client updates a ``StreamProgress`` per request as chunks arrive
+(two attribute writes a chunk, no allocation); the client-progress probe calls
+``snapshot(now)`` on its own schedule. A stream silent for long while the GPUs
+read busy is the hang's client-side face.
+
+Memory is bounded by the number of in-flight streams: a stream's entry goes
+when it ends; only totals are kept.
+"""
+
+from __future__ import annotations
+
+from soak.samples import ClientSample
+
+
+class StreamProgress:
+    """One in-flight stream. Times are monotonic seconds from the run's clock."""
+
+    __slots__ = ("started_at", "first_token_at", "last_byte_at", "bytes", "tokens", "timed_out")
+
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+        self.first_token_at: float | None = None
+        self.last_byte_at = started_at
+        self.bytes = 0
+        self.tokens = 0
+        # Set by the client's deadline sweep to the timeout phase that fired.
+        self.timed_out: str | None = None
+
+
+class ProgressTracker:
+    """Totals across the run plus the live set of streams.
+
+    ``now`` passed to ``snapshot`` is unix seconds for the sample's ``ts``;
+    ``mono`` is the monotonic time the streams' times are measured on.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[int, StreamProgress] = {}
+        self._next_id = 0
+        self._bytes_done = 0
+        self._tokens_done = 0
+        self.requests_done = 0
+
+    def open(self, mono: float) -> tuple[int, StreamProgress]:
+        self._next_id += 1
+        stream = StreamProgress(mono)
+        self._streams[self._next_id] = stream
+        return self._next_id, stream
+
+    def close(self, stream_id: int) -> None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._bytes_done += stream.bytes
+            self._tokens_done += stream.tokens
+            self.requests_done += 1
+
+    def streams(self) -> list[tuple[int, StreamProgress]]:
+        return list(self._streams.items())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def tokens_total(self) -> int:
+        return self._tokens_done + sum(s.tokens for s in self._streams.values())
+
+    @property
+    def bytes_total(self) -> int:
+        return self._bytes_done + sum(s.bytes for s in self._streams.values())
+
+    def snapshot(self, now: float, mono: float | None = None) -> ClientSample:
+        """The progress sample at ``now`` (unix s). ``mono`` defaults to ``now``
+        when the caller measures streams on the same clock."""
+        mono = now if mono is None else mono
+        streams = list(self._streams.values())
+        streaming = [s for s in streams if s.first_token_at is not None]
+        max_silence = max((mono - s.last_byte_at for s in streams), default=None)
+        return ClientSample(
+            ts=now,
+            in_flight=len(streams),
+            bytes_total=self._bytes_done + sum(s.bytes for s in streams),
+            tokens_total=self._tokens_done + sum(s.tokens for s in streams),
+            requests_done=self.requests_done,
+            max_silence_s=max(0.0, max_silence) if max_silence is not None else None,
+            streaming=len(streaming),
+        )

@@ -1,0 +1,173 @@
+"""The streaming client against a real aiohttp server on loopback that misbehaves
+on request: each failure lands in the record's outcome and the client goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from soak.load.client import StreamingClient
+from soak.load.config import TimeoutsConfig
+from soak.load.progress import ProgressTracker
+
+
+@dataclass(frozen=True)
+class Turn:
+    path: str
+    body: bytes
+    session_id: str | None = "s1"
+    turn: int | None = 0
+    planned_prompt_tokens: int | None = 100
+    max_tokens: int = 5
+    think_time_s: float = 0.0
+
+
+def chunk(content: str | None = None, finish: str | None = None, usage: dict | None = None) -> bytes:
+    obj: dict = {"id": "c", "object": "chat.completion.chunk", "choices": []}
+    if content is not None or finish is not None:
+        obj["choices"] = [{"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}]
+    if usage is not None:
+        obj["usage"] = usage
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def behaviour(request: web.Request) -> web.StreamResponse:
+    mode = request.match_info["mode"]
+    await request.read()
+    if mode == "status":
+        return web.json_response({"error": {"message": "model overloaded", "code": 503}}, status=503)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if mode == "first_token":
+        await response.write(b": waiting\n\n")
+        await asyncio.sleep(30)
+    await response.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}).encode() + b"\n\n")
+    for i in range(5):
+        await response.write(chunk(f"t{i}"))
+        await asyncio.sleep(0.01)
+        if mode == "stall" and i == 2:
+            await asyncio.sleep(30)
+        if mode == "reset" and i == 2:
+            request.transport.abort()  # type: ignore[union-attr]
+            return response
+        if mode == "malformed" and i == 2:
+            await response.write(b"data: {not json\n\n")
+    await response.write(chunk(finish="stop"))
+    usage = {"prompt_tokens": 120, "completion_tokens": 5, "total_tokens": 125, "prompt_tokens_details": {"cached_tokens": 96}}
+    await response.write(chunk(usage=usage))
+    if mode != "no_done":
+        await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+@pytest.fixture
+async def server_url():
+    app = web.Application()
+    app.router.add_post("/{mode}/v1/chat/completions", behaviour)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def make_client():
+    clients: list[StreamingClient] = []
+
+    async def make(base_url: str, **timeouts) -> StreamingClient:
+        client = StreamingClient(
+            base_url=base_url,
+            timeouts=TimeoutsConfig(**{"connect": 2, "first_token": 5, "stall": 5, "total": 20, **timeouts}),
+            tracker=ProgressTracker(),
+            max_connections=8,
+            sweep_interval_s=0.05,
+        )
+        await client.start()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+def turn(mode: str) -> Turn:
+    return Turn(path=f"/{mode}/v1/chat/completions", body=b'{"stream": true}')
+
+
+async def test_ok_stream_measures_ttft_itl_tpot_and_usage(server_url, make_client) -> None:
+    client = await make_client(server_url)
+    record = await client.send(turn("ok"), request_id="r1")
+    assert record.outcome == "ok", record.error
+    assert record.prompt_tokens == 120 and record.cached_tokens == 96 and record.output_tokens == 5
+    assert record.finish_reason == "stop"
+    assert 0 < record.ttft_s <= record.e2e_s
+    assert record.itl_max_s >= record.itl_p50_s > 0
+    assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 4)
+    assert record.bytes_sent == len(b'{"stream": true}') and record.bytes_received > 0
+    assert record.ended_at >= record.started_at
+
+
+@pytest.mark.parametrize(
+    "mode, outcome",
+    [("status", "http_status"), ("reset", "reset"), ("malformed", "malformed_stream"), ("no_done", "malformed_stream")],
+)
+async def test_failures_are_classified_and_the_client_goes_on(server_url, make_client, mode, outcome) -> None:
+    client = await make_client(server_url)
+    record = await client.send(turn(mode), request_id="r1")
+    assert record.outcome == outcome, record.error
+    if mode == "status":
+        assert record.http_status == 503 and "model overloaded" in record.error
+    again = await client.send(turn("ok"), request_id="r2")
+    assert again.outcome == "ok"
+
+
+@pytest.mark.parametrize("mode, timeouts, outcome", [
+    ("stall", {"stall": 0.3}, "timeout_stall"),
+    ("first_token", {"first_token": 0.3}, "timeout_first_token"),
+    ("stall", {"total": 0.3}, "timeout_total"),
+])
+async def test_each_timeout_is_named(server_url, make_client, mode, timeouts, outcome) -> None:
+    client = await make_client(server_url, **timeouts)
+    record = await client.send(turn(mode), request_id="r1")
+    assert record.outcome == outcome
+    assert record.e2e_s is None
+    assert (await client.send(turn("ok"), request_id="r2")).outcome == "ok"
+
+
+async def test_refused_connection(make_client) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = await make_client(f"http://127.0.0.1:{port}")
+    record = await client.send(turn("ok"), request_id="r1")
+    assert record.outcome == "refused"
+
+
+async def test_abort_in_flight_yields_aborted_records(server_url, make_client) -> None:
+    client = await make_client(server_url)
+    tasks = [asyncio.create_task(client.send(turn("stall"), request_id=f"r{i}")) for i in range(3)]
+    while client._tracker.in_flight < 3 or client._tracker.tokens_total < 9:
+        await asyncio.sleep(0.02)
+    assert client.abort_in_flight("restart") == 3
+    records = await asyncio.gather(*tasks)
+    assert {r.outcome for r in records} == {"aborted"}
+    assert client._tracker.in_flight == 0 and client._tracker.requests_done == 3
+
+
+async def test_outer_cancellation_propagates(server_url, make_client) -> None:
+    client = await make_client(server_url)
+    task = asyncio.create_task(client.send(turn("stall"), request_id="r1"))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
