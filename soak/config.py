@@ -21,7 +21,7 @@ from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
 from soak.respond.config import ResponseConfig
 from soak.run.config import SimulatorTarget, TargetConfig
-from soak.workload.config import WorkloadConfig
+from soak.workload.config import SyntheticAgenticConfig, WorkloadConfig
 
 
 class RunConfig(StrictModel):
@@ -30,7 +30,7 @@ class RunConfig(StrictModel):
     warmup: Duration = 0.0
     seed: int = 0
     target: TargetConfig = SimulatorTarget()
-    workload: WorkloadConfig = WorkloadConfig()
+    workload: WorkloadConfig = SyntheticAgenticConfig()
     load: LoadConfig = LoadConfig()
     probes: ProbesConfig = ProbesConfig()
     detector: DetectorConfig = DetectorConfig()
@@ -86,6 +86,6 @@ def load_run_config(path: str | Path) -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=path)
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"base_dir": Path(path).parent})
     except ValidationError as exc:
         raise validation_error_to_config_error(exc, path) from exc
