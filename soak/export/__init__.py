@@ -1,0 +1,1 @@
+"""The harness's Prometheus exporter (a run sink), and the dashboards' source."""

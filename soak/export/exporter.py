@@ -1,0 +1,258 @@
+"""The harness's Prometheus exporter: a run sink over one registry per run.
+
+``Exporter`` turns what the run loop hands its sinks (samples, finished
+requests, assessments, incidents, events) into the ``soak_*`` families of
+``soak.export.names`` on the registry it is given, never the global one.
+``start()`` serves that registry over HTTP (127.0.0.1 by default) from a
+daemon thread, so a scrape never waits on the event loop and a busy loop never
+delays a scrape.
+
+Objects from other stages (RunInfo, Assessment, RuleStatus, IncidentRecord)
+are read by attribute or mapping key, so the exporter only depends on the
+fields docs/ARCHITECTURE.md names.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from enum import Enum
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import start_http_server
+
+from soak.clock import Clock, SystemClock
+from soak.errors import PortInUse
+from soak.export.config import ExporterConfig
+from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, Kind
+from soak.samples import (
+    ClientSample,
+    GpuSample,
+    HealthSample,
+    LogSample,
+    ProcessSample,
+    RequestRecord,
+    Sample,
+    ServerSample,
+)
+
+_MIB = 1024 * 1024
+_FAMILY_CLASSES = {Kind.COUNTER: Counter, Kind.GAUGE: Gauge, Kind.HISTOGRAM: Histogram, Kind.INFO: Info}
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _label(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value)
+
+
+def build_families(registry: CollectorRegistry) -> dict[str, Any]:
+    """Register every family of the table on ``registry``; name -> metric object."""
+    families: dict[str, Any] = {}
+    for metric in HARNESS_METRICS.values():
+        cls = _FAMILY_CLASSES[metric.kind]
+        kwargs: dict[str, Any] = {"registry": registry}
+        if metric.buckets is not None:
+            kwargs["buckets"] = metric.buckets
+        # prometheus_client appends _total (counters) and _info (info) itself.
+        families[metric.name] = cls(metric.name, metric.help, metric.labels, **kwargs)
+    return families
+
+
+class Exporter:
+    """A RunSink that publishes the run as Prometheus metrics."""
+
+    def __init__(
+        self,
+        config: ExporterConfig,
+        *,
+        registry: CollectorRegistry,
+        clock: Clock | None = None,
+    ) -> None:
+        self._config = config
+        self._registry = registry
+        self._clock = clock or SystemClock()
+        self._m = build_families(registry)
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._ends_at: float | None = None
+        self._last_client_tokens = 0
+        self._last_client_bytes = 0
+        self._m["soak_run_time_remaining_seconds"].set_function(self._time_remaining)
+        # Series that exist from the start, so rates and alerts have data
+        # before the first request finishes or the detector first speaks.
+        self._m["soak_requests"].labels(outcome="ok")
+        self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES["healthy"])
+
+    # serving -------------------------------------------------------------
+    def start(self) -> None:
+        """Bind and serve the registry; no-op when the exporter is disabled."""
+        if not self._config.enabled or self._server is not None:
+            return
+        try:
+            self._server, self._thread = start_http_server(
+                self._config.port, addr=self._config.host, registry=self._registry
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(
+                    f"exporter: {self._config.host}:{self._config.port} is taken; "
+                    "set exporter.port to a free port or 0"
+                ) from exc
+            raise PortInUse(f"exporter: cannot bind {self._config.host}:{self._config.port}: {exc}") from exc
+
+    @property
+    def port(self) -> int | None:
+        """The bound port (useful with port 0), or None when not serving."""
+        return None if self._server is None else int(self._server.server_port)
+
+    @property
+    def url(self) -> str | None:
+        if self._server is None:
+            return None
+        host = self._config.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving. Idempotent; the registry keeps its values."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # RunSink -------------------------------------------------------------
+    def on_start(self, info: Any) -> None:
+        started_at = _field(info, "started_at")
+        duration = _field(info, "duration_s")
+        self._m["soak_run"].info(
+            {
+                "run": _label(_field(info, "name", _field(info, "run_id"))),
+                "workload": _label(_field(info, "workload")),
+                "target": _label(_field(info, "target")),
+            }
+        )
+        if started_at is not None:
+            self._m["soak_run_start_time_seconds"].set(float(started_at))
+        if duration is not None:
+            self._m["soak_run_planned_duration_seconds"].set(float(duration))
+        if started_at is not None and duration is not None:
+            self._ends_at = float(started_at) + float(duration)
+
+    def on_sample(self, sample: Sample) -> None:
+        if isinstance(sample, GpuSample):
+            self._on_gpu(sample)
+        elif isinstance(sample, ServerSample):
+            self._probe("server", sample.ts, sample.ok)
+        elif isinstance(sample, HealthSample):
+            self._probe("health", sample.ts, sample.ok)
+        elif isinstance(sample, ProcessSample):
+            self._probe("process", sample.ts, sample.alive)
+        elif isinstance(sample, ClientSample):
+            self._on_client(sample)
+        elif isinstance(sample, LogSample):
+            self._m["soak_log_signatures"].labels(signature=sample.signature, fatal=str(sample.fatal).lower()).inc()
+
+    def on_request(self, record: RequestRecord) -> None:
+        m = self._m
+        m["soak_requests"].labels(outcome=record.outcome).inc()
+        if record.prompt_tokens is not None:
+            m["soak_prompt_tokens"].inc(record.prompt_tokens)
+            m["soak_request_prompt_tokens"].observe(record.prompt_tokens)
+            m["soak_context_length_tokens"].set(record.prompt_tokens)
+        if record.cached_tokens:
+            m["soak_cached_tokens"].inc(record.cached_tokens)
+        if record.output_tokens:
+            m["soak_generated_tokens"].inc(record.output_tokens)
+        for value, family in (
+            (record.ttft_s, "soak_ttft_seconds"),
+            (record.itl_mean_s, "soak_request_mean_itl_seconds"),
+            (record.itl_max_s, "soak_request_max_itl_seconds"),
+            (record.e2e_s, "soak_e2e_request_latency_seconds"),
+        ):
+            if value is not None:
+                m[family].observe(value)
+
+    def on_assessment(self, assessment: Any) -> None:
+        state = _label(_field(assessment, "state"))
+        if state in DETECTOR_STATE_VALUES:
+            self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[state])
+        for rule in _field(assessment, "rules", ()) or ():
+            name = _label(_field(rule, "rule", _field(rule, "name")))
+            rule_state = _label(_field(rule, "state"))
+            if name and rule_state in DETECTOR_STATE_VALUES:
+                self._m["soak_detector_rule_state"].labels(rule=name).set(DETECTOR_STATE_VALUES[rule_state])
+
+    def on_incident(self, incident: Any) -> None:
+        m = self._m
+        m["soak_incidents"].labels(kind=_label(_field(incident, "kind")), rule=_label(_field(incident, "rule"))).inc()
+        onset = _field(incident, "onset_at")
+        detected = _field(incident, "detected_at")
+        gpu_free = _field(incident, "gpu_free_s")
+        if onset is not None:
+            m["soak_last_incident_onset_timestamp_seconds"].set(float(onset))
+        if onset is not None and detected is not None:
+            m["soak_last_incident_detection_delay_seconds"].set(float(detected) - float(onset))
+        if gpu_free is not None:
+            m["soak_last_incident_gpu_free_seconds"].set(float(gpu_free))
+
+    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature
+        self._m["soak_events"].labels(type=type).inc()
+
+    # internals -----------------------------------------------------------
+    def _time_remaining(self) -> float:
+        if self._ends_at is None:
+            return 0.0
+        return max(0.0, self._ends_at - self._clock.now())
+
+    def _probe(self, probe: str, ts: float, ok: bool) -> None:
+        self._m["soak_probe_ok"].labels(probe=probe).set(1 if ok else 0)
+        self._m["soak_probe_last_sample_timestamp_seconds"].labels(probe=probe).set(ts)
+
+    def _on_gpu(self, sample: GpuSample) -> None:
+        m = self._m
+        self._probe("gpu", sample.ts, sample.error is None)
+        if sample.error is not None:
+            return  # keep the last good reading rather than invent one
+        for gpu in sample.gpus:
+            label = str(gpu.index)
+            m["soak_gpu_utilization_percent"].labels(gpu=label).set(gpu.util_pct)
+            m["soak_gpu_processes"].labels(gpu=label).set(len(gpu.pids))
+            if gpu.mem_used_mib is not None:
+                m["soak_gpu_memory_used_bytes"].labels(gpu=label).set(gpu.mem_used_mib * _MIB)
+            if gpu.mem_total_mib is not None:
+                m["soak_gpu_memory_total_bytes"].labels(gpu=label).set(gpu.mem_total_mib * _MIB)
+            if gpu.power_w is not None:
+                m["soak_gpu_power_watts"].labels(gpu=label).set(gpu.power_w)
+
+    def _on_client(self, sample: ClientSample) -> None:
+        m = self._m
+        self._probe("client", sample.ts, True)
+        m["soak_requests_in_flight"].set(sample.in_flight)
+        m["soak_client_max_silence_seconds"].set(sample.max_silence_s or 0.0)
+        # The tracker's totals are cumulative; a tracker started afresh (after
+        # a restart) counts from zero again, and its new total is all new.
+        tokens = sample.tokens_total - self._last_client_tokens
+        received = sample.bytes_total - self._last_client_bytes
+        m["soak_client_streamed_tokens"].inc(tokens if tokens >= 0 else sample.tokens_total)
+        m["soak_client_received_bytes"].inc(received if received >= 0 else sample.bytes_total)
+        self._last_client_tokens = sample.tokens_total
+        self._last_client_bytes = sample.bytes_total

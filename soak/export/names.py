@@ -1,0 +1,169 @@
+"""The one table of the harness's own metric names (``soak_*``).
+
+The exporter registers exactly these; the dashboard, the Prometheus rules and
+their lint test look names up here, so a rename happens in one place. vLLM and
+DCGM names live in ``soak.metric_names``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class HarnessMetric:
+    name: str  # family name; a counter is exposed with ``_total``, an info with ``_info``
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    @property
+    def series_names(self) -> tuple[str, ...]:
+        """The sample names Prometheus stores for this family."""
+        if self.kind is Kind.COUNTER:
+            return (f"{self.name}_total", f"{self.name}_created")
+        if self.kind is Kind.HISTOGRAM:
+            return tuple(f"{self.name}{s}" for s in ("_bucket", "_sum", "_count", "_created"))
+        if self.kind is Kind.INFO:
+            return (f"{self.name}_info",)
+        return (self.name,)
+
+
+# Client-side latency bounds: vLLM's TTFT bounds, so the client and server
+# histograms of the dashboard line up bucket for bucket.
+LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+    160.0, 320.0, 640.0, 1280.0, 2560.0,
+)
+ITL_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+    5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0,
+)
+# Agentic contexts run 190K-230K tokens; max_model_len is 327680.
+CONTEXT_BUCKETS = (
+    1024, 4096, 16384, 32768, 65536, 98304, 131072, 163840, 196608, 212992,
+    229376, 262144, 327680,
+)
+
+# Detector states as numbers, so a state timeline can colour them and an alert
+# can compare them. The detector's DetectorState values are the keys.
+DETECTOR_STATE_VALUES: dict[str, int] = {"healthy": 0, "suspect": 1, "hung": 2}
+
+# The probes whose health the exporter reports (soak_probe_ok{probe=...}).
+PROBES: tuple[str, ...] = ("gpu", "server", "health", "process", "client")
+
+HARNESS_METRICS: dict[str, HarnessMetric] = {
+    m.name: m
+    for m in (
+        # run
+        HarnessMetric("soak_run", Kind.INFO, "The run: its name, workload and target.", ("run", "workload", "target")),
+        HarnessMetric("soak_run_start_time_seconds", Kind.GAUGE, "When the run started (unix seconds)."),
+        HarnessMetric("soak_run_planned_duration_seconds", Kind.GAUGE, "The soak's planned duration."),
+        HarnessMetric("soak_run_time_remaining_seconds", Kind.GAUGE, "Seconds of the planned soak still to go."),
+        HarnessMetric("soak_events", Kind.COUNTER, "Run events (events.jsonl lines) by type.", ("type",)),
+        # GPUs, as the run's GPU source sampled them (NVML, dcgm-exporter or the simulator)
+        HarnessMetric("soak_gpu_utilization_percent", Kind.GAUGE, "GPU utilization as sampled (percent).", ("gpu",)),
+        HarnessMetric("soak_gpu_memory_used_bytes", Kind.GAUGE, "GPU memory in use as sampled.", ("gpu",)),
+        HarnessMetric("soak_gpu_memory_total_bytes", Kind.GAUGE, "GPU memory in all.", ("gpu",)),
+        HarnessMetric("soak_gpu_power_watts", Kind.GAUGE, "GPU power draw as sampled.", ("gpu",)),
+        HarnessMetric("soak_gpu_processes", Kind.GAUGE, "Compute processes holding the GPU.", ("gpu",)),
+        # probes
+        HarnessMetric("soak_probe_ok", Kind.GAUGE, "1 when the probe's last reading succeeded.", ("probe",)),
+        HarnessMetric(
+            "soak_probe_last_sample_timestamp_seconds",
+            Kind.GAUGE,
+            "When the probe last produced a sample (unix seconds).",
+            ("probe",),
+        ),
+        HarnessMetric(
+            "soak_log_signatures", Kind.COUNTER, "Server log lines that matched a known signature.", ("signature", "fatal")
+        ),
+        # client side
+        HarnessMetric("soak_requests", Kind.COUNTER, "Finished requests by outcome.", ("outcome",)),
+        HarnessMetric("soak_prompt_tokens", Kind.COUNTER, "Prompt tokens of finished requests."),
+        HarnessMetric("soak_cached_tokens", Kind.COUNTER, "Prompt tokens the server reported as cached."),
+        HarnessMetric("soak_generated_tokens", Kind.COUNTER, "Output tokens of finished requests."),
+        HarnessMetric(
+            "soak_client_streamed_tokens",
+            Kind.COUNTER,
+            "Tokens the client has received on its streams, counted as they arrive.",
+        ),
+        HarnessMetric("soak_client_received_bytes", Kind.COUNTER, "Bytes the client has received on its streams."),
+        HarnessMetric("soak_requests_in_flight", Kind.GAUGE, "Requests sent and not yet finished."),
+        HarnessMetric(
+            "soak_client_max_silence_seconds",
+            Kind.GAUGE,
+            "Seconds since the stalest in-flight stream last received a byte (0 when idle).",
+        ),
+        HarnessMetric(
+            "soak_ttft_seconds", Kind.HISTOGRAM, "Time to first token of finished requests.", buckets=LATENCY_BUCKETS
+        ),
+        HarnessMetric(
+            "soak_request_mean_itl_seconds",
+            Kind.HISTOGRAM,
+            "Mean inter-token latency of each finished request (one observation a request).",
+            buckets=ITL_BUCKETS,
+        ),
+        HarnessMetric(
+            "soak_request_max_itl_seconds",
+            Kind.HISTOGRAM,
+            "Longest gap between tokens of each finished request (one observation a request).",
+            buckets=ITL_BUCKETS,
+        ),
+        HarnessMetric(
+            "soak_e2e_request_latency_seconds",
+            Kind.HISTOGRAM,
+            "End-to-end latency of finished requests.",
+            buckets=LATENCY_BUCKETS,
+        ),
+        HarnessMetric(
+            "soak_request_prompt_tokens",
+            Kind.HISTOGRAM,
+            "Context length (prompt tokens) of finished requests.",
+            buckets=CONTEXT_BUCKETS,
+        ),
+        HarnessMetric(
+            "soak_context_length_tokens", Kind.GAUGE, "Context length (prompt tokens) of the last finished request."
+        ),
+        # detector and incidents
+        HarnessMetric(
+            "soak_detector_state", Kind.GAUGE, "Detector verdict now: 0 healthy, 1 suspect, 2 hung."
+        ),
+        HarnessMetric(
+            "soak_detector_rule_state",
+            Kind.GAUGE,
+            "Each detector rule's state: 0 healthy, 1 suspect, 2 hung.",
+            ("rule",),
+        ),
+        HarnessMetric("soak_incidents", Kind.COUNTER, "Incidents by kind and by the rule that fired.", ("kind", "rule")),
+        HarnessMetric(
+            "soak_last_incident_onset_timestamp_seconds",
+            Kind.GAUGE,
+            "Best estimate of when progress stopped before the last incident (unix seconds).",
+        ),
+        HarnessMetric(
+            "soak_last_incident_detection_delay_seconds",
+            Kind.GAUGE,
+            "Seconds from the last incident's onset to the detector's decision.",
+        ),
+        HarnessMetric(
+            "soak_last_incident_gpu_free_seconds",
+            Kind.GAUGE,
+            "Seconds from the last kill until the GPUs showed no process.",
+        ),
+    )
+}
+
+
+def exported_series_names() -> frozenset[str]:
+    """Every sample name the harness can expose."""
+    return frozenset(name for metric in HARNESS_METRICS.values() for name in metric.series_names)
