@@ -1,0 +1,70 @@
+"""junit.xml: one test case per soak, so nightly CI shows a hang as a failed test.
+
+The layout is the Apache Ant JUnit schema (windyroad JUnit.xsd, checked against
+in tests/report): ``<testsuite>`` with ``properties``, one ``testcase``,
+``system-out`` and ``system-err``. An incident is the case's ``<failure>``
+(a test case holds at most one, so every incident is listed in its text); a run
+that was cut off or aborted without an incident is an ``<error>``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import xml.etree.ElementTree as ET
+from typing import Any, Mapping, Sequence
+
+
+def _timestamp(ts: Any) -> str:
+    when = dt.datetime.fromtimestamp(float(ts) if isinstance(ts, (int, float)) else 0.0, tz=dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S")  # the schema forbids a timezone suffix
+
+
+def _clean(text: str) -> str:
+    # XML 1.0 cannot carry most control characters; log lines sometimes do.
+    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)
+
+
+def incident_line(incident: Mapping[str, Any], start: float | None) -> str:
+    onset = incident.get("onset_at")
+    at = ""
+    if isinstance(onset, (int, float)) and start is not None:
+        at = f" at +{(onset - start) / 60:.1f} min"
+    summary = incident.get("summary") or "; ".join(incident.get("reasons") or ()) or "no summary recorded"
+    return (f"incident {incident.get('number', '?')}: {incident.get('kind', '?')} "
+            f"(rule {incident.get('rule', '?')}){at}: {summary} [evidence {incident.get('evidence', '?')}]")
+
+
+def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "localhost",
+                properties: Sequence[tuple[str, str]] = (), system_out: str = "") -> bytes:
+    incidents = list(summary.get("incidents") or [])
+    verdict = str(summary.get("verdict", "unknown"))
+    cut_off = bool(summary.get("cut_off"))
+    start = summary.get("started_at") if isinstance(summary.get("started_at"), (int, float)) else None
+    duration = summary.get("duration_s")
+    duration = float(duration) if isinstance(duration, (int, float)) else 0.0
+    failed = bool(incidents) or verdict == "fail"
+    errored = not failed and (cut_off or verdict not in ("pass",))
+
+    suite = ET.Element("testsuite", {
+        "name": "soak", "timestamp": _timestamp(summary.get("started_at")), "hostname": hostname or "localhost",
+        "tests": "1", "failures": "1" if failed else "0", "errors": "1" if errored else "0",
+        "time": f"{duration:.3f}",
+    })
+    props = ET.SubElement(suite, "properties")
+    for key, value in [("verdict", verdict), ("cut_off", str(cut_off).lower()), *properties]:
+        ET.SubElement(props, "property", {"name": key, "value": _clean(str(value))})
+    case = ET.SubElement(suite, "testcase", {"name": name or "soak", "classname": f"soak.{name or 'soak'}",
+                                             "time": f"{duration:.3f}"})
+    if failed:
+        lines = [incident_line(i, start) for i in incidents] or [f"verdict {verdict}"]
+        kinds = sorted({str(i.get("kind", "incident")) for i in incidents}) or ["fail"]
+        failure = ET.SubElement(case, "failure", {"type": ",".join(kinds), "message": _clean(lines[0])})
+        failure.text = _clean("\n".join(lines))
+    elif errored:
+        why = "the run was cut off (no run_ended event): verdict from what was recorded" if cut_off else f"verdict {verdict}"
+        error = ET.SubElement(case, "error", {"type": "cut_off" if cut_off else verdict, "message": why})
+        error.text = why
+    ET.SubElement(suite, "system-out").text = _clean(system_out)
+    ET.SubElement(suite, "system-err").text = ""
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,253 @@
+"""Timeline plots as PNG bytes (matplotlib, Agg canvas, no pyplot global state).
+
+Each function takes plain arrays (unix seconds and values) plus the run's start
+and optional incident markers, and returns PNG bytes, so the report inlines
+them and the live view / exporter can reuse them (e.g. ``gpu_heatmap_png`` and
+``token_rates_png``) to render files. Long runs are binned to at most
+``max_columns`` time bins, which keeps a 66-minute run fast and readable.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; harmless if a caller already chose Agg
+import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+WIDTH_IN = 11.0
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Marker:
+    ts: float
+    label: str
+    style: str = "detected"  # "onset" (dashed) or "detected" (solid)
+
+
+def _figure(height_in: float) -> Figure:
+    fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _minutes(ts: np.ndarray, start: float) -> np.ndarray:
+    return (np.asarray(ts, dtype=float) - start) / 60.0
+
+
+def _mark(ax, markers: Sequence[Marker], start: float) -> None:
+    for m in markers:
+        ax.axvline((m.ts - start) / 60.0, color="#d62728", lw=1.2, ls="--" if m.style == "onset" else "-", alpha=0.9)
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#777")
+    ax.set_yticks([])
+
+
+def _finish(fig: Figure, ax, title: str, xlabel: bool = True) -> None:
+    ax.set_title(title, loc="left", fontsize=11)
+    if xlabel:
+        ax.set_xlabel("minutes since start")
+    ax.grid(True, alpha=0.25)
+    fig.tight_layout()
+
+
+def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> np.ndarray:
+    span = max(t1 - t0, min_width_s)
+    width = max(min_width_s, span / max_columns)
+    return t0 + np.arange(0, span + width, width)
+
+
+def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per-second rate of a counter in each bin, interpolated at the bin edges; a
+    drop (a server restart) counts as no increase. NaN outside the sampled span."""
+    ts = np.asarray(ts, dtype=float)
+    values = np.asarray(values, dtype=float)
+    ok = np.isfinite(values)
+    ts, values = ts[ok], values[ok]
+    out = np.full(len(edges) - 1, np.nan)
+    if ts.size < 2:
+        return out
+    monotone = np.concatenate(([0.0], np.cumsum(np.clip(np.diff(values), 0, None))))
+    at_edges = np.interp(edges, ts, monotone)
+    rate = np.diff(at_edges) / np.diff(edges)
+    inside = (edges[1:] > ts[0]) & (edges[:-1] < ts[-1])
+    out[inside] = rate[inside]
+    return out
+
+
+def binned_mean(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    ts = np.asarray(ts, dtype=float)
+    values = np.asarray(values, dtype=float)
+    ok = np.isfinite(values)
+    sums, _ = np.histogram(ts[ok], bins=edges, weights=values[ok])
+    counts, _ = np.histogram(ts[ok], bins=edges)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
+                    max_columns: int = 720) -> bytes:
+    """Per-GPU utilization, one row a GPU: one idle GPU beside busy ones is a dark stripe."""
+    ts = np.asarray(ts, dtype=float)
+    util = np.asarray(util, dtype=float)
+    gpus = util.shape[1] if util.ndim == 2 else 0
+    fig = _figure(max(2.2, 0.8 + 0.28 * gpus))
+    ax = fig.add_subplot(111)
+    if ts.size < 2 or gpus == 0:
+        _empty(ax, "no GPU samples")
+        _finish(fig, ax, "GPU utilization (%)")
+        return _png(fig)
+    edges = bin_edges(ts[0], ts[-1], max_columns=max_columns, min_width_s=0.5)
+    grid = np.vstack([binned_mean(ts, util[:, g], edges) for g in range(gpus)])
+    x0, x1 = _minutes(edges[[0, -1]], start)
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
+                      extent=(x0, x1, gpus - 0.5, -0.5))
+    ax.set_yticks(range(gpus))
+    ax.set_yticklabels([f"GPU {g}" for g in range(gpus)], fontsize=8)
+    _mark(ax, markers, start)
+    cbar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03)
+    cbar.set_label("%")
+    ax.set_title("GPU utilization (%) per GPU", loc="left", fontsize=11)
+    ax.set_xlabel("minutes since start")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def token_rates_png(server_ts: np.ndarray, server_generated: np.ndarray, client_ts: np.ndarray,
+                    client_tokens: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
+                    max_columns: int = 240) -> bytes:
+    """Generated tokens per second as the server counts them and as the client receives them."""
+    fig = _figure(2.8)
+    ax = fig.add_subplot(111)
+    spans = [a for a in (np.asarray(server_ts), np.asarray(client_ts)) if a.size >= 2]
+    if not spans:
+        _empty(ax, "no token counters recorded")
+        _finish(fig, ax, "token rate (tokens/s)")
+        return _png(fig)
+    t0, t1 = min(a[0] for a in spans), max(a[-1] for a in spans)
+    edges = bin_edges(t0, t1, max_columns=max_columns, min_width_s=5.0)
+    x = _minutes((edges[:-1] + edges[1:]) / 2, start)
+    if np.asarray(server_ts).size >= 2:
+        ax.plot(x, counter_rate(server_ts, server_generated, edges), lw=1.4, label="server: vllm:generation_tokens")
+    if np.asarray(client_ts).size >= 2:
+        ax.plot(x, counter_rate(client_ts, client_tokens, edges), lw=1.1, ls="--", label="client: tokens received")
+    ax.set_ylabel("tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
+    _mark(ax, markers, start)
+    _finish(fig, ax, "Generated-token rate")
+    return _png(fig)
+
+
+def _request_arrays(requests: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    ts, vals = [], []
+    for r in requests:
+        v, t = r.get(key), r.get("ended_at")
+        if isinstance(v, (int, float)) and isinstance(t, (int, float)):
+            ts.append(t)
+            vals.append(v)
+    return np.asarray(ts, dtype=float), np.asarray(vals, dtype=float)
+
+
+def ttft_png(requests: Sequence[dict], *, start: float, end: float | None = None,
+             markers: Sequence[Marker] = (), windows: int = 40) -> bytes:
+    """TTFT p50 and p99 per time window (by request completion time)."""
+    fig = _figure(2.8)
+    ax = fig.add_subplot(111)
+    ts, ttft = _request_arrays(requests, "ttft_s")
+    if ts.size == 0:
+        _empty(ax, "no request with a first token")
+        _finish(fig, ax, "TTFT")
+        return _png(fig)
+    t1 = end if end is not None else ts.max()
+    edges = bin_edges(start, max(t1, ts.max()), max_columns=windows, min_width_s=30.0)
+    idx = np.digitize(ts, edges) - 1
+    p50 = np.full(len(edges) - 1, np.nan)
+    p99 = np.full(len(edges) - 1, np.nan)
+    for i in range(len(edges) - 1):
+        sel = ttft[idx == i]
+        if sel.size:
+            p50[i], p99[i] = np.percentile(sel, [50, 99])
+    x = _minutes((edges[:-1] + edges[1:]) / 2, start)
+    ax.scatter(_minutes(ts, start), ttft, s=3, color="#bbb", label="requests", zorder=1)
+    ax.plot(x, p50, marker="o", ms=3, lw=1.4, label="p50", zorder=2)
+    ax.plot(x, p99, marker="o", ms=3, lw=1.4, label="p99", zorder=2)
+    ax.set_ylabel("seconds")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
+    _mark(ax, markers, start)
+    _finish(fig, ax, f"Time to first token (p50 / p99 per {np.diff(edges)[0]:.0f} s window)")
+    return _png(fig)
+
+
+def context_png(requests: Sequence[dict], server_ts: np.ndarray, kv_usage: np.ndarray, *, start: float,
+                markers: Sequence[Marker] = ()) -> bytes:
+    """Prompt (context) length of each request, with the server's KV-cache usage."""
+    fig = _figure(2.8)
+    ax = fig.add_subplot(111)
+    ts, ptok = _request_arrays(requests, "prompt_tokens")
+    if ts.size == 0:
+        _empty(ax, "no prompt token counts")
+    else:
+        ax.scatter(_minutes(ts, start), ptok / 1000.0, s=4, label="prompt tokens (K)")
+        ax.set_ylabel("K tokens")
+    kv = np.asarray(kv_usage, dtype=float)
+    if kv.size and np.isfinite(kv).any():
+        ax2 = ax.twinx()
+        ax2.plot(_minutes(server_ts, start), kv * 100.0, color="#2ca02c", lw=0.9, alpha=0.8, label="KV cache used (%)")
+        ax2.set_ylim(0, 105)
+        ax2.set_ylabel("KV %")
+        ax2.legend(loc="lower right", fontsize=8, framealpha=0.8)
+    if ts.size:
+        ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
+    _mark(ax, markers, start)
+    _finish(fig, ax, "Context length per request and KV-cache usage")
+    return _png(fig)
+
+
+def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, requests: Sequence[dict], *,
+                  start: float, markers: Sequence[Marker] = (), max_columns: int = 120) -> bytes:
+    """Prefix-cache hit ratio: rate(hits)/rate(queries) from the server, and
+    cached/prompt tokens from the client's usage reports."""
+    fig = _figure(2.6)
+    ax = fig.add_subplot(111)
+    drew = False
+    st = np.asarray(server_ts, dtype=float)
+    if st.size >= 2:
+        edges = bin_edges(st[0], st[-1], max_columns=max_columns, min_width_s=10.0)
+        rh, rq = counter_rate(st, hits, edges), counter_rate(st, queries, edges)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where(rq > 0, rh / rq, np.nan)
+        if np.isfinite(ratio).any():
+            ax.plot(_minutes((edges[:-1] + edges[1:]) / 2, start), ratio * 100, lw=1.4, label="server: rate(hits)/rate(queries)")
+            drew = True
+    pts = [(r["ended_at"], r["cached_tokens"] / r["prompt_tokens"]) for r in requests
+           if isinstance(r.get("cached_tokens"), (int, float)) and r.get("prompt_tokens")
+           and isinstance(r.get("ended_at"), (int, float))]
+    if pts:
+        arr = np.asarray(pts)
+        ax.scatter(_minutes(arr[:, 0], start), arr[:, 1] * 100, s=3, color="#999", label="client: cached/prompt")
+        drew = True
+    if not drew:
+        _empty(ax, "no prefix-cache counters")
+    else:
+        ax.set_ylim(0, 101)
+        ax.set_ylabel("%")
+        ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
+    _mark(ax, markers, start)
+    _finish(fig, ax, "Prefix-cache hit ratio (%)")
+    return _png(fig)

@@ -1,0 +1,232 @@
+"""Read a run directory (CONTRACTS.md + docs/ARCHITECTURE.md) into columns for the report.
+
+This is the report's only input. It stays thin: the run's verdict and totals
+come from ``soak.store.summary.summarize`` (the run store's own reading, also
+for a run that was cut off); this module only turns the JSONL files into arrays
+for plots and lists for tables. A torn last line (a harness killed mid-write)
+is skipped and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from soak.errors import ConfigError
+
+SERVER_KEYS = (
+    "generation_tokens", "prompt_tokens", "prefix_cache_hits", "prefix_cache_queries",
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+)
+
+
+@dataclass
+class Incident:
+    number: int
+    path: Path
+    record: dict[str, Any]
+    files: list[str]
+
+
+@dataclass
+class RunData:
+    path: Path
+    summary: dict[str, Any]
+    config_text: str
+    config: dict[str, Any]
+    plan: dict[str, Any] | None
+    events: list[dict[str, Any]]
+    requests: list[dict[str, Any]]
+    gpu_ts: np.ndarray
+    gpu_util: np.ndarray  # (samples, gpus), NaN where a GPU was not read
+    server_ts: np.ndarray
+    server: dict[str, np.ndarray]
+    client_ts: np.ndarray
+    client_tokens: np.ndarray
+    client_in_flight: np.ndarray
+    log_lines: list[dict[str, Any]]
+    incidents: list[Incident]
+    bad_lines: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def start(self) -> float | None:
+        value = self.summary.get("started_at")
+        if isinstance(value, (int, float)):
+            return float(value)
+        candidates = [a[0] for a in (self.gpu_ts, self.server_ts, self.client_ts) if a.size]
+        candidates += [e["ts"] for e in self.events[:1] if isinstance(e.get("ts"), (int, float))]
+        return min(candidates) if candidates else None
+
+
+def iter_jsonl(path: Path, bad: dict[str, int]) -> Iterator[dict[str, Any]]:
+    if not path.is_file():
+        return
+    with path.open("rb") as fh:
+        for raw in fh:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                bad[path.name] = bad.get(path.name, 0) + 1
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def _default_summarize() -> Callable[[Path], dict[str, Any]] | None:
+    try:
+        from soak.store.summary import summarize
+    except ImportError:
+        return None
+    return summarize
+
+
+def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]] | None = None) -> RunData:
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ConfigError("not a run directory", path=path)
+    markers = ("events.jsonl", "samples.jsonl", "requests.jsonl", "summary.json")
+    if not any((path / m).exists() for m in markers):
+        raise ConfigError(f"not a run directory (none of {', '.join(markers)})", path=path)
+    bad: dict[str, int] = {}
+    events = list(iter_jsonl(path / "events.jsonl", bad))
+    requests = [r for r in iter_jsonl(path / "requests.jsonl", bad) if not r.get("warmup")]
+
+    gpu_ts: list[float] = []
+    gpu_rows: list[dict[int, float]] = []
+    server_ts: list[float] = []
+    server_cols: dict[str, list[float]] = {k: [] for k in SERVER_KEYS}
+    client_ts: list[float] = []
+    client_tokens: list[float] = []
+    client_in_flight: list[float] = []
+    log_lines: list[dict[str, Any]] = []
+    for s in iter_jsonl(path / "samples.jsonl", bad):
+        kind, ts = s.get("kind"), s.get("ts")
+        if not isinstance(ts, (int, float)):
+            continue
+        if kind == "gpu":
+            if s.get("error") or not s.get("gpus"):
+                continue
+            gpu_ts.append(ts)
+            gpu_rows.append({g["index"]: g.get("util_pct", np.nan) for g in s["gpus"] if "index" in g})
+        elif kind == "server":
+            if not s.get("ok"):
+                continue
+            values = s.get("values") or {}
+            server_ts.append(ts)
+            for k, col in server_cols.items():
+                v = values.get(k)
+                col.append(float(v) if isinstance(v, (int, float)) else np.nan)
+        elif kind == "client":
+            client_ts.append(ts)
+            client_tokens.append(float(s.get("tokens_total", np.nan)))
+            client_in_flight.append(float(s.get("in_flight", np.nan)))
+        elif kind == "log":
+            log_lines.append(s)
+
+    gpu_count = 1 + max((max(r) for r in gpu_rows if r), default=-1)
+    util = np.full((len(gpu_rows), gpu_count), np.nan)
+    for i, row in enumerate(gpu_rows):
+        for j, v in row.items():
+            util[i, j] = v
+
+    summary = _summary(path, summarize)
+    config_text = _read_text(path / "config.yaml")
+    config = _parse_yaml(config_text)
+    plan = _read_json(path / "plan.json")
+    return RunData(
+        path=path, summary=summary, config_text=config_text, config=config, plan=plan, events=events,
+        requests=requests, gpu_ts=np.asarray(gpu_ts), gpu_util=util, server_ts=np.asarray(server_ts),
+        server={k: np.asarray(v) for k, v in server_cols.items()}, client_ts=np.asarray(client_ts),
+        client_tokens=np.asarray(client_tokens), client_in_flight=np.asarray(client_in_flight),
+        log_lines=log_lines, incidents=_incidents(path), bad_lines=bad,
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _parse_yaml(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    import yaml
+
+    try:
+        obj = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _summary(path: Path, summarize: Callable[[Path], dict[str, Any]] | None) -> dict[str, Any]:
+    summarize = summarize or _default_summarize()
+    if summarize is not None:
+        return dict(summarize(path))
+    # Until the run store's summarize() lands: the stored summary, else a minimal one.
+    stored = _read_json(path / "summary.json")
+    if isinstance(stored, dict):
+        return stored
+    return fallback_summary(path)
+
+
+def fallback_summary(path: Path) -> dict[str, Any]:
+    """The CONTRACTS.md shape from the JSONL files alone (no run_ended: cut off)."""
+    bad: dict[str, int] = {}
+    events = list(iter_jsonl(path / "events.jsonl", bad))
+    requests = [r for r in iter_jsonl(path / "requests.jsonl", bad) if not r.get("warmup")]
+    incidents = [i.record for i in _incidents(path)]
+    ended = next((e for e in reversed(events) if e.get("type") == "run_ended"), None)
+    started = next((e for e in events if e.get("type") == "run_started"), events[0] if events else None)
+    stamps = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    stamps += [r["ended_at"] for r in requests if isinstance(r.get("ended_at"), (int, float))]
+    started_at = started["ts"] if started else (min(stamps) if stamps else None)
+    ended_at = ended["ts"] if ended else (max(stamps) if stamps else None)
+    verdict = (ended or {}).get("verdict") or ("fail" if incidents else "pass")
+    ok = sum(1 for r in requests if r.get("outcome") == "ok")
+    return {
+        "verdict": verdict,
+        "cut_off": ended is None,
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "duration_s": (ended_at - started_at) if started_at is not None and ended_at is not None else 0.0,
+        "requests": {"ok": ok, "failed": len(requests) - ok},
+        "tokens": {"prompt": sum(r.get("prompt_tokens") or 0 for r in requests),
+                   "generated": sum(r.get("output_tokens") or 0 for r in requests)},
+        "prefix_cache_hit_ratio": None,
+        "incidents": incidents,
+    }
+
+
+def _incidents(path: Path) -> list[Incident]:
+    root = path / "incidents"
+    out: list[Incident] = []
+    if not root.is_dir():
+        return out
+    for child in root.iterdir():
+        if not child.is_dir():
+            continue
+        record = _read_json(child / "incident.json")
+        try:
+            number = int(child.name)
+        except ValueError:
+            number = int(record.get("number", 0)) if isinstance(record, Mapping) else 0
+        record = dict(record) if isinstance(record, Mapping) else {"number": number, "evidence": f"incidents/{child.name}"}
+        record.setdefault("evidence", f"incidents/{child.name}")
+        files = sorted(str(p.relative_to(child)) for p in child.rglob("*") if p.is_file())
+        out.append(Incident(number=number, path=child, record=record, files=files))
+    out.sort(key=lambda i: i.number)
+    return out

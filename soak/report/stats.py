@@ -1,0 +1,233 @@
+"""Verdict statistics: MTBF from hang counts, and A/B differences with their uncertainty.
+
+Hangs are modelled as a Poisson process in exposure time (seconds of load
+actually applied). With ``n`` events in ``T`` the exact (Garwood) interval for
+the mean time between failures comes from chi-square quantiles:
+
+    lower = 2T / chi2(1 - alpha/2; 2n + 2)      upper = 2T / chi2(alpha/2; 2n)
+
+and a clean run proves the one-sided bound ``MTBF > 2T / chi2(c; 2)`` =
+``T / -ln(1 - c)`` (T/3.00 at 95%). Everything here is pure: numbers in,
+frozen records out. scipy is imported at module level, so import this module
+only inside a command's ``main()``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class MtbfEstimate:
+    failures: int
+    exposure_s: float
+    confidence: float
+    point_s: float | None  # T/n; None with no failure
+    lower_s: float  # two-sided exact interval
+    upper_s: float  # math.inf with no failure
+    one_sided_lower_s: float  # "MTBF above this at `confidence`"
+
+    def sentence(self, what: str = "hang") -> str:
+        pct = f"{self.confidence * 100:g}%"
+        exposure = human_duration(self.exposure_s)
+        if self.failures == 0:
+            return (
+                f"no {what} in {exposure}: MTBF above {human_duration(self.one_sided_lower_s)} "
+                f"at {pct} confidence"
+            )
+        plural = "" if self.failures == 1 else "s"
+        return (
+            f"{self.failures} {what}{plural} in {exposure}: MTBF {human_duration(self.point_s or 0)} "
+            f"({pct} interval {human_duration(self.lower_s)} to {human_duration(self.upper_s)})"
+        )
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+
+
+def mtbf_estimate(failures: int, exposure_s: float, *, confidence: float = 0.95) -> MtbfEstimate:
+    """Exact chi-square MTBF interval for ``failures`` events in ``exposure_s`` seconds."""
+    _check_confidence(confidence)
+    if failures < 0:
+        raise ValueError("failures cannot be negative")
+    if exposure_s <= 0:
+        raise ValueError("exposure must be positive")
+    alpha = 1.0 - confidence
+    two_t = 2.0 * exposure_s
+    lower = two_t / stats.chi2.ppf(1.0 - alpha / 2.0, 2 * failures + 2)
+    upper = math.inf if failures == 0 else two_t / stats.chi2.ppf(alpha / 2.0, 2 * failures)
+    one_sided = two_t / stats.chi2.ppf(confidence, 2 * failures + 2)
+    return MtbfEstimate(
+        failures=failures,
+        exposure_s=float(exposure_s),
+        confidence=confidence,
+        point_s=exposure_s / failures if failures else None,
+        lower_s=float(lower),
+        upper_s=float(upper),
+        one_sided_lower_s=float(one_sided),
+    )
+
+
+def required_clean_exposure(baseline_mtbf_s: float, *, confidence: float = 0.95, allowed_failures: int = 0) -> float:
+    """Seconds a soak must run with at most ``allowed_failures`` hangs so that the
+    one-sided lower MTBF bound exceeds ``baseline_mtbf_s`` (rejecting the baseline)."""
+    _check_confidence(confidence)
+    if baseline_mtbf_s <= 0:
+        raise ValueError("baseline MTBF must be positive")
+    return float(baseline_mtbf_s * stats.chi2.ppf(confidence, 2 * allowed_failures + 2) / 2.0)
+
+
+class Better(str, Enum):
+    HIGHER = "higher"
+    LOWER = "lower"
+
+
+class Verdict(str, Enum):
+    BETTER = "better"
+    WORSE = "worse"
+    SAME = "no significant difference"
+    UNKNOWN = "not enough data"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float | None
+    lower: float | None
+    upper: float | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Difference:
+    """B relative to A. ``verdict`` judges B against A in the metric's good direction."""
+
+    metric: str
+    unit: str
+    a: Estimate
+    b: Estimate
+    p_value: float | None
+    verdict: Verdict
+    method: str
+    ratio: float | None = None  # b/a where that reads better than b - a (rates)
+    ratio_lower: float | None = None
+    ratio_upper: float | None = None
+
+
+def _verdict(p_value: float | None, delta: float | None, better: Better, alpha: float) -> Verdict:
+    if p_value is None or delta is None or math.isnan(p_value):
+        return Verdict.UNKNOWN
+    if p_value >= alpha or delta == 0:
+        return Verdict.SAME
+    improved = delta > 0 if better is Better.HIGHER else delta < 0
+    return Verdict.BETTER if improved else Verdict.WORSE
+
+
+def mean_estimate(values: Sequence[float], *, confidence: float = 0.95) -> Estimate:
+    """Mean with a Student-t interval."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if x.size == 0:
+        return Estimate(None, None, None, 0)
+    mean = float(x.mean())
+    if x.size < 2:
+        return Estimate(mean, None, None, int(x.size))
+    half = float(stats.t.ppf(0.5 + confidence / 2.0, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return Estimate(mean, mean - half, mean + half, int(x.size))
+
+
+def compare_means(
+    metric: str, unit: str, a: Sequence[float], b: Sequence[float], *, better: Better,
+    confidence: float = 0.95,
+) -> Difference:
+    """Welch's t-test on two samples (per-window throughputs, hit ratios, ...)."""
+    ea, eb = mean_estimate(a, confidence=confidence), mean_estimate(b, confidence=confidence)
+    p_value = None
+    if ea.n >= 2 and eb.n >= 2:
+        xa = np.asarray([v for v in a if v is not None and math.isfinite(v)], dtype=float)
+        xb = np.asarray([v for v in b if v is not None and math.isfinite(v)], dtype=float)
+        if xa.std() == 0 and xb.std() == 0:
+            p_value = 1.0 if xa.mean() == xb.mean() else 0.0
+        else:
+            p_value = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
+    delta = None if ea.value is None or eb.value is None else eb.value - ea.value
+    return Difference(metric, unit, ea, eb, p_value, _verdict(p_value, delta, better, 1 - confidence), "Welch t-test on means")
+
+
+def quantile_estimate(
+    values: Sequence[float], q: float, *, confidence: float = 0.95, resamples: int = 400, seed: int = 0
+) -> tuple[Estimate, np.ndarray]:
+    """Quantile with a percentile-bootstrap interval; also returns the bootstrap draws."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if x.size == 0:
+        return Estimate(None, None, None, 0), np.empty(0)
+    rng = np.random.default_rng(seed)
+    draws = np.quantile(rng.choice(x, size=(resamples, x.size), replace=True), q, axis=1)
+    lo, hi = np.quantile(draws, [0.5 - confidence / 2.0, 0.5 + confidence / 2.0])
+    return Estimate(float(np.quantile(x, q)), float(lo), float(hi), int(x.size)), draws
+
+
+def compare_quantiles(
+    metric: str, unit: str, a: Sequence[float], b: Sequence[float], q: float, *, better: Better,
+    confidence: float = 0.95, resamples: int = 400, seed: int = 0,
+) -> Difference:
+    """Bootstrap the difference of a quantile; the two-sided p-value is twice the
+    share of draws on the far side of zero."""
+    ea, da = quantile_estimate(a, q, confidence=confidence, resamples=resamples, seed=seed)
+    eb, db = quantile_estimate(b, q, confidence=confidence, resamples=resamples, seed=seed + 1)
+    p_value = None
+    delta = None
+    if ea.n >= 2 and eb.n >= 2:
+        diff = db - da
+        delta = float(eb.value - ea.value)  # type: ignore[operator]
+        p_value = float(min(1.0, 2.0 * min((diff <= 0).mean(), (diff >= 0).mean())))
+    return Difference(metric, unit, ea, eb, p_value, _verdict(p_value, delta, better, 1 - confidence),
+                      f"bootstrap of p{q * 100:g} ({resamples} resamples)")
+
+
+def compare_rates(
+    metric: str, count_a: int, exposure_a_s: float, count_b: int, exposure_b_s: float, *,
+    confidence: float = 0.95, per_s: float = 3600.0, unit: str = "per hour",
+) -> Difference:
+    """Poisson rate ratio: conditional on the total, B's count is binomial with
+    p = T_b / (T_a + T_b) under equal rates (exact test, Clopper-Pearson ratio interval)."""
+    def rate_est(count: int, exposure: float) -> Estimate:
+        alpha = 1 - confidence
+        lo = stats.chi2.ppf(alpha / 2, 2 * count) / 2 if count else 0.0
+        hi = stats.chi2.ppf(1 - alpha / 2, 2 * count + 2) / 2
+        return Estimate(count / exposure * per_s, float(lo) / exposure * per_s, float(hi) / exposure * per_s, count)
+
+    ea, eb = rate_est(count_a, exposure_a_s), rate_est(count_b, exposure_b_s)
+    total = count_a + count_b
+    if total == 0:
+        return Difference(metric, unit, ea, eb, 1.0, Verdict.SAME, "exact Poisson rate-ratio test (no events)")
+    p0 = exposure_b_s / (exposure_a_s + exposure_b_s)
+    test = stats.binomtest(count_b, total, p0)
+    ci = test.proportion_ci(confidence_level=confidence, method="exact")
+    odds = exposure_a_s / exposure_b_s
+
+    def ratio(p: float) -> float:
+        return math.inf if p >= 1 else p / (1 - p) * odds
+
+    rr = math.inf if count_a == 0 else (count_b / exposure_b_s) / (count_a / exposure_a_s)
+    delta = eb.value - ea.value  # type: ignore[operator]
+    return Difference(
+        metric, unit, ea, eb, float(test.pvalue), _verdict(float(test.pvalue), delta, Better.LOWER, 1 - confidence),
+        "exact Poisson rate-ratio test", ratio=rr, ratio_lower=ratio(ci.low), ratio_upper=ratio(ci.high),
+    )
+
+
+def human_duration(seconds: float) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "infinity"
+    if seconds < 120:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
