@@ -1,0 +1,214 @@
+"""The evidence bundle, ``incidents/N/``: each step bounded, each failure noted.
+
+Files (ARCHITECTURE.md): ``incident.json``, ``samples.jsonl``, ``gpus.json``,
+``processes.json``, ``metrics.txt``, ``log_tail.txt``, ``watchdog.json``,
+``py-spy-<pid>.txt``, ``flight_recorder/``, ``flight_recorder_summary.json``.
+Every file is written whole to a temporary name and renamed, so a harness killed
+mid-incident leaves complete files or none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+
+from soak.samples import LogSample, Sample, to_json
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready copy of decisions and evidence (enums, tuples, dataclasses, paths)."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "kind") and hasattr(value, "ts") and hasattr(type(value), "kind"):
+            return to_json(value)  # a Sample: keep its kind tag
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, (json.dumps(plain(obj), indent=2, sort_keys=False) + "\n").encode())
+
+
+class Bundle:
+    """One incident's directory and the outcome of every step that fills it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.steps: dict[str, dict[str, Any]] = {}
+
+    def notes(self) -> list[str]:
+        return [f"{name}: {s['note']}" for name, s in self.steps.items() if s.get("note")]
+
+    def record(self, name: str, *, ok: bool, elapsed_s: float, note: str | None = None, **extra: Any) -> None:
+        entry: dict[str, Any] = {"ok": ok, "elapsed_s": round(elapsed_s, 3)}
+        if note:
+            entry["note"] = note
+        entry.update(extra)
+        self.steps[name] = entry
+
+    async def step(self, name: str, make: Callable[[], Awaitable[Any]], timeout_s: float) -> Any:
+        """Run one step with a deadline; a failure is recorded, never raised."""
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(make(), max(timeout_s, 0.01))
+        except asyncio.TimeoutError:
+            self.record(name, ok=False, elapsed_s=time.monotonic() - started, note=f"timed out after {timeout_s:.1f}s")
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.record(name, ok=False, elapsed_s=time.monotonic() - started, note=f"{type(exc).__name__}: {exc}")
+            return None
+        if name not in self.steps:
+            self.record(name, ok=True, elapsed_s=time.monotonic() - started)
+        else:  # the step recorded its own details
+            self.steps[name]["elapsed_s"] = round(time.monotonic() - started, 3)
+        return result
+
+
+# --- the steps -------------------------------------------------------------------
+
+
+def write_samples(bundle: Bundle, samples: Sequence[Sample], *, since: float) -> int:
+    lines = [json.dumps(to_json(s)) for s in samples if s.ts >= since]
+    write_atomic(bundle.dir / "samples.jsonl", ("\n".join(lines) + ("\n" if lines else "")).encode())
+    return len(lines)
+
+
+async def fetch_metrics(base_url: str, timeout_s: float) -> str:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.get(base_url.rstrip("/") + "/metrics") as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"/metrics answered HTTP {resp.status}")
+            return text
+
+
+def read_tail(path: Path, max_bytes: int) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - max_bytes))
+        data = fh.read()
+    if size > max_bytes:
+        # Drop the partial first line.
+        cut = data.find(b"\n")
+        data = data[cut + 1:] if cut >= 0 else data
+    return data.decode("utf-8", errors="replace")
+
+
+def _log_line_parser() -> Callable[[str], Any] | None:
+    """The probes stage's log-line parser (``soak.probes.logwatch.parse_log_line``).
+
+    Imported when called, so a missing or broken probes module costs the bundle
+    one note, never the kill.
+    """
+    try:
+        module = importlib.import_module("soak.probes.logwatch")
+    except ImportError:
+        return None
+    fn = getattr(module, "parse_log_line", None)
+    return fn if callable(fn) else None
+
+
+def watchdog_entries(samples: Iterable[Sample], log_tail: str | None) -> dict[str, Any]:
+    """The log signatures seen: from the log probe's samples, and the tail re-parsed."""
+    seen = []
+    for s in samples:
+        if isinstance(s, LogSample):
+            seen.append({"ts": s.ts, "signature": s.signature, "fatal": s.fatal, "fields": plain(s.fields), "line": s.line})
+    from_tail = []
+    parser = _log_line_parser()
+    if parser is not None and log_tail:
+        for line in log_tail.splitlines():
+            try:
+                parsed = parser(line)
+            except Exception:
+                continue
+            if parsed:
+                from_tail.append({"line": line, **plain(parsed)})
+    return {
+        "from_samples": seen,
+        "from_log_tail": from_tail,
+        "parser": None if parser is None else f"{parser.__module__}.{parser.__name__}",
+    }
+
+
+def find_py_spy(command: str) -> str | None:
+    if os.sep in command:
+        return command if os.access(command, os.X_OK) else None
+    found = shutil.which(command)
+    if found:
+        return found
+    beside = Path(sys.executable).parent / command
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
+async def py_spy_dump(exe: str, pid: int, *, native: bool, timeout_s: float, dest: Path) -> tuple[bool, str | None]:
+    """``py-spy dump --pid P`` into ``dest``; (ok, note)."""
+    args = [exe, "dump", "--pid", str(pid)]
+    if native:
+        args.append("--native")
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        # Our own helper, by its handle: it must not outlive the step.
+        proc.kill()
+        await proc.wait()
+        dest.write_bytes(b"")
+        raise
+    write_atomic(dest, out)
+    if proc.returncode != 0:
+        first = out.decode(errors="replace").strip().splitlines()
+        return False, f"exit {proc.returncode}: {first[0] if first else ''}"[:300]
+    return True, None
+
+
+def flight_recorder_summary(directory: Path) -> Any:
+    """The report stage's per-rank table of the dumps in ``directory``
+    (``soak.report.flight_recorder.summarize_dumps``), or None before it lands."""
+    try:
+        module = importlib.import_module("soak.report.flight_recorder")
+    except ImportError:
+        return None
+    fn = getattr(module, "summarize_dumps", None)
+    if not callable(fn):
+        return None
+    summary = fn(directory)
+    return summary.to_json() if hasattr(summary, "to_json") else plain(summary)

@@ -1,0 +1,438 @@
+"""The response to an incident: evidence, SIGKILL of the target's tree, GPUs free.
+
+Order (each step bounded, a failing step noted and never blocking the next):
+1. the evidence bundle in ``incidents/N/`` (``soak.respond.evidence``);
+2. SIGKILL to every process that belongs to the target: the tree as recorded
+   over the run and freshly walked, plus the GPU source's compute processes that
+   provably belong to it (``soak.respond.tree``);
+3. a bounded wait until the GPUs list no target process and their memory is
+   back within tolerance (``soak.respond.gpu``).
+
+The responder does not restart: the run loop asks ``next_action()`` and calls
+``target.restart()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+from urllib.parse import urlsplit
+
+from soak.clock import Clock
+from soak.respond import evidence as ev
+from soak.respond.config import ResponseConfig
+from soak.respond.flight import (
+    FlightRecorderPaths,
+    collect_dumps,
+    default_flight_recorder_paths,
+    dump_files,
+    ownership_variable,
+    request_dumps,
+)
+from soak.respond.gpu import GpuRelease, read_gpus, wait_gpus_free
+from soak.respond.incident import IncidentRecord
+from soak.respond.tree import ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
+from soak.samples import GpuSample, Sample
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+class _TargetLike(Protocol):
+    base_url: str
+    root_pid: int | None
+    log_path: Path | None
+    flight_recorder_pipe_stem: str | None
+
+
+class Responder:
+    """Handles the incidents of one run. ``start()`` begins the periodic tree
+    snapshots (optional but recommended: they catch workers that reparent
+    before the kill); ``aclose()`` is idempotent."""
+
+    def __init__(
+        self,
+        config: ResponseConfig,
+        *,
+        run_dir: Path,
+        target: _TargetLike,
+        gpu_source: Any,
+        clock: Clock,
+        recent_samples: Callable[[], Sequence[Sample]],
+        ownership_token: str | None = None,
+        flight_recorder_paths: FlightRecorderPaths | None = None,
+    ) -> None:
+        self._config = config
+        self._run_dir = Path(run_dir)
+        self._target = target
+        self._read_gpus = _reader(gpu_source)
+        self._clock = clock
+        self._recent_samples = recent_samples
+        self._marker = (ownership_variable, ownership_token) if ownership_token else None
+        self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
+        self.tree = ProcessTree()
+        self._collected_dumps: dict[str, float] = {}
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    # --- tree tracking over the run ---------------------------------------------
+
+    def root_pid(self) -> int | None:
+        pid = self._target.root_pid
+        if pid is None and self._config.find_root_by_port:
+            port = _loopback_port(self._target.base_url)
+            if port is not None:
+                pid = find_listener(port)
+        return pid
+
+    def track(self) -> tuple[ProcInfo, ...]:
+        """One snapshot of the target's tree (blocking /proc reads)."""
+        return self.tree.snapshot(self.root_pid())
+
+    async def start(self) -> None:
+        if self._task is None and not self._closed:
+            await asyncio.to_thread(self.track)
+            self._task = asyncio.create_task(self._track_forever(), name="soak-respond-tree")
+
+    async def _track_forever(self) -> None:
+        interval = max(self._config.tree_snapshot_interval, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            if self._lock.locked():
+                continue  # a kill is in progress; it snapshots itself
+            try:
+                await asyncio.to_thread(self.track)
+            except Exception:
+                # /proc races (a process vanishing mid-walk) must not end tracking.
+                continue
+
+    async def aclose(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- the response --------------------------------------------------------------
+
+    async def handle(self, decision: Any, number: int) -> IncidentRecord:
+        async with self._lock:
+            return await self._handle(decision, number)
+
+    async def _handle(self, decision: Any, number: int) -> IncidentRecord:
+        cfg = self._config
+        rel = f"incidents/{number}"
+        bundle = ev.Bundle(self._run_dir / rel)
+        kind = getattr(getattr(decision, "kind", None), "value", getattr(decision, "kind", "unknown"))
+        rule = str(getattr(decision, "rule", "unknown"))
+        onset_at = float(getattr(decision, "onset_at", self._clock.now()))
+        detected_at = float(getattr(decision, "decided_at", self._clock.now()))
+        reasons = tuple(str(r) for r in getattr(decision, "reasons", ()) or ())
+        header = {
+            "number": number,
+            "status": "collecting",
+            "decision": {
+                "kind": kind,
+                "rule": rule,
+                "onset_at": onset_at,
+                "decided_at": detected_at,
+                "reasons": list(reasons),
+                "evidence": ev.plain(getattr(decision, "evidence", {}) or {}),
+            },
+            "target": {
+                "base_url": self._target.base_url,
+                "root_pid": self._target.root_pid,
+                "log_path": str(self._target.log_path) if self._target.log_path else None,
+            },
+        }
+        ev.write_json(bundle.dir / "incident.json", header)
+        notes: list[str] = []
+
+        # The tree now, and who on the GPUs is ours.
+        root_pid = self.root_pid()
+        if root_pid is not None and root_pid != self._target.root_pid:
+            notes.append(f"root pid {root_pid} found listening on the target's port")
+        await asyncio.to_thread(self.tree.snapshot, root_pid)
+        if root_pid is not None and self.tree.root is None:
+            notes.append(f"root pid {root_pid} is protected or gone: not adopted")
+        gpu_sample, gpu_error = (None, "no GPU source")
+        if self._read_gpus is not None:
+            gpu_sample, gpu_error = await read_gpus(self._read_gpus, cfg.evidence.gpu_timeout)
+        foreign = await asyncio.to_thread(self._claim_gpu_processes, gpu_sample)
+        if foreign:
+            notes.append(f"GPU processes outside the target, left alone: {sorted(foreign)}")
+        if self._marker is not None:
+            await asyncio.to_thread(self.tree.find_marked, self._marker)
+        members = self.tree.known()
+
+        # 1. Evidence.
+        if cfg.evidence.enabled:
+            header["status"] = "evidence"
+            await self._collect(bundle, decision, detected_at, members, gpu_sample, gpu_error)
+        else:
+            bundle.record("evidence", ok=True, elapsed_s=0.0, note="disabled by config")
+        header["steps"] = bundle.steps
+        header["status"] = "killing"
+        ev.write_json(bundle.dir / "incident.json", header)
+
+        # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
+        fresh = await asyncio.to_thread(self.tree.snapshot, self.root_pid())
+        to_kill = merge(self.tree.known(), fresh)
+        killed_at = self._clock.now()
+        try:
+            result = await asyncio.to_thread(kill_processes, to_kill, timeout_s=cfg.kill_timeout)
+        except Exception as exc:  # ResponseError territory: record it, go on to the GPU wait
+            notes.append(f"kill failed: {type(exc).__name__}: {exc}")
+            result = None
+        killed = result.killed if result is not None else ()
+        if result is not None:
+            notes.extend(result.notes)
+        if not killed:
+            notes.append("no live target process to kill")
+        self.tree.forget_dead()
+
+        # 3. GPUs free.
+        target_pids = {info.pid for info in to_kill}
+        release: GpuRelease = await wait_gpus_free(
+            self._read_gpus,
+            target_pids=target_pids,
+            pids_gone=lambda: all(same_process(i) is None for i in to_kill),
+            clock=self._clock,
+            timeout_s=cfg.gpu_release_timeout,
+            poll_s=cfg.gpu_poll_interval,
+            tolerance_mib=cfg.gpu_memory_tolerance_mib,
+            baseline_mib=cfg.gpu_memory_baseline_mib,
+            read_timeout_s=cfg.evidence.gpu_timeout,
+            source_hint=gpu_sample.source if gpu_sample is not None else None,
+        )
+        notes.extend(release.notes)
+        gpu_free_s = release.free_at - killed_at if release.free_at is not None else None
+        if gpu_free_s is not None and gpu_free_s < 0:
+            gpu_free_s = 0.0
+        if release.last is not None:
+            ev.write_json(bundle.dir / "gpus_after.json", release.last)
+
+        all_notes = tuple(bundle.notes() + notes)
+        summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
+        record = IncidentRecord(
+            number=number,
+            kind=str(kind),
+            rule=rule,
+            onset_at=onset_at,
+            detected_at=detected_at,
+            killed_pids=tuple(sorted(info.pid for info in killed)),
+            gpus_released=release.released,
+            gpu_free_s=None if gpu_free_s is None else round(gpu_free_s, 3),
+            evidence=rel,
+            summary=summary,
+            reasons=reasons,
+            killed_at=killed_at if killed else None,
+            gpus_free_at=release.free_at,
+            survivors=tuple(result.survivors) if result is not None else (),
+            notes=all_notes,
+            extra={"killed": [i.to_json() for i in killed]},
+        )
+        header["status"] = "done"
+        header["steps"] = bundle.steps
+        header["record"] = record.to_json()
+        ev.write_json(bundle.dir / "incident.json", header)
+        return record
+
+    def _claim_gpu_processes(self, sample: GpuSample | None) -> set[int]:
+        """Add the GPU processes that belong to the target; return those that do not."""
+        if sample is None:
+            return set()
+        foreign: set[int] = set()
+        for gpu in sample.gpus:
+            for pid in gpu.pids:
+                if self.tree.claim(pid, via="gpu", marker=self._marker) is None:
+                    foreign.add(pid)
+        return foreign
+
+    async def _collect(
+        self,
+        bundle: ev.Bundle,
+        decision: Any,
+        detected_at: float,
+        members: Sequence[ProcInfo],
+        gpu_sample: GpuSample | None,
+        gpu_error: str | None,
+    ) -> None:
+        cfg = self._config.evidence
+        started = time.monotonic()
+        budget = cfg.budget
+
+        def left(limit: float) -> float:
+            return max(0.01, min(limit, budget - (time.monotonic() - started)))
+
+        samples = list(self._recent_samples() or ())
+
+        async def samples_step() -> None:
+            n = await asyncio.to_thread(ev.write_samples, bundle, samples, since=detected_at - cfg.samples_window)
+            bundle.record("samples", ok=True, elapsed_s=0.0, count=n)
+
+        async def gpus_step() -> None:
+            if self._read_gpus is None:
+                bundle.record("gpus", ok=True, elapsed_s=0.0, note="no GPU source")
+                return
+            if gpu_sample is None:
+                ev.write_json(bundle.dir / "gpus.json", {"error": gpu_error})
+                raise RuntimeError(gpu_error or "no GPU reading")
+            ev.write_json(bundle.dir / "gpus.json", gpu_sample)
+            if gpu_error:
+                raise RuntimeError(gpu_error)
+
+        async def processes_step() -> None:
+            ev.write_json(
+                bundle.dir / "processes.json",
+                {"root": self.tree.root.to_json() if self.tree.root else None, "processes": [m.to_json() for m in members]},
+            )
+
+        async def metrics_step() -> None:
+            text = await ev.fetch_metrics(self._target.base_url, cfg.metrics_timeout)
+            ev.write_atomic(bundle.dir / "metrics.txt", text.encode())
+
+        log_tail: dict[str, str] = {}
+
+        async def log_step() -> None:
+            path = self._target.log_path
+            if path is None:
+                bundle.record("log_tail", ok=True, elapsed_s=0.0, note="the target has no log file")
+                return
+            text = await asyncio.to_thread(ev.read_tail, Path(path), cfg.log_tail_bytes)
+            log_tail["text"] = text
+            ev.write_atomic(bundle.dir / "log_tail.txt", text.encode())
+
+        async def py_spy_step() -> None:
+            if not cfg.py_spy:
+                bundle.record("py_spy", ok=True, elapsed_s=0.0, note="disabled by config")
+                return
+            exe = ev.find_py_spy(cfg.py_spy_command)
+            if exe is None:
+                bundle.record("py_spy", ok=True, elapsed_s=0.0, note=f"{cfg.py_spy_command} not installed; skipped")
+                return
+            limit = asyncio.Semaphore(4)
+            results: dict[int, str | None] = {}
+
+            async def one(pid: int) -> None:
+                async with limit:
+                    try:
+                        ok, note = await ev.py_spy_dump(
+                            exe, pid, native=cfg.py_spy_native, timeout_s=left(cfg.py_spy_timeout),
+                            dest=bundle.dir / f"py-spy-{pid}.txt",
+                        )
+                    except asyncio.TimeoutError:
+                        ok, note = False, "timed out"
+                    except OSError as exc:
+                        ok, note = False, str(exc)
+                    results[pid] = None if ok else note
+
+            await asyncio.gather(*(one(m.pid) for m in members if same_process(m) is not None))
+            failed = {pid: note for pid, note in results.items() if note}
+            bundle.record(
+                "py_spy",
+                ok=not failed,
+                elapsed_s=0.0,
+                dumped=sorted(pid for pid, note in results.items() if not note),
+                note=("; ".join(f"{pid}: {note}" for pid, note in sorted(failed.items()))[:1000] if failed else None),
+            )
+
+        async def flight_step() -> None:
+            if not cfg.flight_recorder:
+                bundle.record("flight_recorder", ok=True, elapsed_s=0.0, note="disabled by config")
+                return
+            stem = self._target.flight_recorder_pipe_stem or cfg.flight_recorder_pipe_stem or self._fr_paths.pipe_stem
+            prefix = cfg.flight_recorder_dump_prefix or self._fr_paths.dump_prefix
+            before = dict(self._collected_dumps)
+            written, pipe_notes = request_dumps(stem)
+            dumps = await collect_dumps(
+                prefix, expected=len(written), before=before, wait_s=left(cfg.flight_recorder_wait),
+                dest=bundle.dir / "flight_recorder",
+            )
+            self._collected_dumps.update(dump_files(prefix))
+            summary = None
+            summary_note = None
+            if dumps:
+                try:
+                    summary = await asyncio.to_thread(ev.flight_recorder_summary, bundle.dir / "flight_recorder")
+                except Exception as exc:
+                    summary_note = f"summary failed: {type(exc).__name__}: {exc}"
+                if summary is not None:
+                    ev.write_json(bundle.dir / "flight_recorder_summary.json", summary)
+                elif summary_note is None:
+                    summary_note = "no flight-recorder reader (soak/report/flight_recorder.py) to summarise with"
+            missing = len(written) - len(dumps) if len(dumps) < len(written) else 0
+            note_parts = []
+            if not written:
+                note_parts.append("no rank pipe open" + (f" ({'; '.join(pipe_notes)})" if pipe_notes else f" under {stem}"))
+            if missing:
+                note_parts.append(f"{missing} of {len(written)} asked ranks did not dump in time")
+            if summary_note:
+                note_parts.append(summary_note)
+            bundle.record(
+                "flight_recorder",
+                ok=not missing,
+                elapsed_s=0.0,
+                pipes_written=len(written),
+                dumps=[p.name for p in dumps],
+                note="; ".join(note_parts) or None,
+            )
+
+        steps: list[tuple[str, Callable[[], Awaitable[Any]], float]] = [
+            ("samples", samples_step, budget),
+            ("gpus", gpus_step, budget),
+            ("processes", processes_step, budget),
+            ("metrics", metrics_step, cfg.metrics_timeout),
+            ("log_tail", log_step, budget),
+            ("py_spy", py_spy_step, cfg.py_spy_timeout + 1.0),
+            ("flight_recorder", flight_step, cfg.flight_recorder_wait + 1.0),
+        ]
+        await asyncio.gather(*(bundle.step(name, make, left(limit)) for name, make, limit in steps))
+        # The watchdog lines need the log tail.
+        await bundle.step(
+            "watchdog",
+            lambda: asyncio.to_thread(_write_watchdog, bundle, samples, log_tail.get("text")),
+            left(budget),
+        )
+
+
+def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
+    ev.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
+
+
+def _reader(gpu_source: Any) -> Callable[[], Awaitable[GpuSample]] | None:
+    if gpu_source is None:
+        return None
+    read = getattr(gpu_source, "read", None)
+    if callable(read):
+        return read
+    if callable(gpu_source):
+        return gpu_source
+    raise TypeError("gpu_source needs an async read() -> GpuSample")
+
+
+def _loopback_port(base_url: str) -> int | None:
+    try:
+        parts = urlsplit(base_url)
+    except ValueError:
+        return None
+    if parts.hostname not in _LOOPBACK:
+        return None
+    if parts.port is not None:
+        return parts.port
+    return 443 if parts.scheme == "https" else 80
+
+
+def _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result) -> str:
+    text = f"{kind} ({rule}): detected {detected_at - onset_at:.1f}s after onset; SIGKILL to {len(killed)} processes"
+    if result is not None and result.survivors:
+        text += f", {len(result.survivors)} survived"
+    if release.released:
+        text += f"; GPUs free {gpu_free_s:.2f}s after the kill" if gpu_free_s is not None else "; GPUs free"
+    else:
+        text += "; GPUs not confirmed free"
+    return text
