@@ -33,6 +33,17 @@ _DETECTOR_MAPPINGS = [
         },
     }
 ]
+_RULE_MAPPINGS = [
+    {
+        "type": "value",
+        "options": {
+            "-1": {"text": "inactive", "color": "transparent", "index": 0},
+            "0": {"text": "clear", "color": "green", "index": 1},
+            "1": {"text": "pending", "color": "orange", "index": 2},
+            "2": {"text": "fired", "color": "red", "index": 3},
+        },
+    }
+]
 _DETECTOR_THRESHOLDS = {
     "mode": "absolute",
     "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 1}, {"color": "red", "value": 2}],
@@ -68,6 +79,7 @@ class Panel:
     mappings: list[dict[str, Any]] | None = None
     thresholds: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    overrides: list[dict[str, Any]] = field(default_factory=list)
     transformations: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -271,7 +283,14 @@ def panels() -> list[list[Panel]]:
                     Target(f"max by (rule) (soak_detector_rule_state{{{BOX}}})", "{{rule}}"),
                 ],
                 width=12,
-                mappings=_DETECTOR_MAPPINGS,
+                description="The verdict (healthy, suspect, hung) and each rule (inactive, clear, pending, fired).",
+                mappings=_RULE_MAPPINGS,
+                overrides=[
+                    {
+                        "matcher": {"id": "byName", "options": "verdict"},
+                        "properties": [{"id": "mappings", "value": _DETECTOR_MAPPINGS}],
+                    }
+                ],
                 thresholds=_DETECTOR_THRESHOLDS,
                 options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8},
             ),
@@ -394,7 +413,7 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"x": x, "y": y, "w": panel.width, "h": panel.height},
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
         "options": panel.options,
         "targets": [
             {

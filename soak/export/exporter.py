@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from pathlib import PurePath
 from enum import Enum
 from typing import Any, Mapping
 
@@ -25,7 +26,7 @@ from prometheus_client.exposition import start_http_server
 from soak.clock import Clock, SystemClock
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
-from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, Kind
+from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
 from soak.samples import (
     ClientSample,
     GpuSample,
@@ -55,6 +56,17 @@ def _label(value: Any) -> str:
     return str(value)
 
 
+def _workload_label(workload: Any) -> str:
+    """``synthetic_agentic``, or ``mooncake_trace:trace.jsonl`` for a file-backed kind."""
+    if workload is None:
+        return ""
+    if isinstance(workload, str):
+        return workload
+    kind = _label(_field(workload, "kind"))
+    path = _field(workload, "path")
+    return f"{kind}:{PurePath(str(path)).name}" if path else kind
+
+
 def build_families(registry: CollectorRegistry) -> dict[str, Any]:
     """Register every family of the table on ``registry``; name -> metric object."""
     families: dict[str, Any] = {}
@@ -64,7 +76,9 @@ def build_families(registry: CollectorRegistry) -> dict[str, Any]:
         if metric.buckets is not None:
             kwargs["buckets"] = metric.buckets
         # prometheus_client appends _total (counters) and _info (info) itself.
-        families[metric.name] = cls(metric.name, metric.help, metric.labels, **kwargs)
+        # An info metric's "labels" are the keys of its one value, not label names.
+        labels = () if metric.kind is Kind.INFO else metric.labels
+        families[metric.name] = cls(metric.name, metric.help, labels, **kwargs)
     return families
 
 
@@ -143,11 +157,14 @@ class Exporter:
     def on_start(self, info: Any) -> None:
         started_at = _field(info, "started_at")
         duration = _field(info, "duration_s")
+        config = _field(info, "config") or {}
         self._m["soak_run"].info(
             {
-                "run": _label(_field(info, "name", _field(info, "run_id"))),
-                "workload": _label(_field(info, "workload")),
-                "target": _label(_field(info, "target")),
+                "run": _label(_field(info, "run_id")),
+                "name": _label(_field(config, "name")),
+                "workload": _workload_label(_field(config, "workload")),
+                "target": _label(_field(info, "target_kind")),
+                "model": _label(_field(info, "model")),
             }
         )
         if started_at is not None:
@@ -198,8 +215,8 @@ class Exporter:
         for rule in _field(assessment, "rules", ()) or ():
             name = _label(_field(rule, "rule", _field(rule, "name")))
             rule_state = _label(_field(rule, "state"))
-            if name and rule_state in DETECTOR_STATE_VALUES:
-                self._m["soak_detector_rule_state"].labels(rule=name).set(DETECTOR_STATE_VALUES[rule_state])
+            if name and rule_state in RULE_STATE_VALUES:
+                self._m["soak_detector_rule_state"].labels(rule=name).set(RULE_STATE_VALUES[rule_state])
 
     def on_incident(self, incident: Any) -> None:
         m = self._m

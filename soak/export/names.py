@@ -55,8 +55,11 @@ CONTEXT_BUCKETS = (
 )
 
 # Detector states as numbers, so a state timeline can colour them and an alert
-# can compare them. The detector's DetectorState values are the keys.
+# can compare them. Keys are soak.detect's DetectorState values; a rule's
+# RuleState maps onto the same scale (inactive below it), so one colour scheme
+# reads both.
 DETECTOR_STATE_VALUES: dict[str, int] = {"healthy": 0, "suspect": 1, "hung": 2}
+RULE_STATE_VALUES: dict[str, int] = {"inactive": -1, "clear": 0, "pending": 1, "fired": 2}
 
 # The probes whose health the exporter reports (soak_probe_ok{probe=...}).
 PROBES: tuple[str, ...] = ("gpu", "server", "health", "process", "client")
@@ -65,7 +68,12 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
     m.name: m
     for m in (
         # run
-        HarnessMetric("soak_run", Kind.INFO, "The run: its name, workload and target.", ("run", "workload", "target")),
+        HarnessMetric(
+            "soak_run",
+            Kind.INFO,
+            "The run: its id, config name, workload, target kind and model.",
+            ("run", "name", "workload", "target", "model"),
+        ),
         HarnessMetric("soak_run_start_time_seconds", Kind.GAUGE, "When the run started (unix seconds)."),
         HarnessMetric("soak_run_planned_duration_seconds", Kind.GAUGE, "The soak's planned duration."),
         HarnessMetric("soak_run_time_remaining_seconds", Kind.GAUGE, "Seconds of the planned soak still to go."),
@@ -141,7 +149,7 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
         HarnessMetric(
             "soak_detector_rule_state",
             Kind.GAUGE,
-            "Each detector rule's state: 0 healthy, 1 suspect, 2 hung.",
+            "Each detector rule's state: -1 inactive, 0 clear, 1 pending, 2 fired.",
             ("rule",),
         ),
         HarnessMetric("soak_incidents", Kind.COUNTER, "Incidents by kind and by the rule that fired.", ("kind", "rule")),

@@ -1,0 +1,102 @@
+"""The Grafana dashboard as checked in: its structure and every name it queries."""
+
+from __future__ import annotations
+
+import copy
+
+from soak.export.dashboard import build_dashboard
+from soak.export.lint import (
+    dashboard_expressions,
+    dashboard_problems,
+    known_series_names,
+    load_dashboard,
+    load_rules,
+    metric_names_in,
+    rule_expressions,
+    signal_of,
+    unknown_metric_names,
+)
+
+
+def test_checked_in_dashboard_is_the_generated_one():
+    # Regenerate with: python -m soak.export.dashboard > dashboards/grafana/dashboards/soak.json
+    assert load_dashboard() == build_dashboard()
+
+
+def test_panels_use_the_datasource_variable_unique_ids_and_a_grid_without_overlaps():
+    assert dashboard_problems(load_dashboard()) == []
+
+
+def test_the_linter_catches_a_hard_coded_uid_a_duplicate_id_and_an_overlap():
+    dashboard = copy.deepcopy(load_dashboard())
+    first, second = dashboard["panels"][0], dashboard["panels"][1]
+    first["targets"][0]["datasource"] = {"type": "prometheus", "uid": "P1809F7CD0C75ACF3"}
+    second["id"] = first["id"]
+    second["gridPos"] = dict(first["gridPos"], x=first["gridPos"]["x"] + 1)
+    problems = dashboard_problems(dashboard)
+    assert any("P1809F7CD0C75ACF3" in p for p in problems)
+    assert any("id also used" in p for p in problems)
+    assert any("overlaps" in p for p in problems)
+
+
+def test_grafana_10_model_with_datasource_and_box_variables():
+    dashboard = load_dashboard()
+    assert dashboard["schemaVersion"] >= 38  # Grafana 10.0 writes 38
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["box"]["includeAll"] and variables["box"]["allValue"] == ".*"
+    assert "P1809F7CD0C75ACF3" not in str(dashboard)
+
+
+def test_every_panel_the_morning_check_needs_is_there():
+    by_title = {p["title"]: p for p in load_dashboard()["panels"]}
+    gpu = by_title["GPU utilization (harness)"]
+    # A state timeline whose colours split idle (red) from busy (green).
+    assert gpu["type"] == "state-timeline"
+    steps = gpu["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[0]["color"] == "red" and steps[-1]["color"] == "green"
+    exprs = " ".join(t["expr"] for p in by_title.values() for t in p["targets"])
+    for needed in (
+        "vllm:generation_tokens_total",
+        "soak_client_streamed_tokens_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "soak_detector_rule_state",
+    ):
+        assert needed in exprs, needed
+    ratio = by_title["Prefix-cache hit ratio"]["targets"][0]["expr"]
+    assert "prefix_cache_hits_total" in ratio and "prefix_cache_queries_total" in ratio
+    assert "prompt_tokens" not in ratio
+    annotations = load_dashboard()["annotations"]["list"]
+    assert any("soak_incidents_total" in a["expr"] for a in annotations)
+
+
+def test_every_queried_name_is_exported_by_the_harness_vllm_dcgm_or_a_rule():
+    rules = load_rules()
+    expressions = list(dashboard_expressions(load_dashboard())) + list(rule_expressions(rules))
+    assert unknown_metric_names(expressions, known_series_names(rules)) == []
+
+
+def test_the_name_check_rejects_a_misspelt_vllm_name():
+    rules = load_rules()
+    problems = unknown_metric_names(
+        list(dashboard_expressions({"panels": [{"id": 1, "title": "t", "targets": [
+            {"refId": "A", "expr": 'sum(rate(vllm:generation_token_total{box=~"$box"}[5m]))'}]}]})),
+        known_series_names(rules),
+    )
+    assert problems == ["panel 1 't' target A: vllm:generation_token_total is exported by neither the harness, vLLM, DCGM nor a rule"]
+
+
+def test_promql_name_extraction():
+    assert metric_names_in(
+        'histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{box=~"$box"}[$__rate_interval])))'
+    ) == {"vllm:e2e_request_latency_seconds_bucket"}
+    assert metric_names_in('sum(up{job="soak"}) or vector(0) and on(box) x > bool 1e3') == {"up", "x"}
+    assert signal_of("soak:pipeline_tail_stall == 1") == "soak:pipeline_tail_stall"
+    assert signal_of('up{job="soak"} == 0') == 'up{job="soak"}'
