@@ -1,9 +1,95 @@
-"""Detector rules and thresholds."""
+"""Detector rules and thresholds (section ``detector:`` of a run config).
+
+Each rule has its own block so a config can tune or switch off one rule
+without restating the others. Durations accept ``90``, ``"90s"``, ``"2m"``.
+"""
 
 from __future__ import annotations
 
-from soak.configbase import StrictModel
+from pydantic import Field, model_validator
+
+from soak.configbase import Duration, StrictModel
+
+
+class PpTailStallConfig(StrictModel):
+    """The last pipeline stage idle while every upstream stage spins (NCCL busy-wait)."""
+
+    enabled: bool = True
+    low_pct: float = Field(10.0, ge=0, le=100)
+    high_pct: float = Field(90.0, ge=0, le=100)
+    # How long the pattern must hold. A healthy pipeline bubble lasts one step
+    # (tens of ms, a few hundred at most), far below this.
+    window: Duration = 3.0
+    # Progress seen this long after the pattern began still clears the rule:
+    # a scrape that lands just after the stop reports the last tokens before it.
+    progress_grace: Duration = 2.0
+    # Spacing of NVML's utilization samples inside one reading.
+    util_sample_period: Duration = 0.2
+
+    @model_validator(mode="after")
+    def _marks(self) -> "PpTailStallConfig":
+        if self.low_pct >= self.high_pct:
+            raise ValueError("low_pct must be below high_pct")
+        return self
+
+
+class LearnedThreshold(StrictModel):
+    """A silence threshold learned from the run's own healthy gaps:
+    ``clamp(longest recent healthy gap * safety_factor, floor, ceiling)``."""
+
+    enabled: bool = True
+    safety_factor: float = Field(5.0, gt=0)
+    floor: Duration = 15.0
+    ceiling: Duration = 120.0
+    # Healthy gaps remembered (the longest of these is the learned gap).
+    history: int = Field(512, ge=1)
+    # A rule is "suspect" once silence passes this fraction of its threshold.
+    suspect_fraction: float = Field(0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "LearnedThreshold":
+        if self.floor > self.ceiling:
+            raise ValueError("floor must not exceed ceiling")
+        return self
+
+    def threshold(self, learned_gap_s: float) -> float:
+        return min(max(learned_gap_s * self.safety_factor, self.floor), self.ceiling)
+
+
+class GenerationFrozenConfig(LearnedThreshold):
+    # Before the first generated token after a start or restart the server may
+    # compile, capture graphs and prefill cold prompts: allow this long.
+    startup_grace: Duration = 300.0
+
+
+class ClientStallConfig(LearnedThreshold):
+    floor: Duration = 30.0
+    ceiling: Duration = 300.0
+
+
+class LogSignatureConfig(StrictModel):
+    enabled: bool = True
+    # A non-fatal signature (the shm-broadcast wait) keeps the detector suspect this long.
+    suspect_for: Duration = 120.0
+    # Used to date the onset of a sample_tokens RPC timeout when nothing better is known
+    # (vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS).
+    execute_model_timeout: Duration = 300.0
+
+
+class ServerGoneConfig(StrictModel):
+    enabled: bool = True
+    # /health must fail this many times in a row, spanning at least health_window.
+    health_failures: int = Field(3, ge=1)
+    health_window: Duration = 3.0
 
 
 class DetectorConfig(StrictModel):
-    pass
+    # How often the run loop calls assess(); samples arrive on their own schedules.
+    interval: Duration = 0.5
+    # Hysteresis: suspect goes back to healthy only after every rule stayed clear this long.
+    clear_after: Duration = 5.0
+    pp_tail_stall: PpTailStallConfig = PpTailStallConfig()
+    generation_frozen: GenerationFrozenConfig = GenerationFrozenConfig()
+    client_stall: ClientStallConfig = ClientStallConfig()
+    log_signature: LogSignatureConfig = LogSignatureConfig()
+    server_gone: ServerGoneConfig = ServerGoneConfig()

@@ -1,0 +1,1 @@
+"""Probes: GPUs, server metrics, health, process liveness, the server log, client progress."""

@@ -1,9 +1,76 @@
-"""Probe schedules and sources."""
+"""Probe schedules and sources (section ``probes:`` of a run config).
+
+``gpu`` is tagged by ``kind``:
+  ``auto`` (the simulator's GPUs for the simulator target, NVML otherwise),
+  ``sim``, ``nvml`` (``indices``: which GPUs; ``deadline``: per NVML call),
+  ``dcgm`` (``url`` of a dcgm-exporter), ``none``.
+"""
 
 from __future__ import annotations
 
-from soak.configbase import StrictModel
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BeforeValidator, Field
+
+from soak.configbase import Duration, StrictModel
+from soak.metric_names import DCGM_DEFAULT_PORT
+
+
+class AutoGpu(StrictModel):
+    kind: Literal["auto"] = "auto"
+
+
+class SimGpu(StrictModel):
+    kind: Literal["sim"] = "sim"
+
+
+class NvmlGpu(StrictModel):
+    kind: Literal["nvml"] = "nvml"
+    indices: Optional[tuple[int, ...]] = None
+    # A call past this is a failed reading (a wedged driver blocks NVML calls).
+    deadline: Duration = 2.0
+
+
+class DcgmGpu(StrictModel):
+    kind: Literal["dcgm"] = "dcgm"
+    url: str = f"http://127.0.0.1:{DCGM_DEFAULT_PORT}/metrics"
+    indices: Optional[tuple[int, ...]] = None
+
+
+class NoGpu(StrictModel):
+    kind: Literal["none"] = "none"
+
+
+_GPU_KINDS = {m.model_fields["kind"].default: m for m in (AutoGpu, SimGpu, NvmlGpu, DcgmGpu, NoGpu)}
+
+
+def _check_gpu_kind(value: Any) -> Any:
+    if isinstance(value, dict):
+        kind = value.get("kind", "auto")
+        if kind not in _GPU_KINDS:
+            raise ValueError(f"unknown kind {kind}, known: {', '.join(_GPU_KINDS)}")
+        if "kind" not in value:
+            value = {**value, "kind": "auto"}
+    return value
+
+
+GpuConfig = Annotated[
+    Union[AutoGpu, SimGpu, NvmlGpu, DcgmGpu, NoGpu],
+    Field(discriminator="kind"),
+    BeforeValidator(_check_gpu_kind),
+]
 
 
 class ProbesConfig(StrictModel):
-    pass
+    gpu: GpuConfig = AutoGpu()
+    gpu_interval: Duration = 0.5
+    metrics_interval: Duration = 1.0
+    health_interval: Duration = 1.0
+    process_interval: Duration = 1.0
+    client_interval: Duration = 0.5
+    log_interval: Duration = 0.25
+    # Per HTTP call of a probe (/metrics, /health, dcgm-exporter, /sim/*).
+    timeout: Duration = 2.0
+    # A log file to watch instead of (or for an attached server, in the absence of)
+    # the launched server's captured output.
+    log_path: Optional[str] = None

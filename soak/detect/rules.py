@@ -1,0 +1,259 @@
+"""The named rules: each a small pure function of the tracked signals and ``now``
+that returns a typed RuleStatus with its reasons and the thresholds in force.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from soak.detect.config import DetectorConfig
+from soak.detect.signals import SignalTracker
+from soak.detect.types import IncidentKind, RuleState, RuleStatus
+
+Rule = Callable[[SignalTracker, DetectorConfig, float], RuleStatus]
+
+# Log signatures (soak.probes.logwatch) that say the engine is dead rather than stuck.
+CRASH_SIGNATURES = frozenset({"engine_dead"})
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
+    cfg = config.pp_tail_stall
+    name = "pp_tail_stall"
+    thresholds = {"low_pct": cfg.low_pct, "high_pct": cfg.high_pct, "window_s": cfg.window}
+    if not cfg.enabled:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
+    if len(s.topology.stages) < 2:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("one pipeline stage: no tail to stall",))
+    if s.gpu_ts is None:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU readings ({s.gpu_error or 'none yet'})",))
+    run = s.tail_run
+    if run is None:
+        return RuleStatus(name, RuleState.CLEAR, threshold_s=cfg.window, evidence={"thresholds": thresholds})
+    if not s.in_flight:
+        return RuleStatus(
+            name, RuleState.CLEAR, threshold_s=cfg.window, reasons=("no requests in flight",),
+            evidence={"thresholds": thresholds},
+        )
+    last_progress = s.last_progress_at
+    if last_progress is not None and last_progress > run.since + cfg.progress_grace:
+        return RuleStatus(
+            name, RuleState.CLEAR, threshold_s=cfg.window,
+            reasons=(f"progress continued {last_progress - run.since:.1f}s into the GPU pattern",),
+            evidence={"thresholds": thresholds},
+        )
+    elapsed = run.last - run.since
+    tail = ",".join(str(i) for i in s.topology.last_stage)
+    reasons = (
+        f"last stage GPU {tail} at {run.tail_pct:g}% (<= {cfg.low_pct:g}%) while upstream GPUs "
+        f"are at >= {run.upstream_pct:g}% (>= {cfg.high_pct:g}%) for {elapsed:.1f}s",
+        "no progress signal moved since" if last_progress is None or last_progress <= run.since
+        else f"last progress {last_progress - run.since:.1f}s after the pattern began (grace {cfg.progress_grace:g}s)",
+        f"requests running: {s.running if s.running is not None else 'unknown'}; "
+        f"client in flight: {s.client.in_flight if s.client else 'unknown'}",
+    )
+    evidence = {
+        "signals": {
+            "gpu_util_pct": {str(k): v for k, v in sorted(s.gpu_levels.items())},
+            "tail_gpus": list(s.topology.last_stage),
+            "upstream_gpus": list(s.topology.upstream),
+            "points": run.points,
+            "running": s.running,
+            "last_progress_at": last_progress,
+        },
+        "since": run.since,
+        "thresholds": {**thresholds, "progress_grace_s": cfg.progress_grace},
+    }
+    state = RuleState.FIRED if elapsed >= cfg.window else RuleState.PENDING
+    return RuleStatus(name, state, IncidentKind.HANG, run.since, _round(elapsed), cfg.window, reasons, evidence)
+
+
+def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
+    cfg = config.generation_frozen
+    name = "generation_frozen"
+    if not cfg.enabled:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
+    if s.server_ts is None and s.client is None:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("no server metrics or client progress yet",))
+    if s.server_error is not None:
+        # Without KV usage and prefix-cache queries a healthy cold prefill looks
+        # frozen; client_stall and pp_tail_stall keep watching meanwhile.
+        return RuleStatus(name, RuleState.INACTIVE, reasons=(f"server metrics unavailable: {s.server_error}",))
+    if s.busy_since is None:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("no requests running",))
+    observed_until = max(t for t in (s.server_ts, s.client.ts if s.client else None) if t is not None)
+    last_progress = s.last_progress_at
+    since = max(last_progress, s.busy_since) if last_progress is not None else s.busy_since
+    elapsed = max(0.0, observed_until - since)
+    learned = s.learned_gap_s
+    if s.generated_since_start:
+        threshold = cfg.threshold(learned)
+        basis = f"longest healthy gap {learned:.1f}s x {cfg.safety_factor:g}, clamped to [{cfg.floor:g}s, {cfg.ceiling:g}s]"
+    else:
+        threshold = max(cfg.startup_grace, cfg.floor)
+        basis = f"start-up grace {cfg.startup_grace:g}s (no token generated since start)"
+    moved = {k: round(observed_until - t, 3) for k, t in sorted(s.last_change.items())}
+    evidence = {
+        "signals": {
+            "generation_tokens": s.server_values.get("generation_tokens"),
+            "running": s.running,
+            "kv_cache_usage_perc": s.server_values.get("kv_cache_usage_perc"),
+            "prefix_cache_queries": s.server_values.get("prefix_cache_queries"),
+            "client_bytes": s.client.bytes_total if s.client else None,
+            "seconds_since_each_signal_moved": moved,
+        },
+        "since": since,
+        "thresholds": {
+            "threshold_s": threshold,
+            "learned_gap_s": learned,
+            "safety_factor": cfg.safety_factor,
+            "floor_s": cfg.floor,
+            "ceiling_s": cfg.ceiling,
+            "startup_grace_s": cfg.startup_grace,
+        },
+    }
+    reasons = (
+        f"no progress signal moved for {elapsed:.1f}s with requests running "
+        f"(generation counter, KV usage, prefix-cache queries, client bytes all flat)",
+        f"threshold {threshold:.1f}s: {basis}",
+    )
+    if elapsed >= threshold:
+        state = RuleState.FIRED
+    elif elapsed >= threshold * cfg.suspect_fraction:
+        state = RuleState.PENDING
+    else:
+        return RuleStatus(name, RuleState.CLEAR, elapsed_s=_round(elapsed), threshold_s=threshold, evidence=evidence)
+    return RuleStatus(name, state, IncidentKind.HANG, since, _round(elapsed), threshold, reasons, evidence)
+
+
+def client_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
+    cfg = config.client_stall
+    name = "client_stall"
+    if not cfg.enabled:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
+    client = s.client
+    if client is None:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("no client progress yet",))
+    if client.in_flight <= 0 or s.streaming_since is None:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("no stream past its first token",))
+    since = max(s.last_bytes_change, s.streaming_since) if s.last_bytes_change is not None else s.streaming_since
+    elapsed = max(0.0, client.ts - since)
+    learned = s.learned_client_gap_s
+    threshold = cfg.threshold(learned)
+    evidence = {
+        "signals": {
+            "in_flight": client.in_flight,
+            "streaming": client.streaming,
+            "bytes_total": client.bytes_total,
+            "max_silence_s": client.max_silence_s,
+        },
+        "since": since,
+        "thresholds": {
+            "threshold_s": threshold,
+            "learned_gap_s": learned,
+            "safety_factor": cfg.safety_factor,
+            "floor_s": cfg.floor,
+            "ceiling_s": cfg.ceiling,
+        },
+    }
+    reasons = (
+        f"no byte arrived on any of {client.in_flight} in-flight streams for {elapsed:.1f}s",
+        f"threshold {threshold:.1f}s: longest healthy gap {learned:.1f}s x {cfg.safety_factor:g}, "
+        f"clamped to [{cfg.floor:g}s, {cfg.ceiling:g}s]",
+    )
+    if elapsed >= threshold:
+        state = RuleState.FIRED
+    elif elapsed >= threshold * cfg.suspect_fraction:
+        state = RuleState.PENDING
+    else:
+        return RuleStatus(name, RuleState.CLEAR, elapsed_s=_round(elapsed), threshold_s=threshold, evidence=evidence)
+    return RuleStatus(name, state, IncidentKind.HANG, since, _round(elapsed), threshold, reasons, evidence)
+
+
+def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
+    cfg = config.log_signature
+    name = "log_signature"
+    if not cfg.enabled:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
+    if s.fatal_logs:
+        first = s.fatal_logs[0]
+        kind = IncidentKind.CRASH if first.signature in CRASH_SIGNATURES else IncidentKind.HANG
+        onset = _log_onset(s, first, cfg.execute_model_timeout)
+        evidence = {
+            "signals": {
+                "lines": [{"ts": x.ts, "signature": x.signature, "line": x.line, "fields": dict(x.fields)}
+                          for x in s.fatal_logs[:20]],
+                "last_progress_at": s.last_progress_at,
+            },
+            "since": onset,
+            "thresholds": {"fatal": True},
+        }
+        reasons = (f"fatal log signature {first.signature}: {first.line.strip()[:300]}",)
+        return RuleStatus(name, RuleState.FIRED, kind, onset, _round(now - onset), 0.0, reasons, evidence)
+    last = s.last_nonfatal_log
+    if last is not None and now - last.ts < cfg.suspect_for:
+        return RuleStatus(
+            name, RuleState.PENDING, IncidentKind.HANG, None, _round(now - last.ts), None,
+            (f"warning log signature {last.signature}: {last.line.strip()[:300]}",),
+            {"signals": {"line": last.line, "signature": last.signature, "ts": last.ts},
+             "thresholds": {"suspect_for_s": cfg.suspect_for}},
+        )
+    return RuleStatus(name, RuleState.CLEAR)
+
+
+def _log_onset(s: SignalTracker, line, execute_timeout: float) -> float:
+    """When progress stopped: the last progress seen, else what the line implies."""
+    if s.last_progress_at is not None and s.last_progress_at <= line.ts:
+        return s.last_progress_at
+    timeout_ms = line.fields.get("timeout_ms")
+    if isinstance(timeout_ms, (int, float)):
+        return line.ts - timeout_ms / 1000.0
+    if line.signature == "sample_tokens_timeout":
+        return line.ts - execute_timeout
+    return line.ts
+
+
+def server_gone(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
+    cfg = config.server_gone
+    name = "server_gone"
+    if not cfg.enabled:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
+    thresholds = {"health_failures": cfg.health_failures, "health_window_s": cfg.health_window}
+    dead = s.process_dead
+    if dead is not None:
+        return RuleStatus(
+            name, RuleState.FIRED, IncidentKind.CRASH, dead.ts, _round(now - dead.ts), 0.0,
+            (f"server process {dead.pid} exited (code {dead.exit_code})",),
+            {"signals": {"pid": dead.pid, "exit_code": dead.exit_code}, "since": dead.ts, "thresholds": thresholds},
+        )
+    run = s.health_run
+    if s.health_ts is None and s.server_ts is None:
+        return RuleStatus(name, RuleState.INACTIVE, reasons=("no health check yet",))
+    if run is None:
+        return RuleStatus(name, RuleState.CLEAR, evidence={"thresholds": thresholds})
+    span = run.last - run.since
+    evidence = {
+        "signals": {"failures": run.failures, "status": run.status, "error": run.error},
+        "since": run.since,
+        "thresholds": thresholds,
+    }
+    reasons = (
+        f"/health failed {run.failures} times in a row over {span:.1f}s "
+        f"(last: {run.status if run.status is not None else run.error})",
+    )
+    fired = run.failures >= cfg.health_failures and span >= cfg.health_window
+    state = RuleState.FIRED if fired else RuleState.PENDING
+    return RuleStatus(name, state, IncidentKind.SERVER_GONE, run.since, _round(span), cfg.health_window, reasons, evidence)
+
+
+# Evaluated in this order; when several fire at once the first one names the incident.
+RULES: tuple[tuple[str, Rule], ...] = (
+    ("server_gone", server_gone),
+    ("log_signature", log_signature),
+    ("pp_tail_stall", pp_tail_stall),
+    ("generation_frozen", generation_frozen),
+    ("client_stall", client_stall),
+)

@@ -1,0 +1,262 @@
+"""What the detector remembers between samples.
+
+``SignalTracker.observe`` folds each sample into a handful of facts (when each
+progress signal last moved, since when the server has been busy, the current run
+of the pipeline-tail pattern, the healthy gaps seen so far). The rules read
+these facts and never change them. No clock is read here: every time comes from
+a sample's ``ts``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque
+
+from soak.detect.config import DetectorConfig
+from soak.detect.types import Topology
+from soak.samples import (
+    ClientSample,
+    GpuSample,
+    HealthSample,
+    LogSample,
+    ProcessSample,
+    Sample,
+    ServerSample,
+)
+
+# Server counters and gauges that move while the engine makes progress. The
+# engine publishes scheduler stats every step, so KV usage and prefix-cache
+# queries move through a cold chunked prefill while the token counters stand still.
+SERVER_PROGRESS_KEYS: tuple[str, ...] = (
+    "generation_tokens",
+    "prompt_tokens",
+    "kv_cache_usage_perc",
+    "prefix_cache_queries",
+    "request_success",
+    "spec_decode_num_drafts",
+    "iteration_tokens_total_count",
+)
+CLIENT_PROGRESS_KEYS: tuple[str, ...] = ("client_bytes", "client_tokens", "client_requests_done")
+GENERATION_KEY = "generation_tokens"
+
+
+@dataclass
+class TailRun:
+    """A run of GPU points where the last stage is low and every upstream stage high."""
+
+    since: float
+    last: float
+    points: int
+    tail_pct: float
+    upstream_pct: float
+
+
+@dataclass
+class HealthRun:
+    since: float
+    last: float
+    failures: int
+    status: int | None
+    error: str | None
+
+
+class SignalTracker:
+    def __init__(self, config: DetectorConfig, topology: Topology) -> None:
+        self.config = config
+        self.topology = topology
+        gen = config.generation_frozen
+        self.progress_gaps: Deque[float] = deque(maxlen=gen.history)
+        self.client_gaps: Deque[float] = deque(maxlen=config.client_stall.history)
+        self.reset(float("-inf"))
+
+    def reset(self, now: float) -> None:
+        """Forget the target's state; the healthy gaps learned so far are kept."""
+        self.started_at = now
+        # GPUs
+        self.gpu_ts: float | None = None
+        self.gpu_levels: dict[int, float] = {}
+        self.gpu_error: str | None = None
+        self.tail_run: TailRun | None = None
+        self._last_gpu_point: float = float("-inf")
+        # Server metrics
+        self.server_ts: float | None = None
+        self.server_values: dict[str, float] = {}
+        self.server_error: str | None = None
+        self.running: float | None = None
+        self.busy_since: float | None = None
+        self.last_change: dict[str, float] = {}
+        self.generated_since_start = False
+        # Client progress
+        self.client: ClientSample | None = None
+        self._client_prev: dict[str, float] = {}
+        self.streaming_since: float | None = None
+        self.last_bytes_change: float | None = None
+        # Health and process
+        self.health_run: HealthRun | None = None
+        self.health_ts: float | None = None
+        self.process_dead: ProcessSample | None = None
+        # Log signatures since the reset
+        self.fatal_logs: list[LogSample] = []
+        self.last_nonfatal_log: LogSample | None = None
+
+    # -- derived facts -------------------------------------------------------------
+
+    @property
+    def last_progress_at(self) -> float | None:
+        return max(self.last_change.values()) if self.last_change else None
+
+    @property
+    def in_flight(self) -> bool | None:
+        """Requests in flight: the server's running gauge, else the client's count."""
+        if self.running is not None:
+            return self.running > 0 or bool(self.client and self.client.in_flight > 0)
+        if self.client is not None:
+            return self.client.in_flight > 0
+        return None
+
+    @property
+    def learned_gap_s(self) -> float:
+        return max(self.progress_gaps, default=0.0)
+
+    @property
+    def learned_client_gap_s(self) -> float:
+        return max(self.client_gaps, default=0.0)
+
+    # -- folding samples in --------------------------------------------------------
+
+    def observe(self, sample: Sample) -> None:
+        if sample.ts < self.started_at:
+            return
+        if isinstance(sample, GpuSample):
+            self._observe_gpu(sample)
+        elif isinstance(sample, ServerSample):
+            self._observe_server(sample)
+        elif isinstance(sample, ClientSample):
+            self._observe_client(sample)
+        elif isinstance(sample, HealthSample):
+            self._observe_health(sample)
+        elif isinstance(sample, ProcessSample):
+            if not sample.alive and self.process_dead is None:
+                self.process_dead = sample
+        elif isinstance(sample, LogSample):
+            if sample.fatal:
+                self.fatal_logs.append(sample)
+            else:
+                self.last_nonfatal_log = sample
+
+    def _progress(self, key: str, ts: float) -> None:
+        """Signal ``key`` moved at ``ts``; a healthy gap is learned from it."""
+        previous = self.last_progress_at
+        self.last_change[key] = ts
+        if self.busy_since is None or not self.generated_since_start:
+            return  # idle gaps and start-up pauses are not healthy gaps to learn from
+        start = max(previous, self.busy_since) if previous is not None else self.busy_since
+        if ts > start:
+            self.progress_gaps.append(ts - start)
+
+    def _observe_gpu(self, sample: GpuSample) -> None:
+        if sample.error is not None or not sample.gpus:
+            self.gpu_error = sample.error or "no GPUs in the sample"
+            return
+        self.gpu_error = None
+        self.gpu_ts = sample.ts
+        readings = {g.index: g for g in sample.gpus}
+        self.gpu_levels = {g.index: g.util_pct for g in sample.gpus}
+        tail = [readings[i] for i in self.topology.last_stage if i in readings]
+        upstream = [readings[i] for i in self.topology.upstream if i in readings]
+        if not tail or not upstream:
+            return
+        cfg = self.config.pp_tail_stall
+        series_tail = [g.util_samples or (g.util_pct,) for g in tail]
+        series_up = [g.util_samples or (g.util_pct,) for g in upstream]
+        n = min(len(s) for s in series_tail + series_up)
+        for k in range(n):
+            t = sample.ts - (n - 1 - k) * cfg.util_sample_period
+            if t <= self._last_gpu_point:
+                continue
+            self._last_gpu_point = t
+            tail_pct = max(s[len(s) - n + k] for s in series_tail)
+            up_pct = min(s[len(s) - n + k] for s in series_up)
+            if tail_pct <= cfg.low_pct and up_pct >= cfg.high_pct:
+                if self.tail_run is None:
+                    self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
+                run = self.tail_run
+                run.last, run.points, run.tail_pct, run.upstream_pct = t, run.points + 1, tail_pct, up_pct
+            else:
+                self.tail_run = None
+
+    def _observe_server(self, sample: ServerSample) -> None:
+        if not sample.ok:
+            self.server_error = sample.error or "scrape failed"
+            return
+        self.server_error = None
+        values = sample.values
+        running = values.get("num_requests_running")
+        if running is not None:
+            self.running = running
+            if running > 0 and self.busy_since is None:
+                self.busy_since = sample.ts
+            elif running <= 0:
+                self.busy_since = None
+        first = self.server_ts is None
+        self.server_ts = sample.ts
+        for key in SERVER_PROGRESS_KEYS:
+            value = values.get(key)
+            if value is None:
+                continue
+            old = self.server_values.get(key)
+            self.server_values[key] = value
+            if old is None or value == old:
+                continue
+            if key == GENERATION_KEY and not first:
+                self.generated_since_start = True
+            self._progress(key, sample.ts)
+        for key in ("num_requests_running", "num_requests_waiting"):
+            if key in values:
+                self.server_values[key] = values[key]
+
+    def _observe_client(self, sample: ClientSample) -> None:
+        current = {
+            "client_bytes": float(sample.bytes_total),
+            "client_tokens": float(sample.tokens_total),
+            "client_requests_done": float(sample.requests_done),
+        }
+        if sample.streaming > 0:
+            if self.streaming_since is None:
+                self.streaming_since = sample.ts
+        else:
+            self.streaming_since = None
+        for key, value in current.items():
+            old = self._client_prev.get(key)
+            if old is not None and value != old:
+                if key == "client_bytes":
+                    self._client_gap(sample.ts)
+                self._progress(key, sample.ts)
+        if self.running is None and sample.in_flight > 0 and self.busy_since is None:
+            self.busy_since = sample.ts  # no server metrics: the client says busy
+        elif self.running is None and sample.in_flight == 0:
+            self.busy_since = None
+        if self.running is None and sample.tokens_total > self._client_prev.get("client_tokens", sample.tokens_total):
+            self.generated_since_start = True
+        self._client_prev = current
+        self.client = sample
+
+    def _client_gap(self, ts: float) -> None:
+        previous = self.last_bytes_change
+        self.last_bytes_change = ts
+        if self.streaming_since is None:
+            return
+        start = max(previous, self.streaming_since) if previous is not None else self.streaming_since
+        if ts > start:
+            self.client_gaps.append(ts - start)
+
+    def _observe_health(self, sample: HealthSample) -> None:
+        self.health_ts = sample.ts
+        if sample.ok:
+            self.health_run = None
+            return
+        if self.health_run is None:
+            self.health_run = HealthRun(sample.ts, sample.ts, 0, sample.status, sample.error)
+        run = self.health_run
+        run.last, run.failures, run.status, run.error = sample.ts, run.failures + 1, sample.status, sample.error

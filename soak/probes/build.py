@@ -1,0 +1,67 @@
+"""Wiring: the probes a run needs, from the config and the target's facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from soak.clock import Clock
+from soak.probes.config import DcgmGpu, NoGpu, NvmlGpu, ProbesConfig, SimGpu
+from soak.probes.gpu import DcgmGpuSource, GpuProbe, GpuSourceLike, NvmlGpuSource, SimGpuSource
+from soak.probes.logwatch import LogProbe
+from soak.probes.metrics import MetricsProbe
+from soak.probes.scheduler import Probe
+from soak.probes.target import ClientProbe, HealthProbe, ProcessProbe, ProgressSource
+
+
+def build_gpu_source(
+    config: ProbesConfig,
+    *,
+    base_url: str,
+    session,
+    clock: Clock,
+    is_simulator: bool,
+    nvml_provider: Any | None = None,
+) -> GpuSourceLike | None:
+    """The configured GPU source (None for ``kind: none``). For ``nvml`` call
+    ``await source.open()`` before the run: it raises GpuUnavailable (exit 3)."""
+    gpu = config.gpu
+    if isinstance(gpu, NoGpu):
+        return None
+    if isinstance(gpu, SimGpu) or (gpu.kind == "auto" and is_simulator):
+        return SimGpuSource(base_url, session=session, clock=clock, timeout_s=config.timeout)
+    if isinstance(gpu, DcgmGpu):
+        return DcgmGpuSource(gpu.url, session=session, clock=clock, timeout_s=config.timeout, indices=gpu.indices)
+    if isinstance(gpu, NvmlGpu):
+        return NvmlGpuSource(clock=clock, provider=nvml_provider, indices=gpu.indices, deadline_s=gpu.deadline)
+    return NvmlGpuSource(clock=clock, provider=nvml_provider)
+
+
+def build_probes(
+    config: ProbesConfig,
+    *,
+    base_url: str,
+    session,
+    clock: Clock,
+    gpu_source: GpuSourceLike | None = None,
+    root_pid: int | None = None,
+    returncode: Callable[[], int | None] | None = None,
+    log_path: str | Path | None = None,
+    log_from_start: bool = True,
+    progress: ProgressSource | None = None,
+) -> list[Probe]:
+    probes: list[Probe] = [
+        MetricsProbe(base_url, session=session, clock=clock, interval_s=config.metrics_interval, timeout_s=config.timeout),
+        HealthProbe(base_url, session=session, clock=clock, interval_s=config.health_interval, timeout_s=config.timeout),
+    ]
+    if gpu_source is not None:
+        probes.append(GpuProbe(gpu_source, interval_s=config.gpu_interval))
+    if root_pid is not None:
+        probes.append(ProcessProbe(root_pid, clock=clock, interval_s=config.process_interval, returncode=returncode))
+    path = config.log_path or log_path
+    if path is not None:
+        from_start = log_from_start if config.log_path is None else False
+        probes.append(LogProbe(path, clock=clock, interval_s=config.log_interval, from_start=from_start))
+    if progress is not None:
+        probes.append(ClientProbe(progress, clock=clock, interval_s=config.client_interval))
+    return probes

@@ -1,0 +1,128 @@
+"""Server metrics: ``/metrics`` text -> ServerSample.values keyed by metric_names keys.
+
+``parse_metrics`` is pure: prometheus_client's parser, then a lookup of each key
+of the one table under its exposed name and its aliases. Counters are found
+with or without ``_total``; hidden deprecated names stand in for current ones.
+Values are summed over label sets; histograms give ``<key>_sum`` and ``<key>_count``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from soak.clock import Clock
+from soak.errors import MetricsUnavailable
+from soak.metric_names import VLLM_METRICS, MetricSpec, MetricType
+from soak.samples import ServerSample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParsedMetrics:
+    values: Mapping[str, float]
+    # keys expected on every vLLM 0.11 server that the text lacked
+    missing: tuple[str, ...]
+
+
+def sums_by_sample_name(text: str) -> dict[str, float]:
+    """Every sample's value summed over its label sets, by sample name."""
+    sums: dict[str, float] = defaultdict(float)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                sums[sample.name] += float(sample.value)
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsUnavailable(f"unparsable /metrics text: {exc}") from exc
+    return dict(sums)
+
+
+def _candidates(spec: MetricSpec) -> tuple[str, ...]:
+    return (spec.exposed, *spec.aliases)
+
+
+def lookup(spec: MetricSpec, sums: Mapping[str, float]) -> dict[str, float]:
+    """The values one table entry contributes, or {} when absent."""
+    for name in _candidates(spec):
+        if spec.type is MetricType.HISTOGRAM:
+            if f"{name}_count" in sums:
+                return {f"{spec.key}_sum": sums.get(f"{name}_sum", 0.0), f"{spec.key}_count": sums[f"{name}_count"]}
+            continue
+        if spec.type is MetricType.COUNTER:
+            base = name[: -len("_total")] if name.endswith("_total") else name
+            for sample_name in (f"{base}_total", base):
+                if sample_name in sums:
+                    return {spec.key: sums[sample_name]}
+            continue
+        if name in sums:
+            return {spec.key: sums[name]}
+    return {}
+
+
+def parse_metrics(text: str, table: Mapping[str, MetricSpec] = VLLM_METRICS) -> ParsedMetrics:
+    sums = sums_by_sample_name(text)
+    values: dict[str, float] = {}
+    missing: list[str] = []
+    for key, spec in table.items():
+        found = lookup(spec, sums)
+        if found:
+            values.update(found)
+        elif not spec.hidden and not spec.spec_decode_only:
+            missing.append(key)
+    return ParsedMetrics(values, tuple(missing))
+
+
+class MetricsProbe:
+    """Scrapes ``{base_url}/metrics``; a failed scrape is a sample with ok=False."""
+
+    name = "metrics"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        session,
+        clock: Clock,
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.interval_s = interval_s
+        self._session = session
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._warn = warn or log.warning
+        self._warned: set[str] = set()
+
+    async def collect(self) -> list[ServerSample]:
+        import aiohttp
+
+        started = time.monotonic()
+        ts = self._clock.now()
+        try:
+            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+            async with self._session.get(self.url, timeout=timeout) as resp:
+                body = await resp.text()
+                if resp.status != 200:
+                    raise MetricsUnavailable(f"GET {self.url}: HTTP {resp.status}")
+            parsed = parse_metrics(body)
+        except MetricsUnavailable as exc:
+            return [ServerSample(ts, False, error=str(exc), latency_s=time.monotonic() - started)]
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            error = f"GET {self.url}: {type(exc).__name__}: {exc}".rstrip(": ")
+            return [ServerSample(ts, False, error=error, latency_s=time.monotonic() - started)]
+        new = [k for k in parsed.missing if k not in self._warned]
+        if new:
+            self._warned.update(new)
+            self._warn(f"{self.url} lacks {', '.join(new)}: rules that need them degrade")
+        return [ServerSample(ts, True, parsed.values, parsed.missing, latency_s=time.monotonic() - started)]
+
+    async def aclose(self) -> None:
+        pass
