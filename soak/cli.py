@@ -38,8 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module_name, help_text) in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a stage not landed yet must not take the other commands down
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
         module.configure(command_parser)
         command_parser.set_defaults(_module=module)
     return parser

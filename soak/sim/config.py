@@ -1,12 +1,112 @@
-"""Simulator settings (section ``target: {kind: simulator, ...}`` and ``soak sim`` flags)."""
+"""Simulator settings (section ``target: {kind: simulator, sim: {...}}`` and ``soak sim`` flags).
+
+Defaults are the real box's launch line (FACTS.md): PP 8, block 256,
+max_num_seqs 12, max_num_batched_tokens 256, 5 speculative tokens,
+max_model_len 327680. Every duration is in simulated seconds; the server runs
+them ``time_scale`` times faster on the wall clock.
+
+Faults are a list tagged by ``kind``; each fires once, when the first of its
+triggers (``at``, ``after_requests``, a random draw with mean ``mtbf``) is due.
+"""
 
 from __future__ import annotations
 
-from soak.configbase import StrictModel
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field, field_validator
+
+from soak.configbase import Duration, StrictModel
+
+
+class FaultTrigger(StrictModel):
+    at: Optional[Duration] = None  # simulated seconds after start-up
+    after_requests: Optional[int] = Field(default=None, ge=0)  # fires when request N+1 arrives
+    mtbf: Optional[Duration] = None  # exponential onset with this mean, drawn from the seed
+    # none of the three: fires at start-up
+
+
+class PpDeadlockFault(FaultTrigger):
+    """vllm#53402: stages 0..pp-2 spin in a broadcast, the last stage idles."""
+
+    kind: Literal["pp_deadlock"] = "pp_deadlock"
+    ringbuffer_warning_interval: Duration = 60.0  # VLLM_RINGBUFFER_WARNING_INTERVAL
+    watchdog_timeout: Duration = 60.0  # the NCCL process group's timeout
+    execute_timeout: Duration = 300.0  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+    seq_id: int = 40427
+
+
+class AllIdleDeadlockFault(FaultTrigger):
+    kind: Literal["all_idle_deadlock"] = "all_idle_deadlock"
+    ringbuffer_warning_interval: Duration = 60.0
+
+
+class CrashFault(FaultTrigger):
+    kind: Literal["crash"] = "crash"
+    exit_delay: Duration = 1.0  # /health answers 503 this long before the API server exits
+    exit_code: int = 1
+
+
+class SlowFault(FaultTrigger):
+    """A long healthy silence: a compile pause (every stage busy, no tokens)."""
+
+    kind: Literal["slow"] = "slow"
+    pause: Duration = 120.0
+
+
+class MetricsStallFault(FaultTrigger):
+    kind: Literal["metrics_stall"] = "metrics_stall"
+    duration: Optional[Duration] = None  # None: /metrics never answers again
+
+
+FaultConfig = Annotated[
+    Union[PpDeadlockFault, AllIdleDeadlockFault, CrashFault, SlowFault, MetricsStallFault],
+    Field(discriminator="kind"),
+]
+FAULT_KINDS = ("pp_deadlock", "all_idle_deadlock", "crash", "slow", "metrics_stall")
 
 
 class SimConfig(StrictModel):
     model: str = "deepseek-v4-flash"
-    pp_size: int = 8
-    time_scale: float = 1.0
+    pp_size: int = Field(default=8, ge=1, le=64)
+    time_scale: float = Field(default=1.0, gt=0)
     seed: int = 0
+    # scheduler and cache
+    block_size: int = Field(default=256, ge=1)
+    max_num_seqs: int = Field(default=12, ge=1)
+    max_num_batched_tokens: int = Field(default=256, ge=1)
+    max_model_len: int = Field(default=327680, ge=16)
+    kv_cache_blocks: int = Field(default=12288, ge=1)  # 12 sessions of 230K tokens at block 256, and room
+    num_speculative_tokens: int = Field(default=5, ge=0)
+    spec_acceptance: float = Field(default=0.7, ge=0.0, le=1.0)  # per draft token
+    # timing: a step takes pp_size * (stage_time + stage_time_per_token * tokens)
+    stage_time: Duration = 0.002
+    stage_time_per_token: float = Field(default=6e-6, ge=0)
+    startup_delay: Duration = 0.0  # /health answers 503 (loading) this long after start
+    default_output_tokens: int = Field(default=256, ge=1)  # EOS point when max_tokens is absent
+    # GPUs (defaults: an RTX 3090 holding its share of the model and the KV cache)
+    gpu_mem_total_mib: int = 24576
+    gpu_mem_used_mib: int = 22800
+    gpu_power_idle_w: float = 30.0
+    gpu_power_busy_w: float = 350.0
+    decode_util_pct: float = Field(default=60.0, ge=0, le=100)  # decode leaves pipeline bubbles
+    hostname: str = "sim-host"
+    # server behaviour
+    enable_prompt_tokens_details: bool = True
+    show_hidden_metrics_for_version: Optional[str] = None
+    log_stats_interval: Duration = 10.0
+    process_name_prefix: str = "VLLM"
+    worker_backend: Literal["cpu", "cuda"] = "cpu"
+    worker_own_session: Optional[int] = None  # this worker rank calls setsid (kill-path tests)
+    faults: list[FaultConfig] = Field(default_factory=list)
+
+    @field_validator("worker_own_session")
+    @classmethod
+    def _rank_in_range(cls, value, info):
+        pp = info.data.get("pp_size", 8)
+        if value is not None and not 0 <= value < pp:
+            raise ValueError(f"rank {value} is not a pipeline stage (pp_size {pp})")
+        return value
+
+    @property
+    def spec_decode(self) -> bool:
+        return self.num_speculative_tokens > 0

@@ -1,0 +1,615 @@
+"""The simulator's HTTP server: vLLM 0.11's OpenAI endpoints over the pure engine.
+
+``create_app(config)`` builds an aiohttp application for in-process tests;
+``soak sim`` runs the same app in the foreground with the process tree
+(``spawn_processes=True``). The app owns one ``SimServer`` (``app[SIM_KEY]``):
+the engine, its async driver, the metrics registry, the GPUs and the faults.
+
+Times: the engine runs on simulated seconds, ``time_scale`` times faster than
+the wall clock; histograms are in simulated seconds, while everything stamped
+with a date (logs, ``onset_at``, ``created``) is unix wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+
+from soak.clock import Clock, SystemClock
+from soak.sim import chat, tokenizer
+from soak.sim.config import SimConfig
+from soak.sim.engine import Delta, Engine, SimRequest, StepResult
+from soak.sim.gpus import Activity, dcgm_text, gpu_readings
+from soak.sim.logs import SimLog
+from soak.sim.metrics import SimMetrics
+from soak.sim.prefix_cache import block_hashes
+
+VLLM_VERSION = "0.11.2"
+SIM_KEY = web.AppKey("sim", object)
+_STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type_, param
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+        return web.json_response(body, status=self.status)
+
+
+def _bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "BadRequestError", param)
+
+
+class _Stream:
+    """One request's channel from the driver to its HTTP handler."""
+
+    __slots__ = ("req", "queue")
+
+    def __init__(self, req: SimRequest) -> None:
+        self.req = req
+        self.queue: asyncio.Queue[Delta | None] = asyncio.Queue()
+
+
+class SimServer:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        clock: Clock | None = None,
+        log: SimLog | None = None,
+        tree: Any = None,
+    ) -> None:
+        from soak.sim.faults import FaultController  # faults drive the server; import here avoids a cycle
+
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.log = log or SimLog(clock=self.clock, pid=os.getpid())
+        self.metrics = SimMetrics(config)
+        self.engine = Engine(config, observer=self.metrics)
+        self.tree = tree  # soak.sim.proctree.ProcessTree or None
+        self.activity = Activity.IDLE
+        self.frozen = False  # hung: no engine steps, streams stall
+        self.dead = False  # engine dead: /health 503, requests fail
+        self.metrics_stalled = False
+        self.pause_until: float | None = None  # sim time of the end of a healthy pause
+        self.started_wall = self.clock.now()
+        self._mono0 = self.clock.monotonic()
+        self._last_end = 0.0
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._driver: asyncio.Task | None = None
+        self._stats_task: asyncio.Task | None = None
+        self.stats = _StatsWindow()
+        self.exit_code: int | None = None  # set when the server must stop (crash)
+        self.stop_event = asyncio.Event()
+        self.faults = FaultController(self)
+
+    # ---- time
+    def sim_now(self) -> float:
+        return (self.clock.monotonic() - self._mono0) * self.config.time_scale
+
+    def wall_of(self, sim_t: float) -> float:
+        return self.started_wall + sim_t / self.config.time_scale
+
+    async def sleep_sim(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) / self.config.time_scale)
+
+    @property
+    def ready(self) -> bool:
+        return not self.dead and self.sim_now() >= self.config.startup_delay
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        self._driver = asyncio.create_task(self._drive(), name="sim-engine-driver")
+        self._stats_task = asyncio.create_task(self._log_stats_loop(), name="sim-stats-log")
+        self.faults.start()
+
+    async def close(self) -> None:
+        await self.faults.close()
+        for task in (self._driver, self._stats_task):
+            if task is not None:
+                task.cancel()
+        for task in (self._driver, self._stats_task):
+            if task is not None:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(None)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def end_all_streams(self) -> None:
+        """The engine died: every open request ends with an error."""
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(None)
+
+    def request_exit(self, code: int) -> None:
+        self.exit_code = code
+        self.stop_event.set()
+
+    def set_activity(self, activity: Activity) -> None:
+        if activity is self.activity:
+            return
+        self.activity = activity
+        if self.tree is not None:
+            self.tree.set_activity(activity)
+
+    # ---- the driver: one engine step at a time, sleeping its duration
+    async def _drive(self) -> None:
+        while True:
+            if self.frozen or self.dead or not self.engine.has_work:
+                if not (self.frozen or self.dead):
+                    self.set_activity(Activity.IDLE)
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self.pause_until is not None:
+                self.set_activity(Activity.PAUSE)
+                await self.sleep_sim(self.pause_until - self.sim_now())
+                self.pause_until = None
+                continue
+            now = max(self._last_end, self.sim_now())
+            result = self.engine.step(now)
+            self.set_activity(Activity.PREFILL if result.has_prefill else Activity.DECODE)
+            self._last_end = result.ends_at
+            await self.sleep_sim(result.ends_at - self.sim_now())
+            if self.frozen or self.dead:
+                continue  # the step never completes: its tokens are never delivered
+            self._deliver(result)
+
+    def _deliver(self, result: StepResult) -> None:
+        self.stats.add_step(result)
+        for d in result.deltas:
+            stream = self._streams.get(d.request.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(d)
+
+    # ---- requests
+    def new_request(self, *, prompt_pieces: list[str], max_tokens: int | None, min_tokens: int, ignore_eos: bool, prefix: str) -> _Stream:
+        c = self.config
+        n = len(prompt_pieces)
+        if n > c.max_model_len or (max_tokens is not None and n + max_tokens > c.max_model_len):
+            if max_tokens is not None and n <= c.max_model_len:
+                msg = (
+                    f"This model's maximum context length is {c.max_model_len} tokens. However, you requested "
+                    f"{n + max_tokens} tokens ({n} in the messages, {max_tokens} in the completion). "
+                    "Please reduce the length of the messages or completion."
+                )
+            else:
+                msg = (
+                    f"This model's maximum context length is {c.max_model_len} tokens. However, your request has "
+                    f"{n} input tokens. Please reduce the length of the input messages."
+                )
+            raise _bad_request(msg, "messages" if prefix == "chatcmpl" else "prompt")
+        if max_tokens is not None:
+            stop_at, reason = max_tokens, "length"
+        elif ignore_eos:
+            stop_at, reason = c.max_model_len - n, "length"
+        else:
+            stop_at = max(min_tokens, min(c.default_output_tokens, c.max_model_len - n))
+            reason = "stop" if stop_at < c.max_model_len - n else "length"
+        number = next(self._ids)
+        req = SimRequest(
+            request_id=f"{prefix}-{number:08x}{c.seed & 0xffff:04x}",
+            prompt_tokens=n,
+            hashes=block_hashes(prompt_pieces, c.block_size),
+            stop_at=max(stop_at, 1),
+            finish_reason=reason,
+            arrival=self.sim_now(),
+            text_offset=(n * 7 + c.seed) % 97,
+        )
+        stream = _Stream(req)
+        self._streams[req.request_id] = stream
+        self.faults.on_request(self.engine.requests_added + 1)
+        self.engine.add_request(req)
+        self.wake()
+        return stream
+
+    def forget(self, stream: _Stream) -> None:
+        if self._streams.pop(stream.req.request_id, None) is not None and stream.req.phase.value != "finished":
+            self.engine.abort(stream.req.request_id)
+
+    # ---- state
+    def worker_pids(self) -> list[int | None]:
+        return self.tree.worker_pids() if self.tree is not None else [None] * self.config.pp_size
+
+    def gpus(self):
+        held = self.tree.workers_alive() if self.tree is not None else [not self.dead] * self.config.pp_size
+        activity = Activity.DEAD if self.dead and not self.frozen else self.activity
+        return gpu_readings(self.config, activity, self.worker_pids(), held)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.to_json() for g in self.gpus()],
+            "processes": {
+                "api_server": os.getpid() if self.tree is not None else None,
+                "engine_core": self.tree.engine_core_pid() if self.tree is not None else None,
+                "workers": [p for p in self.worker_pids() if p is not None],
+            },
+            "fault": self.faults.describe(),
+            "faults": self.faults.describe_all(),
+            "tree": self.tree.snapshot() if self.tree is not None else None,
+            "time_scale": self.config.time_scale,
+            "sim_time": self.sim_now(),
+            "activity": self.activity.value,
+            "engine": {
+                "running": len(self.engine.running),
+                "waiting": len(self.engine.waiting),
+                "steps": self.engine.steps,
+                "kv_cache_usage": self.engine.pool.usage,
+                "alive": not self.dead,
+                "hung": self.frozen,
+            },
+        }
+
+    # ---- the periodic stats line (vLLM's LoggingStatLogger)
+    async def _log_stats_loop(self) -> None:
+        interval = self.config.log_stats_interval
+        if interval <= 0:
+            return
+        while True:
+            await self.sleep_sim(interval)
+            if self.dead and not self.frozen:
+                continue
+            self.stats.log(self, interval)
+
+
+class _StatsWindow:
+    """Counts between two periodic log lines."""
+
+    def __init__(self) -> None:
+        self.prompt = self.generation = 0
+        self.queries = self.hits = 0
+        self.drafts = self.draft_tokens = self.accepted = 0
+
+    def add_step(self, result: StepResult) -> None:
+        for d in result.deltas:
+            if d.first:
+                self.prompt += d.request.prompt_tokens
+                self.queries += d.request.prompt_tokens
+                self.hits += d.request.cached_tokens
+            self.generation += d.new_tokens
+
+    def log(self, server: SimServer, interval: float) -> None:
+        engine = server.engine
+        hit = 100.0 * self.hits / self.queries if self.queries else 0.0
+        server.log.info(
+            "loggers.py:127",
+            f"Engine 000: Avg prompt throughput: {self.prompt / interval:.1f} tokens/s, "
+            f"Avg generation throughput: {self.generation / interval:.1f} tokens/s, "
+            f"Running: {len(engine.running)} reqs, Waiting: {len(engine.waiting)} reqs, "
+            f"GPU KV cache usage: {100.0 * engine.pool.usage:.1f}%, Prefix cache hit rate: {hit:.1f}%",
+        )
+        self.__init__()
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def _server(request: web.Request) -> SimServer:
+    return request.app[SIM_KEY]  # type: ignore[return-value]
+
+
+async def _json_body(request: web.Request) -> dict:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad_request(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise _bad_request("the body must be a JSON object")
+    return body
+
+
+def _check_model(server: SimServer, body: dict) -> str:
+    model = body.get("model", server.config.model)
+    if model != server.config.model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return model
+
+
+def _check_alive(server: SimServer) -> None:
+    if server.dead:
+        raise ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.", "InternalServerError")
+
+
+def _int_field(body: dict, name: str, default: int | None = None, minimum: int = 0) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad_request(f"{name} must be an integer >= {minimum}", name)
+    return value
+
+
+def _chat_prompt(body: dict, *, add_generation_prompt: bool = True) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _bad_request("messages must be a list of objects", "messages")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _bad_request("tools must be a list", "tools")
+    return chat.render_chat(messages, tools, add_generation_prompt=body.get("add_generation_prompt", add_generation_prompt))
+
+
+def _completion_prompt(body: dict) -> list[str]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.pieces(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        try:
+            return [tokenizer.decode([t]) for t in prompt]
+        except ValueError as exc:
+            raise _bad_request(str(exc), "prompt") from exc
+    raise _bad_request("prompt must be a string, a list of token ids, or a list with one of them", "prompt")
+
+
+def _usage(server: SimServer, req: SimRequest) -> dict:
+    usage: dict[str, Any] = {
+        "prompt_tokens": req.prompt_tokens,
+        "total_tokens": req.prompt_tokens + req.output_tokens,
+        "completion_tokens": req.output_tokens,
+    }
+    if server.config.enable_prompt_tokens_details:
+        usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+    else:
+        usage["prompt_tokens_details"] = None
+    return usage
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    server = _server(request)
+    return web.Response(status=200 if server.ready else 503)
+
+
+async def handle_version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VLLM_VERSION})
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    c = _server(request).config
+    created = int(_server(request).started_wall)
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": c.model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": c.model,
+                    "parent": None,
+                    "max_model_len": c.max_model_len,
+                    "permission": [],
+                }
+            ],
+        }
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    server = _server(request)
+    while server.metrics_stalled:  # the endpoint stops answering; the client's timeout ends this
+        await asyncio.sleep(0.05)
+    return web.Response(body=server.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def handle_tokenize(request: web.Request) -> web.Response:
+    server = _server(request)
+    try:
+        body = await _json_body(request)
+        _check_model(server, body)
+        if "messages" in body:
+            text = _chat_prompt(body)
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise _bad_request("give prompt (a string) or messages", "prompt")
+    except ApiError as exc:
+        return exc.response()
+    tokens = tokenizer.encode(text)
+    return web.json_response(
+        {"count": len(tokens), "max_model_len": server.config.max_model_len, "tokens": tokens, "token_strs": None}
+    )
+
+
+async def handle_detokenize(request: web.Request) -> web.Response:
+    server = _server(request)
+    try:
+        body = await _json_body(request)
+        _check_model(server, body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list):
+            raise _bad_request("tokens must be a list of token ids", "tokens")
+        try:
+            text = tokenizer.decode(tokens)
+        except (ValueError, TypeError) as exc:
+            raise _bad_request(str(exc), "tokens") from exc
+    except ApiError as exc:
+        return exc.response()
+    return web.json_response({"prompt": text})
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat_form=False)
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat_form=True)
+
+
+async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamResponse:
+    server = _server(request)
+    try:
+        body = await _json_body(request)
+        model = _check_model(server, body)
+        _check_alive(server)
+        pieces = tokenizer.pieces(_chat_prompt(body)) if chat_form else _completion_prompt(body)
+        max_tokens = _int_field(body, "max_completion_tokens" if chat_form and "max_completion_tokens" in body else "max_tokens", None, 1)
+        min_tokens = _int_field(body, "min_tokens", 0) or 0
+        stream_opts = body.get("stream_options") or {}
+        stream = server.new_request(
+            prompt_pieces=pieces,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            prefix="chatcmpl" if chat_form else "cmpl",
+        )
+    except ApiError as exc:
+        return exc.response()
+    try:
+        if body.get("stream"):
+            return await _stream_response(request, server, stream, model, chat_form, bool(stream_opts.get("include_usage")))
+        return await _full_response(server, stream, model, chat_form)
+    finally:
+        server.forget(stream)
+
+
+async def _full_response(server: SimServer, stream: _Stream, model: str, chat_form: bool) -> web.Response:
+    req = stream.req
+    while True:
+        d = await stream.queue.get()
+        if d is None:
+            return ApiError(500, "EngineCore encountered an issue.", "InternalServerError").response()
+        if d.finished:
+            break
+    text = req.output_text(0, req.output_tokens)
+    created = int(time.time())
+    if chat_form:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": [], "reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": req.finish_reason,
+            "stop_reason": None,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}
+        obj = "text_completion"
+    return web.json_response(
+        {"id": req.request_id, "object": obj, "created": created, "model": model, "choices": [choice], "usage": _usage(server, req)}
+    )
+
+
+async def _stream_response(
+    request: web.Request, server: SimServer, stream: _Stream, model: str, chat_form: bool, include_usage: bool
+) -> web.StreamResponse:
+    req = stream.req
+    resp = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
+    await resp.prepare(request)
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat_form else "text_completion"
+    head = f'{{"id":"{req.request_id}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":['
+    dumps = json.dumps
+    sent = 0
+    while True:
+        d = await stream.queue.get()
+        if d is None:  # the engine died under us: vLLM ends the stream with an error event
+            err = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", "type": "InternalServerError", "param": None, "code": 500}}
+            await resp.write(f"data: {dumps(err)}\n\ndata: [DONE]\n\n".encode())
+            return resp
+        text = req.output_text(sent, d.new_tokens)
+        sent += d.new_tokens
+        finish = dumps(req.finish_reason) if d.finished else "null"
+        parts = []
+        if chat_form:
+            if d.first:
+                parts.append(f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}\n\n')
+            parts.append(f'data: {head}{{"index":0,"delta":{{"content":{dumps(text)}}},"logprobs":null,"finish_reason":{finish}}}]}}\n\n')
+        else:
+            parts.append(f'data: {head}{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]}}\n\n')
+        if d.finished:
+            if include_usage:
+                parts.append(f"data: {head}],\"usage\":{dumps(_usage(server, req))}}}\n\n")
+            parts.append("data: [DONE]\n\n")
+        await resp.write("".join(parts).encode())
+        if d.finished:
+            await resp.write_eof()
+            return resp
+
+
+async def handle_sim_state(request: web.Request) -> web.Response:
+    return web.json_response(_server(request).state())
+
+
+async def handle_sim_dcgm(request: web.Request) -> web.Response:
+    server = _server(request)
+    return web.Response(text=dcgm_text(server.gpus(), hostname=server.config.hostname), content_type="text/plain")
+
+
+async def handle_sim_fault(request: web.Request) -> web.Response:
+    server = _server(request)
+    try:
+        body = await _json_body(request)
+    except ApiError as exc:
+        return exc.response()
+    try:
+        described = server.faults.inject(body)
+    except ValueError as exc:
+        return _bad_request(str(exc), "kind").response()
+    return web.json_response(described)
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+
+
+def create_app(config: SimConfig, *, clock: Clock | None = None, spawn_processes: bool = False, log: SimLog | None = None) -> web.Application:
+    """The simulator as an aiohttp app; ``spawn_processes`` starts the engine-core/worker tree."""
+    app = web.Application(middlewares=[_errors_middleware], client_max_size=64 * 1024 * 1024)
+    holder: dict[str, Any] = {}
+
+    tree = None
+    if spawn_processes:
+        from soak.sim.proctree import ProcessTree
+
+        tree = ProcessTree(config, log=log)
+    server = SimServer(config, clock=clock, log=log, tree=tree)
+    app[SIM_KEY] = server
+    holder["server"] = server
+
+    async def on_startup(app: web.Application) -> None:
+        if tree is not None:
+            await tree.start()
+        await server.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await server.close()
+        if tree is not None:
+            await tree.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    r = app.router
+    r.add_get("/health", handle_health)
+    r.add_get("/version", handle_version)
+    r.add_get("/v1/models", handle_models)
+    r.add_get("/metrics", handle_metrics)
+    r.add_post("/tokenize", handle_tokenize)
+    r.add_post("/detokenize", handle_detokenize)
+    r.add_post("/v1/completions", handle_completions)
+    r.add_post("/v1/chat/completions", handle_chat)
+    r.add_get("/sim/state", handle_sim_state)
+    r.add_get("/sim/dcgm", handle_sim_dcgm)
+    r.add_post("/sim/fault", handle_sim_fault)
+    return app

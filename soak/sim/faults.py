@@ -1,0 +1,306 @@
+"""Injectable faults: when they fire (seeded) and what they do to the server.
+
+Each configured fault fires once, at the first of its triggers: ``at``
+(simulated seconds after start-up), ``after_requests`` (when request N+1
+arrives), or a draw from an exponential with mean ``mtbf`` (seeded by the
+config's seed and the fault's position). ``POST /sim/fault`` fires one now.
+The onset's wall time is published in ``/sim/state`` so benches can compute
+detection latency.
+
+What each does (log lines as FACTS.md, intervals scaled by time_scale):
+
+- ``pp_deadlock``: no more engine steps; stages 0..pp-2 spin (100%), the last
+  stage idles (0%); every process ignores SIGTERM. The engine core prints the
+  shm-broadcast message every ``ringbuffer_warning_interval``; after
+  ``watchdog_timeout`` each spinning rank prints PyTorch's watchdog lines;
+  after ``execute_timeout`` the engine core prints ``TimeoutError: RPC call to
+  sample_tokens timed out.`` and the API server ``EngineDeadError``; /health
+  then answers 503, but the processes stay until SIGKILL.
+- ``all_idle_deadlock``: no more steps, every GPU 0%, shm message every interval.
+- ``crash``: the engine core dies, EngineDeadError, /health 503, and after
+  ``exit_delay`` the API server exits with ``exit_code``.
+- ``slow``: one healthy pause of ``pause`` (every stage busy, no tokens).
+- ``metrics_stall``: /metrics stops answering (for ``duration``, or for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from soak.sim.config import (
+    FAULT_KINDS,
+    AllIdleDeadlockFault,
+    CrashFault,
+    FaultConfig,
+    MetricsStallFault,
+    PpDeadlockFault,
+    SlowFault,
+)
+from soak.sim.gpus import Activity
+
+if TYPE_CHECKING:
+    from soak.sim.app import SimServer
+
+_FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultConfig)
+
+SHM_MESSAGE = (
+    "No available shared memory broadcast block found in {secs} seconds. This typically happens "
+    "when some processes are hanging or doing some time-consuming work (e.g. compilation, "
+    "weight/kv cache quantization)."
+)
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+def parse_fault(data: Any) -> FaultConfig:
+    """A fault from JSON; an unknown kind says which kinds exist."""
+    if isinstance(data, dict) and data.get("kind") not in FAULT_KINDS:
+        raise ValueError(f"unknown kind {data.get('kind')!r}, known: {', '.join(FAULT_KINDS)}")
+    try:
+        return _FAULT_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "fault"
+        raise ValueError(f"{where}: {first['msg']}") from exc
+
+
+class _Armed:
+    def __init__(self, spec: FaultConfig, due_at: float | None) -> None:
+        self.spec = spec
+        self.due_at = due_at  # simulated seconds, or None (only after_requests)
+        self.fired = False
+        self.active = False
+        self.onset_at: float | None = None  # unix wall seconds
+        self.ended_at: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.spec.kind,
+            "active": self.active,
+            "fired": self.fired,
+            "onset_at": self.onset_at,
+            "ended_at": self.ended_at,
+            "due_at_sim": self.due_at,
+            "after_requests": self.spec.after_requests,
+        }
+
+
+class FaultController:
+    def __init__(self, server: "SimServer") -> None:
+        self.server = server
+        self.armed: list[_Armed] = []
+        for i, spec in enumerate(server.config.faults):
+            due = [t for t in (spec.at,) if t is not None]
+            if spec.mtbf is not None:
+                due.append(random.Random(f"soak-sim-fault/{server.config.seed}/{i}").expovariate(1.0 / spec.mtbf))
+            if not due and spec.after_requests is None:
+                due.append(0.0)
+            self.armed.append(_Armed(spec, min(due) if due else None))
+        self._tasks: set[asyncio.Task] = set()
+        self.ignore_sigterm = False
+
+    # ---- triggers
+    def start(self) -> None:
+        for armed in self.armed:
+            if armed.due_at is not None:
+                self._spawn(self._fire_when_due(armed))
+
+    async def _fire_when_due(self, armed: _Armed) -> None:
+        await self.server.sleep_sim(armed.due_at - self.server.sim_now())
+        if not armed.fired:
+            self.fire(armed)
+
+    def on_request(self, number: int) -> None:
+        for armed in self.armed:
+            n = armed.spec.after_requests
+            if n is not None and not armed.fired and number > n:
+                self.fire(armed)
+
+    def inject(self, data: Any) -> dict[str, Any]:
+        armed = _Armed(parse_fault(data), None)
+        self.armed.append(armed)
+        self.fire(armed)
+        return armed.describe()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    # ---- state
+    def describe(self) -> dict[str, Any]:
+        for armed in self.armed:
+            if armed.active:
+                return armed.describe()
+        for armed in reversed(self.armed):
+            if armed.fired:
+                return armed.describe()
+        if self.armed:
+            return self.armed[0].describe()
+        return {"kind": None, "active": False, "fired": False, "onset_at": None}
+
+    def describe_all(self) -> list[dict[str, Any]]:
+        return [a.describe() for a in self.armed]
+
+    # ---- effects
+    def fire(self, armed: _Armed) -> None:
+        server = self.server
+        armed.fired = True
+        armed.active = True
+        armed.onset_at = server.clock.now()
+        spec = armed.spec
+        server.log.info("sim/faults.py:1", f"simulator: fault {spec.kind} fires", who="SimFault")
+        if isinstance(spec, PpDeadlockFault):
+            server.frozen = True
+            self.ignore_sigterm = True
+            server.set_activity(Activity.PP_DEADLOCK)
+            if server.tree is not None:
+                server.tree.ignore_sigterm()
+            self._spawn(self._pp_deadlock(armed, spec))
+        elif isinstance(spec, AllIdleDeadlockFault):
+            server.frozen = True
+            server.set_activity(Activity.ALL_IDLE_DEADLOCK)
+            self._spawn(self._shm_messages(spec.ringbuffer_warning_interval, None))
+        elif isinstance(spec, CrashFault):
+            self._spawn(self._crash(armed, spec))
+        elif isinstance(spec, SlowFault):
+            server.pause_until = server.sim_now() + spec.pause
+            server.wake()
+            self._spawn(self._end_after(armed, spec.pause))
+        elif isinstance(spec, MetricsStallFault):
+            server.metrics_stalled = True
+            if spec.duration is not None:
+                self._spawn(self._end_metrics_stall(armed, spec.duration))
+
+    async def _end_after(self, armed: _Armed, seconds: float) -> None:
+        await self.server.sleep_sim(seconds)
+        armed.active = False
+        armed.ended_at = self.server.clock.now()
+
+    async def _end_metrics_stall(self, armed: _Armed, seconds: float) -> None:
+        await self._end_after(armed, seconds)
+        self.server.metrics_stalled = False
+
+    def _engine_core_pid(self) -> int:
+        tree = self.server.tree
+        pid = tree.engine_core_pid() if tree is not None else None
+        return pid if pid is not None else self.server.log.pid
+
+    def _worker_pid(self, rank: int) -> int:
+        pids = self.server.worker_pids()
+        pid = pids[rank] if rank < len(pids) else None
+        return pid if pid is not None else self.server.log.pid
+
+    async def _shm_messages(self, interval: float, until: float | None) -> None:
+        """The shm-broadcast message every interval, from the engine core, until ``until`` (sim s)."""
+        server = self.server
+        waited = 0.0
+        while until is None or waited + interval < until:
+            await server.sleep_sim(interval)
+            waited += interval
+            server.log.info(
+                "shm_broadcast.py:466",
+                SHM_MESSAGE.format(secs=f"{interval:g}"),
+                who="EngineCore_DP0",
+                pid=self._engine_core_pid(),
+            )
+
+    async def _pp_deadlock(self, armed: _Armed, spec: PpDeadlockFault) -> None:
+        server = self.server
+        log = server.log
+        pp = server.config.pp_size
+        start = server.sim_now()
+        shm = asyncio.get_running_loop().create_task(self._shm_messages(spec.ringbuffer_warning_interval, spec.execute_timeout))
+        self._tasks.add(shm)
+        shm.add_done_callback(self._tasks.discard)
+        if spec.watchdog_timeout < spec.execute_timeout:
+            await server.sleep_sim(start + spec.watchdog_timeout - server.sim_now())
+            ran_ms = int(spec.watchdog_timeout * 1000) + 12
+            timeout_ms = int(spec.watchdog_timeout * 1000)
+            seq = spec.seq_id
+            for rank in range(pp - 1):
+                who, pid = f"Worker_PP{rank}", self._worker_pid(rank)
+                log.nccl(
+                    rank,
+                    f"[PG ID 8 PG GUID 85(pp_broadcast) Rank {rank}] Watchdog caught collective operation timeout: "
+                    f"WorkNCCL(SeqNum={seq}, OpType=BROADCAST, NumelIn=6, NumelOut=6, Timeout(ms)={timeout_ms}) "
+                    f"ran for {ran_ms} milliseconds before timing out.",
+                    who=who,
+                    pid=pid,
+                )
+                log.nccl(
+                    rank,
+                    f"[PG ID 8 PG GUID 85(pp_broadcast) Rank {rank}] failure detected by watchdog at work sequence id: "
+                    f"{seq} PG status: last enqueued work: {seq + 5}, last started work: -1, last completed work: {seq - 1}",
+                    where="ProcessGroupNCCL.cpp:2271",
+                    who=who,
+                    pid=pid,
+                )
+        await server.sleep_sim(start + spec.execute_timeout - server.sim_now())
+        core = self._engine_core_pid()
+        log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
+        log.raw(
+            "".join(
+                f"(EngineCore_DP0 pid={core}) {line}\n"
+                for line in (
+                    "Traceback (most recent call last):",
+                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
+                    "    engine_core.run_busy_loop()",
+                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", line 262, in get_response',
+                    '    raise TimeoutError(f"RPC call to {method} timed out.") from e',
+                    "TimeoutError: RPC call to sample_tokens timed out.",
+                )
+            )
+        )
+        self._engine_dead()
+
+    def _engine_dead(self) -> None:
+        server = self.server
+        server.log.error("async_llm.py:480", "AsyncLLM output_handler failed.")
+        server.log.raw(
+            "".join(
+                f"(APIServer pid={server.log.pid}) {line}\n"
+                for line in (
+                    "Traceback (most recent call last):",
+                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 439, in output_handler',
+                    "    outputs = await engine_core.get_output_async()",
+                    f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}",
+                )
+            )
+        )
+        server.dead = True
+        server.end_all_streams()
+
+    async def _crash(self, armed: _Armed, spec: CrashFault) -> None:
+        server = self.server
+        core = self._engine_core_pid()
+        server.log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
+        server.log.raw(
+            "".join(
+                f"(EngineCore_DP0 pid={core}) {line}\n"
+                for line in (
+                    "Traceback (most recent call last):",
+                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
+                    "    engine_core.run_busy_loop()",
+                    "RuntimeError: CUDA error: an illegal memory access was encountered",
+                )
+            )
+        )
+        server.set_activity(Activity.DEAD)
+        if server.tree is not None:
+            await server.tree.crash_engine_core()
+        self._engine_dead()
+        await server.sleep_sim(spec.exit_delay)
+        server.request_exit(spec.exit_code)

@@ -1,0 +1,86 @@
+import json
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from soak.sim import chat, tokenizer
+
+MODEL = "deepseek-v4-flash"
+
+
+def _metric(text: str, name: str, **labels) -> float:
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+async def _metrics(session, base) -> str:
+    async with session.get(base + "/metrics") as r:
+        return await r.text()
+
+
+async def _stream(session, url, body):
+    chunks = []
+    async with session.post(url, json=body) as r:
+        assert r.status == 200
+        async for line in r.content:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                chunks.append(line[6:])
+    assert chunks[-1] == "[DONE]"
+    return [json.loads(c) for c in chunks[:-1]]
+
+
+async def test_tokenize_usage_and_prompt_counter_agree(sim_app):
+    sim = await sim_app()
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    messages = [{"role": "system", "content": "You are a coding agent.\n" * 20}, {"role": "user", "content": "Fix the bug in main.py"}]
+    async with aiohttp.ClientSession() as s:
+        async with s.post(sim.base_url + "/tokenize", json={"model": MODEL, "messages": messages, "tools": tools}) as r:
+            tok = await r.json()
+        assert tok["count"] == tokenizer.count(chat.render_chat(messages, tools)) == len(tok["tokens"])
+        before = _metric(await _metrics(s, sim.base_url), "vllm:prompt_tokens_total")
+        chunks = await _stream(s, sim.base_url + "/v1/chat/completions", {
+            "model": MODEL, "messages": messages, "tools": tools, "stream": True, "max_tokens": 17,
+            "stream_options": {"include_usage": True}})
+        usage = chunks[-1]["usage"]
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        assert usage["prompt_tokens"] == tok["count"]
+        assert usage["completion_tokens"] == 17 == tokenizer.count(text)
+        assert "cached_tokens" in usage["prompt_tokens_details"]
+        after = _metric(await _metrics(s, sim.base_url), "vllm:prompt_tokens_total")
+        assert after - before == tok["count"]
+
+        prompt = "def main():\n    return 42\n" * 30
+        async with s.post(sim.base_url + "/tokenize", json={"model": MODEL, "prompt": prompt}) as r:
+            ctok = await r.json()
+        async with s.post(sim.base_url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 9}) as r:
+            body = await r.json()
+        assert body["usage"]["prompt_tokens"] == ctok["count"] == tokenizer.count(prompt)
+        assert body["usage"]["completion_tokens"] == 9
+        assert body["choices"][0]["finish_reason"] == "length"
+        final = _metric(await _metrics(s, sim.base_url), "vllm:prompt_tokens_total")
+        assert final - after == ctok["count"]
+        gen = _metric(await _metrics(s, sim.base_url), "vllm:generation_tokens_total")
+        assert gen == 17 + 9
+
+
+async def test_error_shapes(sim_app):
+    sim = await sim_app(max_model_len=64)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(sim.base_url + "/v1/completions", json={"model": "nope", "prompt": "x"}) as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["type"] == "NotFoundError"
+        async with s.post(sim.base_url + "/v1/completions", json={"model": MODEL, "prompt": "word " * 100}) as r:
+            assert r.status == 400
+            err = (await r.json())["error"]
+            assert "maximum context length is 64" in err["message"]
+        async with s.get(sim.base_url + "/health") as r:
+            assert r.status == 200
+        async with s.get(sim.base_url + "/v1/models") as r:
+            assert (await r.json())["data"][0]["max_model_len"] == 64
+        async with s.post(sim.base_url + "/detokenize", json={"model": MODEL, "tokens": tokenizer.encode("hi there\n")}) as r:
+            assert (await r.json())["prompt"] == "hi there\n"
