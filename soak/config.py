@@ -8,7 +8,7 @@ the file and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 from pydantic import ValidationError
@@ -20,7 +20,7 @@ from soak.export.config import ExporterConfig
 from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
 from soak.respond.config import ResponseConfig
-from soak.run.config import SimulatorTarget, TargetConfig
+from soak.run.config import SimulatorTarget, TargetConfig, ViewConfig, redact_target
 from soak.workload.config import SyntheticAgenticConfig, WorkloadConfig
 
 
@@ -36,30 +36,60 @@ class RunConfig(StrictModel):
     detector: DetectorConfig = DetectorConfig()
     response: ResponseConfig = ResponseConfig()
     exporter: ExporterConfig = ExporterConfig()
+    view: ViewConfig = ViewConfig()
 
 
-def field_path(loc: tuple[Any, ...]) -> str:
-    """pydantic's error location as a dotted path; tagged-union branch names dropped."""
+def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
+    """pydantic's error location as a dotted path; tagged-union branch names dropped.
+
+    With ``data`` (the input that failed), a step that is not a key of the
+    mapping at that point, and not the last step (a missing field), is a union
+    branch's tag (its ``kind``, given or defaulted) and is dropped.
+    """
     parts: list[str] = []
-    for item in loc:
+    node = data
+    for position, item in enumerate(loc):
+        last = position == len(loc) - 1
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif isinstance(item, str) and (item.startswith("function-") or "[" in item):
+            node = node[item] if isinstance(node, list) and -len(node) <= item < len(node) else None
             continue
-        else:
-            parts.append(("." if parts else "") + item)
+        if isinstance(item, str) and (item.startswith("function-") or "[" in item):
+            continue
+        if isinstance(node, dict) and item not in node and not last and node.get("kind", item) == item:
+            continue  # the union's tag (given, or defaulted): the branch, not a field
+        parts.append(("." if parts else "") + str(item))
+        node = node.get(item) if isinstance(node, dict) else None
     return "".join(parts) or "<root>"
 
 
-def validation_error_to_config_error(exc: ValidationError, path: str | Path, prefix: str = "") -> ConfigError:
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "union_tag_invalid":
+        known = str(ctx.get("expected_tags", "")).replace("'", "")
+        return f"unknown kind {ctx.get('tag')!r}, known: {known}"
+    if kind == "union_tag_not_found":
+        return "needs a kind"
+    message = str(error["msg"])
+    for lead in ("Value error, ", "Assertion failed, "):
+        if message.startswith(lead):
+            message = message[len(lead) :]
+    return message
+
+
+def validation_error_to_config_error(
+    exc: ValidationError, path: str | Path, prefix: str = "", data: Any = None
+) -> ConfigError:
     first = exc.errors(include_url=False)[0]
-    field = field_path(tuple(first["loc"]))
+    field = field_path(tuple(first["loc"]), data)
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        field = f"{field}.kind" if field != "<root>" else "kind"
     if prefix:
         field = f"{prefix}.{field}" if field != "<root>" else prefix
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = "unknown key"
-    return ConfigError(message, path=path, field=field)
+    return ConfigError(_message(first), path=path, field=field)
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -79,13 +109,49 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"invalid YAML: {exc}", path=path) from exc
 
 
-def load_run_config(path: str | Path) -> RunConfig:
+def load_run_config(path: str | Path, *, duration: float | None = None) -> RunConfig:
+    """Read, validate and check a run config; ``duration`` (seconds, from
+    ``--duration``) overrides the file's. Every failure is one ``ConfigError``."""
     data = read_yaml(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=path)
+    if duration is not None:
+        data = {**data, "duration": duration}
     try:
-        return RunConfig.model_validate(data, context={"base_dir": Path(path).parent})
+        # base_dir: a workload given as a path is resolved beside the config file.
+        config = RunConfig.model_validate(data, context={"base_dir": Path(path).parent})
     except ValidationError as exc:
-        raise validation_error_to_config_error(exc, path) from exc
+        raise validation_error_to_config_error(exc, path, data=data) from exc
+    check_run_config(config, path)
+    return config
+
+
+def check_run_config(config: RunConfig, path: str | Path) -> None:
+    """Rules across fields, each naming the field it blames."""
+
+    def fail(field: str, message: str) -> None:
+        raise ConfigError(message, path=path, field=field)
+
+    if config.duration <= 0:
+        fail("duration", "must be greater than 0")
+    if config.warmup >= config.duration:
+        fail("warmup", f"must be shorter than the duration ({config.duration:g}s)")
+    load = config.load
+    if load.mode == "open" and load.rate is None:
+        fail("load.rate", "mode open needs a rate (requests per second)")
+    if load.mode == "closed" and load.rate is not None:
+        fail("load.rate", "only mode open sends at a rate; closed mode is paced by concurrency and think time")
+    timeouts = load.timeouts
+    if timeouts.stall > timeouts.total:
+        fail("load.timeouts.stall", "must not exceed load.timeouts.total")
+    if timeouts.first_token > timeouts.total:
+        fail("load.timeouts.first_token", "must not exceed load.timeouts.total")
+
+
+def redacted_config(config: RunConfig) -> dict[str, Any]:
+    """The resolved config as written to the run directory: secrets as ``***``."""
+    data = config.model_dump(mode="json")
+    data["target"] = redact_target(data["target"])
+    return data

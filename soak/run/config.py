@@ -1,16 +1,217 @@
-"""Targets: the simulator (default), a server the harness launches, or one it attaches to."""
+"""Targets (section ``target:``), tagged by ``kind``:
+
+- ``simulator`` (the default when no target is given): the harness starts
+  ``python -m soak sim`` as a subprocess with the ``sim:`` settings.
+- ``launched``: the harness starts ``command`` (with ``env`` and ``cwd``),
+  captures its output into the run directory's ``server.log``, and waits until
+  ``/health`` and ``/v1/models`` answer at ``base_url``.
+- ``attached``: a server someone else started, at ``base_url``; give ``pid``
+  when the kill path should reach it.
+
+API keys are never in the config: ``api_key_env`` names the environment
+variable that holds one.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
 
-from soak.configbase import StrictModel
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from soak.configbase import Duration, StrictModel
 from soak.sim.config import SimConfig
 
+PositiveDuration = Annotated[Duration, Field(gt=0)]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-class SimulatorTarget(StrictModel):
+
+def _check_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError(f"{value!r} is not a base URL such as http://127.0.0.1:8000")
+    return value.rstrip("/")
+
+
+def _check_env_name(value: Optional[str]) -> Optional[str]:
+    if value is not None and not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name")
+    return value
+
+
+class _TargetBase(StrictModel):
+    # The environment variable holding the API key (vLLM's --api-key); never the key itself.
+    api_key_env: Optional[str] = None
+    # The model name to send; None: the first one /v1/models lists.
+    model: Optional[str] = None
+    # How long /health and /v1/models may take to both answer after a (re)start.
+    startup_timeout: PositiveDuration = 120.0
+    ready_poll_interval: PositiveDuration = 0.5
+    # The server's layout, for the detector's per-stage rules and the plan's block
+    # arithmetic. None: read from a launch command's vLLM flags
+    # (--pipeline-parallel-size, --tensor-parallel-size, --block-size), else 1, 1, 16.
+    pp_size: Optional[int] = Field(default=None, ge=1, le=64)
+    tp_size: Optional[int] = Field(default=None, ge=1, le=64)
+    block_size: Optional[int] = Field(default=None, ge=1)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: Optional[str]) -> Optional[str]:
+        return _check_env_name(value)
+
+
+class SimulatorTarget(_TargetBase):
     kind: Literal["simulator"] = "simulator"
     sim: SimConfig = SimConfig()
+    startup_timeout: PositiveDuration = 60.0
+    # How long the simulator may take to stop after SIGTERM before its tree is SIGKILLed.
+    stop_timeout: PositiveDuration = 10.0
 
 
-TargetConfig = SimulatorTarget
+class LaunchedTarget(_TargetBase):
+    kind: Literal["launched"] = "launched"
+    # A list of arguments, or one string split like a shell would (no shell runs).
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Optional[Path] = None
+    base_url: str = "http://127.0.0.1:8000"
+    # Loading a large model and capturing graphs on 8 GPUs takes a while.
+    startup_timeout: PositiveDuration = 1800.0
+    stop_timeout: PositiveDuration = 30.0
+    # Give the launched server the PyTorch NCCL flight-recorder variables.
+    flight_recorder: bool = True
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, value):
+        if isinstance(value, str):
+            value = shlex.split(value)
+        if isinstance(value, list) and not value:
+            raise ValueError("command must not be empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            _check_env_name(name)
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value)
+
+
+class AttachedTarget(_TargetBase):
+    kind: Literal["attached"] = "attached"
+    base_url: str
+    # The server's root PID (the API server); None: the kill path cannot reach it.
+    pid: Optional[int] = Field(default=None, ge=2)
+    # The server's log file, when it writes one the log probe should follow.
+    log_path: Optional[Path] = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value)
+
+
+def _target_kind(value: Any) -> Any:
+    # A target section without ``kind`` is the simulator (the default target).
+    if isinstance(value, dict):
+        return value.get("kind", "simulator")
+    return getattr(value, "kind", None)
+
+
+_FLAGS = {
+    "pp_size": ("--pipeline-parallel-size", "-pp"),
+    "tp_size": ("--tensor-parallel-size", "-tp"),
+    "block_size": ("--block-size",),
+}
+_VLLM_DEFAULTS = {"pp_size": 1, "tp_size": 1, "block_size": 16}
+
+
+def command_flag(command: list[str], names: tuple[str, ...]) -> Optional[str]:
+    """The value of a ``--flag VALUE`` or ``--flag=VALUE`` argument, the last one given."""
+    found = None
+    for i, arg in enumerate(command):
+        flag, eq, value = arg.partition("=")
+        if flag in names:
+            if eq:
+                found = value
+            elif i + 1 < len(command):
+                found = command[i + 1]
+    return found
+
+
+def server_layout(config: Any) -> dict[str, int]:
+    """pp_size, tp_size and block_size of the target: the simulator's settings,
+    the config's, or a launch command's vLLM flags."""
+    if getattr(config, "kind", None) == "simulator":
+        sim = config.sim
+        return {"pp_size": config.pp_size or sim.pp_size, "tp_size": config.tp_size or 1,
+                "block_size": config.block_size or sim.block_size}
+    out: dict[str, int] = {}
+    for key, names in _FLAGS.items():
+        value = getattr(config, key, None)
+        if value is None and getattr(config, "kind", None) == "launched":
+            text = command_flag(config.command, names)
+            value = int(text) if text is not None and text.isdigit() else None
+        out[key] = value if value is not None else _VLLM_DEFAULTS[key]
+    return out
+
+
+TargetConfig = Annotated[
+    Union[
+        Annotated[SimulatorTarget, Tag("simulator")],
+        Annotated[LaunchedTarget, Tag("launched")],
+        Annotated[AttachedTarget, Tag("attached")],
+    ],
+    Discriminator(_target_kind),
+]
+TARGET_KINDS = ("simulator", "launched", "attached")
+
+
+class ViewConfig(StrictModel):
+    """The live view: a refreshing status on a terminal, plain lines otherwise."""
+
+    # auto: rich on a terminal, plain lines when stdout is not one.
+    mode: Literal["auto", "rich", "plain", "off"] = "auto"
+    refresh: PositiveDuration = 1.0
+    plain_interval: PositiveDuration = 30.0
+
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+_SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+REDACTED = "***"
+
+
+def redact_target(data: dict) -> dict:
+    """The target section with secrets replaced by ``***``: values of env
+    variables whose names look secret, and the arguments of ``--api-key`` and
+    similar flags in a launch command."""
+    out = dict(data)
+    env = out.get("env")
+    if isinstance(env, dict):
+        out["env"] = {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()}
+    command = out.get("command")
+    if isinstance(command, list):
+        redacted: list[str] = []
+        hide_next = False
+        for arg in command:
+            if hide_next:
+                redacted.append(REDACTED)
+                hide_next = False
+                continue
+            flag, eq, _ = arg.partition("=")
+            if flag in _SECRET_FLAGS:
+                if eq:
+                    redacted.append(f"{flag}={REDACTED}")
+                else:
+                    redacted.append(arg)
+                    hide_next = True
+                continue
+            redacted.append(arg)
+        out["command"] = redacted
+    return out
