@@ -15,7 +15,7 @@ The section ``response:`` of a run config::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -72,7 +72,9 @@ class ResponseConfig(StrictModel):
     gpu_release_timeout: Duration = 50.0
     gpu_poll_interval: Duration = 0.25
     # The GPUs count as released when none lists a target process and each one's
-    # used memory is at most gpu_memory_baseline_mib + this (resiliency-ext: 512 MB).
+    # used memory is at most its baseline + this (resiliency-ext: 512 MB).
     gpu_memory_tolerance_mib: float = Field(default=512.0, ge=0)
-    # Memory other tenants hold on a shared box (MiB, per GPU).
-    gpu_memory_baseline_mib: float = Field(default=0.0, ge=0)
+    # Memory a GPU uses with no target on it (MiB, every GPU): the driver's own
+    # reservation, other tenants on a shared box. None: learned from readings
+    # that listed no process, else "memory settled" (two readings agree).
+    gpu_memory_baseline_mib: Optional[float] = Field(default=None, ge=0)

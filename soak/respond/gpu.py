@@ -1,11 +1,19 @@
 """After the kill: a bounded wait until the GPUs hold no target process and
-their memory is back (NVIDIA resiliency-ext waits up to 50 s, tolerance 512 MB)."""
+their memory is back (NVIDIA resiliency-ext waits up to 50 s, tolerance 512 MB).
+
+"Back" is measured against a per-GPU baseline: the memory the GPU used while
+it listed no process at all (an idle H200 reads about 615 MiB through NVML,
+more than resiliency-ext's tolerance, so zero is not the baseline). Baselines
+are learned from GPU readings the responder sees before the incident, or set in
+the config. A GPU without a known baseline counts as back once no target
+process is listed and two readings in a row agree within the tolerance.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Collection
+from typing import Any, Awaitable, Callable, Collection, Iterable, Mapping
 
 from soak.clock import Clock
 from soak.samples import GpuSample, GpuSource
@@ -20,23 +28,52 @@ class GpuRelease:
     notes: tuple[str, ...]
 
 
+def learn_baselines(samples: Iterable[Any], into: dict[int, float] | None = None) -> dict[int, float]:
+    """Per GPU, the least memory used in a reading that listed no process."""
+    out = into if into is not None else {}
+    for sample in samples:
+        if not isinstance(sample, GpuSample) or sample.error:
+            continue
+        for gpu in sample.gpus:
+            if not gpu.pids and gpu.mem_used_mib is not None:
+                out[gpu.index] = min(out.get(gpu.index, gpu.mem_used_mib), gpu.mem_used_mib)
+    return out
+
+
 def still_held(
     sample: GpuSample,
     target_pids: Collection[int],
     *,
     tolerance_mib: float,
-    baseline_mib: float = 0.0,
+    baselines: Mapping[int, float],
+    default_baseline: float | None = None,
+    previous: GpuSample | None = None,
 ) -> list[str]:
     """Why the GPUs are not free yet: one reason per GPU; empty when free."""
     reasons = []
+    before = {g.index: g for g in previous.gpus} if previous is not None else {}
     for gpu in sample.gpus:
         held = sorted(set(gpu.pids) & set(target_pids))
         if held:
             reasons.append(f"gpu {gpu.index} lists target pids {held}")
-        elif gpu.mem_used_mib is not None and gpu.mem_used_mib > baseline_mib + tolerance_mib:
+            continue
+        if gpu.mem_used_mib is None:
+            continue
+        baseline = baselines.get(gpu.index, default_baseline)
+        if baseline is not None:
+            if gpu.mem_used_mib > baseline + tolerance_mib:
+                reasons.append(
+                    f"gpu {gpu.index} uses {gpu.mem_used_mib:.0f} MiB"
+                    f" > {baseline + tolerance_mib:.0f} MiB allowed (baseline {baseline:.0f})"
+                )
+            continue
+        prior = before.get(gpu.index)
+        if prior is None or prior.mem_used_mib is None or set(prior.pids) & set(target_pids):
+            reasons.append(f"gpu {gpu.index}: no baseline, memory ({gpu.mem_used_mib:.0f} MiB) not yet seen settled")
+        elif abs(gpu.mem_used_mib - prior.mem_used_mib) > tolerance_mib:
             reasons.append(
-                f"gpu {gpu.index} uses {gpu.mem_used_mib:.0f} MiB"
-                f" > {baseline_mib + tolerance_mib:.0f} MiB allowed"
+                f"gpu {gpu.index}: no baseline, memory still moving"
+                f" ({prior.mem_used_mib:.0f} -> {gpu.mem_used_mib:.0f} MiB)"
             )
     return reasons
 
@@ -63,7 +100,8 @@ async def wait_gpus_free(
     timeout_s: float,
     poll_s: float,
     tolerance_mib: float,
-    baseline_mib: float = 0.0,
+    baselines: Mapping[int, float] | None = None,
+    default_baseline: float | None = None,
     read_timeout_s: float = 3.0,
     source_hint: Any = None,
 ) -> GpuRelease:
@@ -76,6 +114,7 @@ async def wait_gpus_free(
     start_mono = clock.monotonic()
     if read is None:
         return GpuRelease(False, None, None, None, ("no GPU source: release not confirmed",))
+    baselines = dict(baselines or {})
     last: GpuSample | None = None
     last_reasons: list[str] = []
     last_error: str | None = None
@@ -83,8 +122,11 @@ async def wait_gpus_free(
         sample, error = await read_gpus(read, min(read_timeout_s, max(timeout_s, 0.1)))
         now_mono = clock.monotonic()
         if error is None and sample is not None:
+            last_reasons = still_held(
+                sample, target_pids, tolerance_mib=tolerance_mib, baselines=baselines,
+                default_baseline=default_baseline, previous=last
+            )
             last = sample
-            last_reasons = still_held(sample, target_pids, tolerance_mib=tolerance_mib, baseline_mib=baseline_mib)
             if not last_reasons:
                 return GpuRelease(True, clock.now(), now_mono - start_mono, sample, ())
         else:

@@ -32,7 +32,7 @@ from soak.respond.flight import (
     ownership_variable,
     request_dumps,
 )
-from soak.respond.gpu import GpuRelease, read_gpus, wait_gpus_free
+from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
 from soak.respond.incident import IncidentRecord
 from soak.respond.tree import ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
 from soak.samples import GpuSample, Sample
@@ -74,6 +74,7 @@ class Responder:
         self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
         self.tree = ProcessTree()
         self._collected_dumps: dict[str, float] = {}
+        self._gpu_baselines: dict[int, float] = {}
         self._task: asyncio.Task | None = None
         self._closed = False
         self._lock = asyncio.Lock()
@@ -95,6 +96,11 @@ class Responder:
     async def start(self) -> None:
         if self._task is None and not self._closed:
             await asyncio.to_thread(self.track)
+            if self._read_gpus is not None:
+                # A GPU that lists no process now shows its baseline memory.
+                sample, error = await read_gpus(self._read_gpus, self._config.evidence.gpu_timeout)
+                if sample is not None and error is None:
+                    learn_baselines([sample], self._gpu_baselines)
             self._task = asyncio.create_task(self._track_forever(), name="soak-respond-tree")
 
     async def _track_forever(self) -> None:
@@ -197,6 +203,8 @@ class Responder:
 
         # 3. GPUs free.
         target_pids = {info.pid for info in to_kill}
+        if cfg.gpu_memory_baseline_mib is None:
+            learn_baselines(self._recent_samples() or (), self._gpu_baselines)
         release: GpuRelease = await wait_gpus_free(
             self._read_gpus,
             target_pids=target_pids,
@@ -205,7 +213,8 @@ class Responder:
             timeout_s=cfg.gpu_release_timeout,
             poll_s=cfg.gpu_poll_interval,
             tolerance_mib=cfg.gpu_memory_tolerance_mib,
-            baseline_mib=cfg.gpu_memory_baseline_mib,
+            baselines={} if cfg.gpu_memory_baseline_mib is not None else self._gpu_baselines,
+            default_baseline=cfg.gpu_memory_baseline_mib,
             read_timeout_s=cfg.evidence.gpu_timeout,
             source_hint=gpu_sample.source if gpu_sample is not None else None,
         )

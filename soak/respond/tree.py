@@ -79,7 +79,11 @@ def _info(proc: psutil.Process, *, via: str, now: float) -> ProcInfo | None:
             ppid = proc.ppid()
             name = proc.name()
             try:
-                cmdline = tuple(proc.cmdline())[:16]
+                # setproctitle pads the title with empty arguments
+                cmdline = tuple(proc.cmdline())
+                while cmdline and not cmdline[-1]:
+                    cmdline = cmdline[:-1]
+                cmdline = cmdline[:16]
             except psutil.AccessDenied:
                 cmdline = ()
         pgid = _safe(os.getpgid, proc.pid)

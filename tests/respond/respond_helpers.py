@@ -127,6 +127,7 @@ class ListedGpus:
         self.placement = {gpu: list(pids) for gpu, pids in placement.items()}
         self.mib_per_pid = dict(mib_per_pid or {})
         self.default_mib = default_mib
+        self.idle_mib = 0.0  # what the GPU shows with no process (the driver's reservation)
         self.reads = 0
 
     async def read(self) -> GpuSample:
@@ -134,7 +135,7 @@ class ListedGpus:
         readings = []
         for index, pids in sorted(self.placement.items()):
             live = tuple(p for p in pids if is_alive(p))
-            mem = sum(self.mib_per_pid.get(p, self.default_mib) for p in live)
+            mem = self.idle_mib + sum(self.mib_per_pid.get(p, self.default_mib) for p in live)
             readings.append(GpuReading(index=index, util_pct=100.0 if live else 0.0, mem_used_mib=mem,
                                        mem_total_mib=24576.0, pids=live))
         return GpuSample(time.time(), GpuSource.NVML, tuple(readings))

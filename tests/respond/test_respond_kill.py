@@ -18,7 +18,7 @@ from respond_helpers import Decision, FakeTarget, ListedGpus, is_alive
 from soak.clock import SystemClock
 from soak.respond import Responder, ResponseConfig, ownership_env
 from soak.respond.tree import ProcessTree, kill_processes, protected_pids
-from soak.samples import ClientSample, LogSample
+from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, LogSample
 
 
 def fast_config(**overrides) -> ResponseConfig:
@@ -198,7 +198,8 @@ async def test_gpus_that_stay_busy_are_reported_not_released(tmp_path, start_tre
     stranger = start_decoy("python")
     gpus = ListedGpus({0: [stranger]}, mib_per_pid={stranger: 4096.0})
     responder = make_responder(tmp_path, tree, gpus=gpus,
-                               config=fast_config(gpu_release_timeout=0.5, evidence={"enabled": False}))
+                               config=fast_config(gpu_release_timeout=0.5, gpu_memory_baseline_mib=0.0,
+                                                  evidence={"enabled": False}))
     record = await responder.handle(decision(time.time()), 1)
     assert tree.alive() == set()
     assert record.gpus_released is False and record.gpu_free_s is None
@@ -226,3 +227,26 @@ def test_a_reused_pid_is_not_killed(start_decoy):
     assert result.killed == () and is_alive(decoy)
     result = kill_processes([real], timeout_s=5.0)
     assert result.killed_pids == (decoy,) and not is_alive(decoy)
+
+
+async def test_memory_back_is_judged_against_the_baseline_seen_with_no_process(tmp_path, start_tree):
+    # An idle H200 reads ~615 MiB through NVML: more than the 512 MiB tolerance.
+    tree = start_tree(pipes=False)
+    gpus = ListedGpus({0: [tree.pids["worker0"]]}, default_mib=2048.0)
+    gpus.idle_mib = 615.0
+    idle = GpuSample(time.time() - 30, GpuSource.NVML,
+                     (GpuReading(index=0, util_pct=0.0, mem_used_mib=615.0, mem_total_mib=143771.0),))
+    responder = make_responder(tmp_path, tree, gpus=gpus, samples=[idle],
+                               config=fast_config(gpu_release_timeout=2.0, evidence={"enabled": False}))
+    record = await responder.handle(decision(time.time()), 1)
+    assert record.gpus_released, record.notes
+    # with a stricter baseline the same 615 MiB is "not back"
+    tree2 = start_tree(pipes=False)
+    gpus2 = ListedGpus({0: [tree2.pids["worker0"]]})
+    gpus2.idle_mib = 615.0
+    strict = make_responder(tmp_path, tree2, gpus=gpus2,
+                            config=fast_config(gpu_release_timeout=0.3, gpu_memory_baseline_mib=0.0,
+                                               gpu_memory_tolerance_mib=100.0, evidence={"enabled": False}))
+    record2 = await strict.handle(decision(time.time()), 2)
+    assert not record2.gpus_released
+    assert any("615 MiB > 100 MiB allowed" in n for n in record2.notes)
