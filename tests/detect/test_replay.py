@@ -1,0 +1,122 @@
+"""Replays of the recorded traces (tests/fixtures/traces, made by make.py from the
+simulator's engine): healthy runs give no incident, every fault the right rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from soak.detect import Detector, DetectorConfig, DetectorState, IncidentKind, Topology
+from soak.detect.replay import read_samples, replay
+from soak.errors import ConfigError
+from soak.samples import ClientSample, ServerSample
+
+TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+T0 = 1_780_000_000.0  # make.py's epoch
+
+# name -> (expected rules or None for no incident, fault onset in simulated s)
+EXPECTED = {
+    "healthy_agentic": (None, None),
+    "healthy_cold_prefill": (None, None),
+    "healthy_startup_pause": (None, None),
+    "healthy_idle_gaps": (None, None),
+    "healthy_spec_burst": (None, None),
+    "fault_metrics_stall": (None, None),
+    "fault_pp_deadlock": (("pp_tail_stall",), 150.0),
+    "fault_pp_deadlock_nvml": (("pp_tail_stall",), 123.4),
+    "fault_all_idle_deadlock": (("generation_frozen",), 140.0),
+    "fault_crash": (("log_signature", "server_gone"), 130.0),
+}
+KINDS = {"fault_crash": IncidentKind.CRASH}
+
+
+def run(name: str, config: DetectorConfig | None = None, samples=None):
+    detector = Detector(config or DetectorConfig(), topology=Topology.pipeline(8))
+    samples = samples if samples is not None else read_samples(TRACES / f"{name}.jsonl.gz")
+    return replay(samples, detector)
+
+
+def test_every_fixture_is_covered():
+    on_disk = {p.name.removesuffix(".jsonl.gz") for p in TRACES.glob("*.jsonl.gz")}
+    assert on_disk == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (rules, _) in EXPECTED.items() if rules is None))
+def test_healthy_trace_gives_no_incident(name):
+    result = run(name)
+    assert result.decisions == []
+    assert DetectorState.HUNG not in result.states
+    assert result.duration_s > 120
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (rules, _) in EXPECTED.items() if rules is not None))
+def test_fault_trace_gives_the_right_rule(name):
+    rules, onset = EXPECTED[name]
+    result = run(name)
+    assert len(result.decisions) == 1, result.decisions
+    d = result.decisions[0]
+    assert d.rule in rules
+    assert d.kind is KINDS.get(name, IncidentKind.HANG)
+    # onset: the best estimate of when progress stopped, within a probe interval or two
+    assert d.onset_at == pytest.approx(T0 + onset, abs=2.0)
+    assert d.decided_at >= d.onset_at
+    json.dumps(d.to_json())
+
+
+def test_pp_deadlock_is_decided_within_the_goal():
+    for name in ("fault_pp_deadlock", "fault_pp_deadlock_nvml"):
+        d = run(name).decisions[0]
+        assert d.decided_at - (T0 + EXPECTED[name][1]) <= 10.0
+
+
+def _gen_flat_spans(samples):
+    """Longest stretch with the generation counter flat while requests ran."""
+    longest = 0.0
+    since = None
+    last_gen = None
+    for s in samples:
+        if not isinstance(s, ServerSample) or not s.ok:
+            continue
+        gen, running = s.values.get("generation_tokens"), s.values.get("num_requests_running", 0)
+        if running > 0 and gen == last_gen:
+            since = since if since is not None else s.ts
+            longest = max(longest, s.ts - since)
+        else:
+            since = s.ts if running > 0 else None
+        last_gen = gen
+    return longest
+
+
+def test_the_cold_prefill_trap_is_real():
+    """The cold-prefill trace holds long healthy stretches of flat token counters;
+    with learning off (a fixed 15 s threshold) the other progress signals alone
+    keep generation_frozen from calling them hangs, and without them it would."""
+    samples = list(read_samples(TRACES / "healthy_cold_prefill.jsonl.gz"))
+    fixed = DetectorConfig.model_validate({"generation_frozen": {"floor": 15, "ceiling": 15}})
+    assert _gen_flat_spans(samples) > 15
+    assert run("healthy_cold_prefill", fixed, samples).decisions == []
+    blind = []
+    for s in samples:
+        if isinstance(s, ServerSample) and s.ok:
+            keep = {k: v for k, v in s.values.items()
+                    if k in ("generation_tokens", "num_requests_running", "num_requests_waiting")}
+            s = dataclasses.replace(s, values=keep)
+        elif isinstance(s, ClientSample):
+            continue
+        blind.append(s)
+    blinded = run("healthy_cold_prefill", fixed, blind)
+    assert [d.rule for d in blinded.decisions] == ["generation_frozen"]
+
+
+def test_replay_reads_gzip_and_plain_and_names_a_bad_line(tmp_path):
+    plain = tmp_path / "samples.jsonl"
+    lines = [json.dumps({"kind": "health", "ts": T0, "ok": True, "status": 200})]
+    plain.write_text("\n".join(lines) + "\n{not json\n")
+    reader = read_samples(plain)
+    assert next(reader).ok
+    with pytest.raises(ConfigError) as info:
+        next(reader)
+    assert f"{plain}:2" in str(info.value)
