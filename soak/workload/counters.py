@@ -36,6 +36,7 @@ class TokenCounter(Protocol):
 class SimCounter:
     label = "exact (simulator tokenizer)"
     in_process = True
+    additive = True  # count(a + b) == count(a) + count(b) whenever a ends with a newline
 
     def __init__(self) -> None:
         from soak.sim import chat, tokenizer
