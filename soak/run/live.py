@@ -1,0 +1,230 @@
+"""The live view: one refreshing status on a terminal (rich), plain periodic lines otherwise.
+
+A ``RunSink``: it keeps a small rolling state (bounded deques, the latest GPU
+reading, counters) and renders it on its own timer. Nothing here grows with
+the length of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import deque
+from typing import Any, Mapping, TextIO
+
+from soak.configbase import format_duration
+from soak.run.sinks import RunInfo
+from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
+from soak.store.summary import CounterDelta, percentile
+
+TOKENS_WINDOW_S = 30.0
+TTFT_WINDOW = 512
+
+
+class ViewState:
+    """What the view shows, updated by sink calls; ``line()`` and ``table()`` read it."""
+
+    def __init__(self, *, clock: Any) -> None:
+        self.clock = clock
+        self.info: RunInfo | None = None
+        self.ok = 0
+        self.failed = 0
+        self.tokens_total = 0
+        self._recent_tokens: deque[tuple[float, int]] = deque()
+        self._ttft: deque[float] = deque(maxlen=TTFT_WINDOW)
+        self.context_tokens: int | None = None
+        self.max_context_tokens = 0
+        self._hits = CounterDelta()
+        self._queries = CounterDelta()
+        self.gpus: tuple[Any, ...] = ()
+        self.detector_state = "healthy"
+        self.incidents = 0
+        self.phase = "starting"
+
+    def on_request(self, record: RequestRecord) -> None:
+        if record.outcome == "ok":
+            self.ok += 1
+            if record.ttft_s is not None and not record.warmup:
+                self._ttft.append(record.ttft_s)
+        else:
+            self.failed += 1
+        self.tokens_total += record.output_tokens
+        self._recent_tokens.append((record.ended_at, record.output_tokens))
+        if record.prompt_tokens:
+            self.context_tokens = record.prompt_tokens
+            self.max_context_tokens = max(self.max_context_tokens, record.prompt_tokens)
+
+    def on_sample(self, sample: Sample) -> None:
+        if isinstance(sample, GpuSample) and sample.error is None:
+            self.gpus = sample.gpus
+        elif isinstance(sample, ServerSample) and sample.ok:
+            hits = sample.values.get("prefix_cache_hits")
+            queries = sample.values.get("prefix_cache_queries")
+            if hits is not None and queries is not None:
+                self._hits.add(hits)
+                self._queries.add(queries)
+
+    def tokens_per_s(self, now: float) -> float:
+        while self._recent_tokens and self._recent_tokens[0][0] < now - TOKENS_WINDOW_S:
+            self._recent_tokens.popleft()
+        if not self._recent_tokens or self.info is None:
+            return 0.0
+        window = min(TOKENS_WINDOW_S, max(1e-6, now - self.info.started_at))
+        return sum(t for _, t in self._recent_tokens) / window
+
+    def ttft(self, q: float) -> float | None:
+        return percentile(list(self._ttft), q)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        if self._queries.total > 0:
+            return self._hits.total / self._queries.total
+        return None
+
+    def elapsed_remaining(self, now: float) -> tuple[float, float]:
+        if self.info is None:
+            return 0.0, 0.0
+        elapsed = max(0.0, now - self.info.started_at)
+        return elapsed, max(0.0, self.info.duration_s - elapsed)
+
+    def line(self, now: float) -> str:
+        elapsed, remaining = self.elapsed_remaining(now)
+        p50, p99 = self.ttft(50), self.ttft(99)
+        ratio = self.hit_ratio
+        gpus = " ".join(f"{g.util_pct:.0f}" for g in self.gpus) or "-"
+        return (
+            f"soak {self.phase} {format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left | "
+            f"requests ok {self.ok} failed {self.failed} | {self.tokens_per_s(now):.1f} tok/s | "
+            f"ttft p50 {_s(p50)} p99 {_s(p99)} | context {_k(self.context_tokens)} | "
+            f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state}"
+            + (f" | incidents {self.incidents}" if self.incidents else "")
+        )
+
+    def table(self, now: float) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        elapsed, remaining = self.elapsed_remaining(now)
+        title = f"soak {self.info.run_id if self.info else ''}"
+        table = Table(title=title, show_header=False, expand=False, box=None, padding=(0, 1))
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("phase", self.phase)
+        table.add_row("time", f"{format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left")
+        table.add_row("requests", f"[green]{self.ok} ok[/]  [red]{self.failed} failed[/]")
+        table.add_row("tokens/s", f"{self.tokens_per_s(now):.1f}  ({self.tokens_total} generated)")
+        table.add_row("TTFT", f"p50 {_s(self.ttft(50))}  p99 {_s(self.ttft(99))}")
+        table.add_row("context", f"{_k(self.context_tokens)} (max {_k(self.max_context_tokens or None)})")
+        table.add_row("prefix hit", _pct(self.hit_ratio))
+        for gpu in self.gpus:
+            filled = int(round(max(0.0, min(100.0, gpu.util_pct)) / 5))
+            bar = Text("█" * filled, style="green" if gpu.util_pct >= 5 else "red")
+            bar.append("·" * (20 - filled), style="dim")
+            bar.append(f" {gpu.util_pct:5.1f}%")
+            table.add_row(f"gpu {gpu.index}", bar)
+        style = {"healthy": "green", "suspect": "yellow"}.get(self.detector_state, "bold red")
+        table.add_row("detector", f"[{style}]{self.detector_state}[/]")
+        if self.incidents:
+            table.add_row("incidents", f"[bold red]{self.incidents}[/]")
+        return table
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else (f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s")
+
+
+def _k(value: int | None) -> str:
+    return "-" if not value else (f"{value / 1000:.1f}K" if value >= 1000 else str(value))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+class LiveView:
+    """The view sink. ``mode``: rich, plain or off (``auto`` picks by ``isatty``)."""
+
+    def __init__(
+        self,
+        *,
+        clock: Any,
+        mode: str = "auto",
+        refresh_s: float = 1.0,
+        plain_interval_s: float = 30.0,
+        stream: TextIO | None = None,
+    ) -> None:
+        self._stream = stream or sys.stdout
+        if mode == "auto":
+            mode = "rich" if self._stream.isatty() else "plain"
+        self.mode = mode
+        self.state = ViewState(clock=clock)
+        self._clock = clock
+        self._interval = refresh_s if mode == "rich" else plain_interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._live: Any = None
+        self._closed = False
+
+    def on_start(self, info: RunInfo) -> None:
+        self.state.info = info
+        self.state.phase = "running"
+        if self.mode == "off":
+            return
+        if self.mode == "rich":
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(file=self._stream)
+            self._live = Live(self.state.table(self._clock.now()), console=console, auto_refresh=False, transient=False)
+            self._live.start()
+        else:
+            self._print(f"soak: run {info.run_id} against {info.target_kind} at {info.base_url}, writing {info.run_dir}")
+        self._task = asyncio.get_running_loop().create_task(self._refresh(), name="soak-live-view")
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            self.render()
+
+    def render(self) -> None:
+        now = self._clock.now()
+        if self._live is not None:
+            self._live.update(self.state.table(now), refresh=True)
+        elif self.mode == "plain":
+            self._print(self.state.line(now))
+
+    def _print(self, text: str) -> None:
+        try:
+            print(text, file=self._stream, flush=True)
+        except (OSError, ValueError):
+            pass  # a closed pipe must not end the soak
+
+    def on_sample(self, sample: Sample) -> None:
+        self.state.on_sample(sample)
+
+    def on_request(self, record: RequestRecord) -> None:
+        self.state.on_request(record)
+
+    def on_assessment(self, assessment: Any) -> None:
+        self.state.detector_state = getattr(assessment.state, "value", str(assessment.state))
+
+    def on_incident(self, incident: Any) -> None:
+        self.state.incidents += 1
+        if self.mode == "plain":
+            self._print(f"soak: incident {incident.number}: {incident.kind} ({incident.rule}): {incident.summary}")
+
+    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+        if type in ("restart_started", "load_stopped", "draining"):
+            self.state.phase = {"restart_started": "restarting", "load_stopped": "stopped", "draining": "draining"}[type]
+        elif type == "restart_done":
+            self.state.phase = "running"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        if self.mode != "off" and self.state.info is not None:
+            self.render()
+        if self._live is not None:
+            self._live.stop()

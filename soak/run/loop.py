@@ -1,0 +1,461 @@
+"""The soak loop: target up, load on, probes sampling, detector judging, responder
+acting, everything recorded; then a bounded drain, a clean box and a verdict.
+
+``SoakRun`` takes its parts as keyword-only dependencies (workload, target,
+sinks, clock, and factories for the parts that need a live target: probes,
+detector, responder), so tests wire real parts in-process and swap one.
+
+Order of the end, whatever ended the run (duration, request cap, incident,
+Ctrl-C/SIGTERM, an error): stop sending, drain (cut short on interrupt), stop
+the probes, the detector and the client, stop the target's tree, record
+``run_ended``, write summary.json from the recorded files, render the report,
+close the sinks. ``aclose()`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from soak.clock import Clock, SystemClock
+from soak.config import RunConfig
+from soak.errors import EnvironmentProblem, SoakError, TargetNotReady
+from soak.load.client import StreamingClient
+from soak.load.generator import LoadGenerator
+from soak.load.progress import ProgressTracker
+from soak.run.sinks import FanOut, RunInfo, RunSink
+from soak.run.target import Target
+from soak.samples import RequestRecord, Sample
+from soak.store.store import RunStore
+from soak.store.summary import summarize
+
+# The responder's "last minutes" come from here; bounded whatever the run's length.
+RECENT_SAMPLES_MAX = 20_000
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    exit_code: int
+    verdict: str
+    reason: str
+    summary: Mapping[str, Any]
+
+
+class NullDetector:
+    """The seam's default when no detector is wired: always healthy, never decides."""
+
+    def observe(self, sample: Sample) -> None:
+        pass
+
+    def assess(self, now: float) -> Any:
+        from soak.detect.types import Assessment, DetectorState
+
+        return Assessment(now, DetectorState.HEALTHY, ())
+
+    def reset(self, now: float) -> None:
+        pass
+
+
+class SoakRun:
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        run_id: str,
+        run_dir: Path,
+        workload_factory: Callable[[str | None], Any],
+        target: Target,
+        store: RunStore,
+        redacted_config: Mapping[str, Any],
+        clock: Clock | None = None,
+        sinks: Sequence[RunSink] = (),
+        api_key: str | None = None,
+        detector_factory: Callable[["SoakRun"], Any] | None = None,
+        probes_factory: Callable[["SoakRun"], Sequence[Any]] | None = None,
+        responder_factory: Callable[["SoakRun"], Any] | None = None,
+        gpu_source_factory: Callable[["SoakRun"], Any] | None = None,
+        counter_factory: Callable[["SoakRun"], Any] | None = None,
+        topology: Any = None,
+        block_size: int = 256,
+        install_signal_handlers: bool = True,
+        render_report: bool = True,
+    ) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.run_dir = Path(run_dir)
+        self._workload_factory = workload_factory
+        self.workload: Any = None
+        self.model: str | None = None
+        self.target = target
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.sinks = FanOut([store, *sinks])
+        self._redacted_config = redacted_config
+        self._api_key = api_key
+        self._detector_factory = detector_factory
+        self._probes_factory = probes_factory
+        self._responder_factory = responder_factory
+        self._gpu_source_factory = gpu_source_factory
+        self._counter_factory = counter_factory
+        self.topology = topology
+        self.block_size = block_size
+        self._install_signals = install_signal_handlers
+        self._render_report = render_report
+
+        self.tracker = ProgressTracker()
+        self.client: StreamingClient | None = None
+        self.generator: LoadGenerator | None = None
+        self.detector: Any = NullDetector()
+        self.responder: Any = None
+        self.gpu_source: Any = None
+        self.probe_session: Any = None
+        self._scheduler: Any = None
+        self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
+        self._watch_task: asyncio.Task[None] | None = None
+        self._main_task: asyncio.Task[Any] | None = None
+        self._incidents = 0
+        self.restarts = 0
+        self._failed = False
+        self._stop_reason: str | None = None
+        self._interrupted = False
+        self._closed = False
+        self._outcome: RunOutcome | None = None
+
+    # -- fan-in ----------------------------------------------------------------
+    def _on_sample(self, sample: Sample) -> None:
+        self._recent.append(sample)
+        self.detector.observe(sample)
+        self.sinks.on_sample(sample)
+
+    def _on_record(self, record: RequestRecord) -> None:
+        self.sinks.on_request(record)
+
+    def recent_samples(self) -> list[Sample]:
+        window = self.config.response.evidence.samples_window
+        since = self.clock.now() - window
+        return [s for s in self._recent if s.ts >= since]
+
+    def event(self, type: str, **fields: Any) -> None:
+        self.sinks.on_event(type, {"ts": self.clock.now(), **fields})
+
+    # -- control ---------------------------------------------------------------
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """Ctrl-C or SIGTERM: stop the load now (no drain wait), then end as usual."""
+        if self._interrupted:
+            return
+        self._interrupted = True
+        self._stop_reason = reason
+        if self.generator is not None:
+            self.generator.stop(reason)
+            if self.client is not None:
+                self.client.abort_in_flight(reason)
+        elif self._main_task is not None:
+            self._main_task.cancel()  # still starting: cut the start-up short
+
+    def _install(self) -> list[int]:
+        if not self._install_signals:
+            return []
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig, name in ((signal.SIGINT, "interrupted (SIGINT)"), (signal.SIGTERM, "interrupted (SIGTERM)")):
+            try:
+                loop.add_signal_handler(sig, self.interrupt, name)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        return installed
+
+    # -- the run ---------------------------------------------------------------
+    async def run(self) -> RunOutcome:
+        """Run to the end and return the outcome; exit-3 problems re-raise after
+        the record is written, so the CLI prints their one line."""
+        self._main_task = asyncio.current_task()
+        installed = self._install()
+        problem: BaseException | None = None
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+        except EnvironmentProblem as exc:
+            problem = exc
+            self._stop_reason = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            problem = exc
+            self._stop_reason = f"harness error: {type(exc).__name__}: {exc}"
+        finally:
+            loop = asyncio.get_running_loop()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        outcome = await self._finish(problem)
+        if problem is not None:
+            raise problem
+        return outcome
+
+    async def _run(self) -> None:
+        config = self.config
+        self.store.write_config(self._redacted_config)
+        self.event("run_created", run_id=self.run_id, target=config.target.kind)
+        self.event("target_starting", target=config.target.kind)
+        await self.target.start()
+        self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
+                   models=list(self.target.models))
+        # The model the requests name: the config's, else the first the server lists.
+        self.model = getattr(config.target, "model", None) or (self.target.models[0] if self.target.models else None)
+        self.workload = self._workload_factory(self.model)
+
+        if self._counter_factory is not None and hasattr(self.workload, "calibrate"):
+            counter = self._counter_factory(self)
+            try:
+                await self.workload.calibrate(counter)
+            finally:
+                close = getattr(counter, "aclose", None)
+                if close is not None:
+                    await close()
+        plan: Mapping[str, Any] = {}
+        if hasattr(self.workload, "plan"):
+            planned = self.workload.plan(
+                duration_s=config.duration, concurrency=config.load.concurrency, block_size=self.block_size
+            )
+            plan = planned.to_json() if hasattr(planned, "to_json") else dict(planned)
+            self.store.write_plan(plan)
+
+        import aiohttp
+
+        self.probe_session = aiohttp.ClientSession()
+        if self._gpu_source_factory is not None:
+            self.gpu_source = self._gpu_source_factory(self)
+            if self.gpu_source is not None and hasattr(self.gpu_source, "open"):
+                await self.gpu_source.open()  # NVML missing: GpuUnavailable, exit 3
+        if self._detector_factory is not None:
+            self.detector = self._detector_factory(self)
+        if self._responder_factory is not None:
+            self.responder = self._responder_factory(self)
+            if hasattr(self.responder, "start"):
+                await self.responder.start()
+
+        gpu_count = None
+        if self.topology is not None:
+            gpu_count = sum(len(stage) for stage in self.topology.stages)
+        started_at = self.clock.now()
+        self.sinks.on_start(
+            RunInfo(
+                run_id=self.run_id,
+                run_dir=self.run_dir,
+                started_at=started_at,
+                duration_s=config.duration,
+                warmup_s=config.warmup,
+                target_kind=config.target.kind,
+                base_url=self.target.base_url,
+                model=self.model,
+                root_pid=self.target.root_pid,
+                config=self._redacted_config,
+                gpu_count=gpu_count,
+                plan=plan,
+            )
+        )
+
+        self.client = StreamingClient(
+            base_url=self.target.base_url,
+            timeouts=config.load.timeouts,
+            tracker=self.tracker,
+            max_connections=config.load.concurrency,
+            api_key=self._api_key,
+            clock=self.clock,
+        )
+        await self.client.start()
+        self._start_probes()
+        self.generator = LoadGenerator(
+            workload=self.workload,
+            client=self.client,
+            config=config.load,
+            duration_s=config.duration,
+            warmup_s=config.warmup,
+            on_record=self._on_record,
+            seed=config.seed,
+            clock=self.clock,
+        )
+        if self._interrupted:  # a signal landed during start-up's last await
+            return
+        self._watch_task = asyncio.create_task(self._watch(), name="soak-detector")
+        # Server counters just before the first request and just after the drain,
+        # so summary.json's server-side deltas cover exactly the load applied.
+        await self._scrape_metrics()
+        self.event("load_started", mode=config.load.mode, concurrency=config.load.concurrency)
+        result = await self.generator.run()
+        await self._scrape_metrics()
+        self.event(
+            "load_stopped",
+            reason=self._stop_reason or result.stop_reason,
+            requests_sent=result.requests_sent,
+            aborted_at_drain=result.aborted_at_drain,
+            drain_s=round(result.drained_mono - result.stopped_mono, 3),
+        )
+        if self._stop_reason is None:
+            self._stop_reason = result.stop_reason
+
+    def _start_probes(self) -> None:
+        from soak.probes.scheduler import ProbeScheduler
+
+        probes = list(self._probes_factory(self)) if self._probes_factory is not None else []
+        self._scheduler = ProbeScheduler(probes, emit=self._on_sample)
+        self._scheduler.start()
+
+    async def _scrape_metrics(self) -> None:
+        probes = self._scheduler.probes if self._scheduler is not None else ()
+        for probe in probes:
+            if probe.name == "metrics":
+                try:
+                    for sample in await asyncio.wait_for(probe.collect(), 10.0):
+                        self._on_sample(sample)
+                except Exception as exc:  # a missed bracket only widens the server-side deltas
+                    self.event("metrics_scrape_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _watch(self) -> None:
+        interval = self.config.detector.interval
+        while True:
+            await asyncio.sleep(interval)
+            assessment = self.detector.assess(self.clock.now())
+            self.sinks.on_assessment(assessment)
+            for decision in assessment.new_incidents:
+                try:
+                    await self._incident(decision)
+                except Exception as exc:  # the response failed: record it, end the soak as failed
+                    self.event("incident_error", error=f"{type(exc).__name__}: {exc}")
+                    self._failed = True
+                    self._stop_reason = f"incident handling failed: {exc}"
+                    if self.generator is not None:
+                        self.generator.stop(self._stop_reason)
+                if self.generator is not None and self.generator.stopping:
+                    return
+
+    async def _incident(self, decision: Any) -> None:
+        assert self.generator is not None and self.client is not None
+        self._incidents += 1
+        self._failed = True
+        number = self._incidents
+        self.generator.pause()
+        cut = self.client.abort_in_flight(f"incident {number}")
+        self.event("incident_started", number=number, rule=decision.rule,
+                   kind=getattr(decision.kind, "value", str(decision.kind)), aborted_requests=cut)
+        if self.responder is not None:
+            record = await self.responder.handle(decision, number)
+        else:
+            record = _unhandled_incident(decision, number)
+        self.sinks.on_incident(record)
+
+        from soak.respond.policy import Action, next_action
+
+        can_restart = self.config.target.kind != "attached"
+        action = next_action(self.config.response, restarts_done=self.restarts, can_restart=can_restart)
+        if action.action is not Action.RESTART or self._interrupted:
+            self._stop_reason = f"incident {number}: {action.reason}"
+            self.generator.stop(self._stop_reason)
+            return
+        self.event("restart_started", number=number, reason=action.reason)
+        try:
+            await self._scheduler.close()
+            await self.target.restart()
+        except (TargetNotReady, SoakError) as exc:
+            self.event("restart_failed", number=number, error=str(exc))
+            self._stop_reason = f"incident {number}: restart failed: {exc}"
+            self.generator.stop(self._stop_reason)
+            return
+        self.restarts += 1
+        self.detector.reset(self.clock.now())
+        self._start_probes()
+        self.event("restart_done", number=number, restarts=self.restarts, root_pid=self.target.root_pid)
+        self.generator.resume()
+
+    # -- the end ---------------------------------------------------------------
+    async def _finish(self, problem: BaseException | None) -> RunOutcome:
+        if self._outcome is not None:
+            return self._outcome
+        await self._stop_parts()
+        if isinstance(problem, EnvironmentProblem):
+            exit_code, verdict = 3, "aborted"
+        elif problem is not None:
+            exit_code, verdict = 1, "aborted"
+        elif self._interrupted:
+            exit_code, verdict = 130, ("fail" if self._failed else "aborted")
+        elif self._failed:
+            exit_code, verdict = 1, "fail"
+        else:
+            exit_code, verdict = 0, "pass"
+        reason = self._stop_reason or "finished"
+        self.event("run_ended", verdict=verdict, reason=reason, exit_code=exit_code,
+                   incidents=self._incidents, restarts=self.restarts)
+        summary = summarize(self.run_dir)
+        self.store.write_summary(summary)
+        if self._render_report:
+            await self._report()
+        self.sinks.close()
+        self._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
+        return self._outcome
+
+    async def _report(self) -> None:
+        try:
+            from soak.report.render import write_report
+        except ImportError:
+            return
+        try:
+            await asyncio.to_thread(write_report, self.run_dir)
+        except Exception as exc:  # the record is already complete; `soak report DIR` can retry
+            self.event("report_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _stop_parts(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            await asyncio.gather(self._watch_task, return_exceptions=True)
+        if self._scheduler is not None:
+            await self._scheduler.close()
+        if self.responder is not None and hasattr(self.responder, "aclose"):
+            await self.responder.aclose()
+        if self.client is not None:
+            await self.client.aclose()
+        if self.gpu_source is not None and hasattr(self.gpu_source, "aclose"):
+            try:
+                await self.gpu_source.aclose()
+            except Exception:
+                pass
+        if self.probe_session is not None:
+            await self.probe_session.close()
+        started = time.monotonic()
+        await self.target.aclose()
+        self.event("target_stopped", stop_s=round(time.monotonic() - started, 3))
+
+    async def aclose(self) -> None:
+        """Idempotent: ends the run's parts if ``run()`` did not get to."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._outcome is None:
+            await self._stop_parts()
+            self.sinks.close()
+
+
+def _unhandled_incident(decision: Any, number: int) -> Any:
+    """The record when no responder is wired (nothing killed, no evidence)."""
+    from soak.respond.incident import IncidentRecord
+
+    return IncidentRecord(
+        number=number,
+        kind=getattr(decision.kind, "value", str(decision.kind)),
+        rule=decision.rule,
+        onset_at=decision.onset_at,
+        detected_at=decision.decided_at,
+        killed_pids=(),
+        gpus_released=False,
+        gpu_free_s=None,
+        evidence=f"incidents/{number}",
+        summary="no responder wired: nothing captured or killed",
+        reasons=tuple(decision.reasons),
+    )

@@ -1,0 +1,394 @@
+"""Targets: the server a run drives. ``build_target`` makes one from the config.
+
+- ``ProcessTarget`` runs a server as the harness's child, in its own session
+  (so a Ctrl-C at the terminal reaches the harness, which then stops the
+  server in order), output appended to ``server.log``. The simulator is one
+  (``python -m soak sim --port 0 --port-file ...``), and so is a launched vLLM.
+- ``AttachedTarget`` is a server someone else runs; the harness only waits
+  for it to answer, and knows its PID when the config gives one.
+
+Ready means ``GET /health`` answers 200 and ``GET /v1/models`` answers 200 with
+a model list. Never ready within ``startup_timeout``, or the process exits
+first: ``TargetNotReady`` (exit 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import yaml
+
+from soak.clock import Clock, SystemClock
+from soak.errors import TargetNotReady
+from soak.run.config import AttachedTarget as AttachedTargetConfig
+from soak.run.config import LaunchedTarget, SimulatorTarget
+
+SERVER_LOG = "server.log"
+
+
+class Target(Protocol):
+    base_url: str
+    root_pid: int | None
+    log_path: Path | None
+    flight_recorder_pipe_stem: str | None
+    models: tuple[str, ...]
+
+    async def start(self) -> None: ...
+
+    async def restart(self) -> None: ...
+
+    def returncode(self) -> int | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def wait_ready(
+    *,
+    url: Any,
+    timeout_s: float,
+    interval_s: float,
+    headers: Mapping[str, str],
+    clock: Clock,
+    exited: Any = lambda: None,
+    what: str = "the target",
+) -> tuple[str, tuple[str, ...]]:
+    """Poll until ``/health`` and ``/v1/models`` both answer; returns (base URL, models).
+
+    ``url()`` gives the base URL or None while it is not known yet (a port file
+    not written yet); ``exited()`` gives the exit code once the process is gone.
+    """
+    import aiohttp
+
+    deadline = clock.monotonic() + timeout_s
+    last = "no answer yet"
+    timeout = aiohttp.ClientTimeout(total=max(1.0, min(10.0, interval_s * 4)))
+    async with aiohttp.ClientSession(timeout=timeout, headers=dict(headers)) as session:
+        while True:
+            code = exited()
+            if code is not None:
+                raise TargetNotReady(f"{what} exited with code {code} before it was ready (see {SERVER_LOG})")
+            base = url()
+            if base is not None:
+                try:
+                    async with session.get(base + "/health") as health:
+                        await health.read()
+                        if health.status != 200:
+                            raise _NotYet(f"/health answered {health.status}")
+                    async with session.get(base + "/v1/models") as models:
+                        body = await models.json(content_type=None) if models.status == 200 else None
+                        if models.status != 200:
+                            raise _NotYet(f"/v1/models answered {models.status}")
+                    names = tuple(m.get("id") for m in (body or {}).get("data", []) if isinstance(m, dict))
+                    return base, tuple(n for n in names if n)
+                except _NotYet as exc:
+                    last = str(exc)
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
+                    last = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            if clock.monotonic() >= deadline:
+                raise TargetNotReady(f"{what} not ready after {timeout_s:g}s at {base or '(no URL yet)'}: {last}")
+            await asyncio.sleep(interval_s)
+
+
+class _NotYet(Exception):
+    pass
+
+
+def _tree(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _kill_tree(procs: Sequence[Any], sig: int) -> None:
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+class ProcessTarget:
+    """A server the harness starts and owns: the simulator or a launched vLLM."""
+
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        what: str,
+        run_dir: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        base_url: str | None = None,
+        port_file: Path | None = None,
+        startup_timeout_s: float,
+        poll_interval_s: float,
+        stop_timeout_s: float,
+        api_key: str | None = None,
+        flight_recorder_pipe_stem: str | None = None,
+        clock: Clock | None = None,
+        restart_command: Any = None,
+    ) -> None:
+        self._command = list(command)
+        self._restart_command = restart_command
+        self._what = what
+        self._env = dict(env or {})
+        self._cwd = cwd
+        self._port_file = port_file
+        self._fixed_url = base_url
+        self.base_url = base_url or ""
+        self.log_path: Path | None = Path(run_dir) / SERVER_LOG
+        self.flight_recorder_pipe_stem = flight_recorder_pipe_stem
+        self.models: tuple[str, ...] = ()
+        self._startup_timeout_s = startup_timeout_s
+        self._poll_interval_s = poll_interval_s
+        self._stop_timeout_s = stop_timeout_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._clock = clock or SystemClock()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._log: Any = None
+        self.starts = 0
+        self._closed = False
+
+    @property
+    def root_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc is not None else None
+
+    def _url_now(self) -> str | None:
+        if self._fixed_url is not None:
+            return self._fixed_url
+        try:
+            text = self._port_file.read_text().strip() if self._port_file else ""
+        except OSError:
+            return None
+        return f"http://127.0.0.1:{int(text)}" if text.isdigit() else None
+
+    async def start(self) -> None:
+        if self._closed:
+            raise RuntimeError("target is closed")
+        command = self._command
+        if self.starts and self._restart_command is not None:
+            command = self._restart_command(self)
+        if self._port_file is not None:
+            self._port_file.unlink(missing_ok=True)
+        if self._log is None:
+            self._log = open(self.log_path, "ab", buffering=0)  # type: ignore[arg-type]
+        self._log.write(f"--- soak: starting {self._what}: {' '.join(command)}\n".encode())
+        env = {**os.environ, **self._env}
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=str(self._cwd) if self._cwd else None,
+                start_new_session=True,
+            )
+        except (FileNotFoundError, PermissionError) as exc:
+            raise TargetNotReady(f"cannot start {self._what}: {exc}") from exc
+        self.starts += 1
+        self.base_url, self.models = await wait_ready(
+            url=self._url_now,
+            timeout_s=self._startup_timeout_s,
+            interval_s=self._poll_interval_s,
+            headers=self._headers,
+            clock=self._clock,
+            exited=self.returncode,
+            what=self._what,
+        )
+
+    async def restart(self) -> None:
+        """Stop what is left of the old server (the responder has usually killed
+        it already), then start and wait for it again."""
+        await self._stop()
+        await self.start()
+
+    async def _stop(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            # Snapshot the tree first: a worker can outlive and leave its parent.
+            tree = await asyncio.to_thread(_tree, proc.pid)
+            _kill_tree(tree[:1], signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+            _kill_tree(tree, signal.SIGKILL)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                await asyncio.wait_for(proc.wait(), 10.0)
+            except asyncio.TimeoutError:
+                pass
+        else:
+            # The root is gone; its session may still hold stragglers.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._stop()
+        finally:
+            if self._log is not None:
+                self._log.close()
+
+
+class AttachedTarget:
+    """A server the harness does not own: it waits for it and never starts it."""
+
+    log_path: Path | None
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        pid: int | None,
+        log_path: Path | None,
+        startup_timeout_s: float,
+        poll_interval_s: float,
+        api_key: str | None = None,
+        flight_recorder_pipe_stem: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.root_pid = pid
+        self.log_path = log_path
+        self.flight_recorder_pipe_stem = flight_recorder_pipe_stem
+        self.models: tuple[str, ...] = ()
+        self._startup_timeout_s = startup_timeout_s
+        self._poll_interval_s = poll_interval_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._clock = clock or SystemClock()
+
+    def returncode(self) -> int | None:
+        return None
+
+    async def start(self) -> None:
+        if self.root_pid is not None:
+            import psutil
+
+            if not psutil.pid_exists(self.root_pid):
+                raise TargetNotReady(f"attached target: no process with PID {self.root_pid}")
+        self.base_url, self.models = await wait_ready(
+            url=lambda: self.base_url,
+            timeout_s=self._startup_timeout_s,
+            interval_s=self._poll_interval_s,
+            headers=self._headers,
+            clock=self._clock,
+            what=f"the attached server at {self.base_url}",
+        )
+
+    async def restart(self) -> None:
+        """Someone else restarts an attached server (systemd, a supervisor): wait for it."""
+        await self.start()
+
+    async def aclose(self) -> None:
+        pass
+
+
+def api_key_from_env(name: str | None, environ: Mapping[str, str]) -> str | None:
+    if name is None:
+        return None
+    value = environ.get(name)
+    if not value:
+        from soak.errors import EnvironmentProblem
+
+        raise EnvironmentProblem(f"target.api_key_env: environment variable {name} is not set")
+    return value
+
+
+def sim_command(config: SimulatorTarget, run_dir: Path, *, port: int = 0) -> list[str]:
+    """``python -m soak sim`` with the run's simulator settings in a file beside the run."""
+    sim_file = Path(run_dir) / "sim_config.yaml"
+    sim_file.write_text(yaml.safe_dump(config.sim.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    return [
+        sys.executable,
+        "-m",
+        "soak",
+        "sim",
+        "--config",
+        str(sim_file),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--port-file",
+        str(Path(run_dir) / "sim.port"),
+    ]
+
+
+def build_target(
+    config: SimulatorTarget | LaunchedTarget | AttachedTargetConfig,
+    *,
+    run_dir: Path,
+    environ: Mapping[str, str],
+    extra_env: Mapping[str, str] | None = None,
+    flight_recorder_pipe_stem: str | None = None,
+    clock: Clock | None = None,
+) -> Target:
+    """The target the config names. ``extra_env`` (flight recorder, ownership
+    marker) goes to a server the harness starts."""
+    api_key = api_key_from_env(config.api_key_env, environ)
+    if isinstance(config, SimulatorTarget):
+        return ProcessTarget(
+            command=sim_command(config, run_dir),
+            restart_command=lambda t: sim_command(config, run_dir, port=int(t.base_url.rsplit(":", 1)[1])),
+            what="the simulator",
+            run_dir=run_dir,
+            env=dict(extra_env or {}),
+            port_file=Path(run_dir) / "sim.port",
+            startup_timeout_s=config.startup_timeout,
+            poll_interval_s=min(config.ready_poll_interval, 0.1),
+            stop_timeout_s=config.stop_timeout,
+            api_key=api_key,
+            flight_recorder_pipe_stem=flight_recorder_pipe_stem,
+            clock=clock,
+        )
+    if isinstance(config, LaunchedTarget):
+        return ProcessTarget(
+            command=config.command,
+            what=f"the launched server ({config.command[0]})",
+            run_dir=run_dir,
+            env={**config.env, **(extra_env or {})},
+            cwd=config.cwd,
+            base_url=config.base_url,
+            startup_timeout_s=config.startup_timeout,
+            poll_interval_s=config.ready_poll_interval,
+            stop_timeout_s=config.stop_timeout,
+            api_key=api_key,
+            flight_recorder_pipe_stem=flight_recorder_pipe_stem,
+            clock=clock,
+        )
+    return AttachedTarget(
+        base_url=config.base_url,
+        pid=config.pid,
+        log_path=config.log_path,
+        startup_timeout_s=config.startup_timeout,
+        poll_interval_s=config.ready_poll_interval,
+        api_key=api_key,
+        flight_recorder_pipe_stem=flight_recorder_pipe_stem,
+        clock=clock,
+    )

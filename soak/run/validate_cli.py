@@ -1,0 +1,65 @@
+"""``soak validate CONFIG``: check the config and its workload, print the plan, run nothing.
+
+Exit 0 when the config is good (the plan is printed), 2 with one line naming
+the file and the field when it is not. Token counts come from the counter the
+workload would use when that needs no server (the simulator's tokenizer, a
+local tokenizer, or an estimate, labelled as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="CONFIG", type=Path, help="the run config (YAML)")
+    parser.add_argument("--duration", metavar="DURATION", default=None, help="as for soak run")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    return validate(args.config, duration=args.duration, as_json=args.json)
+
+
+def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:
+    import asyncio
+    import json
+
+    from soak.config import load_run_config
+    from soak.configbase import parse_duration
+    from soak.errors import ArgumentError
+    from soak.run.config import server_layout
+    from soak.run.wiring import workload_factory
+
+    override = None
+    if duration is not None:
+        try:
+            override = parse_duration(duration)
+        except ValueError as exc:
+            raise ArgumentError(f"--duration: {exc}") from None
+    config = load_run_config(config_path, duration=override)
+    layout = server_layout(config.target)
+    workload = workload_factory(config, config_path=Path(config_path), block_size=layout["block_size"])(None)
+
+    async def plan():
+        from soak.workload import make_counter
+
+        counter = make_counter(
+            getattr(config.workload, "tokenizer", None),
+            target_is_simulator=config.target.kind == "simulator",
+            base_url=None,
+            config_path=config_path,
+        )
+        await workload.calibrate(counter)
+        return workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
+                             block_size=layout["block_size"])
+
+    planned = asyncio.run(plan())
+    if as_json:
+        print(json.dumps(planned.to_json(), indent=2))
+    else:
+        print(f"{config_path}: ok ({config.target.kind} target, load {config.load.mode}, "
+              f"concurrency {config.load.concurrency}, duration {config.duration:g}s)")
+        print(planned.describe())
+    return 0

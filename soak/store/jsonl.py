@@ -1,0 +1,67 @@
+"""Append-and-flush JSON Lines: a harness killed with SIGKILL leaves every
+complete line valid JSON (at most the last line is partial, and readers skip it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def dumps(obj: Any) -> str:
+    """One line of strict JSON (NaN and infinities become null)."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+
+
+class JsonlWriter:
+    """One file, opened for append; each ``write`` is one line, flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8", buffering=1)  # line-buffered: flushed per line
+        self.lines = 0
+
+    def write(self, obj: Any) -> None:
+        if self._file.closed:
+            return
+        self._file.write(dumps(obj) + "\n")
+        self.lines += 1
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+def read_jsonl(path: Path, *, stats: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+    """Every complete, valid JSON object line of ``path``; a torn last line and
+    any unreadable line are skipped (counted in ``stats['bad_lines']``)."""
+    if not path.exists():
+        return
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                if stats is not None:
+                    stats["torn_lines"] = stats.get("torn_lines", 0) + 1
+                break
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                if stats is not None:
+                    stats["bad_lines"] = stats.get("bad_lines", 0) + 1
+                continue
+            if isinstance(obj, dict):
+                yield obj

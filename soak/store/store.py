@@ -1,0 +1,126 @@
+"""The run store: one directory per run, everything appended and flushed as it happens.
+
+Layout (CONTRACTS.md)::
+
+    config.yaml      the resolved config, secrets as ***
+    plan.json        the workload plan
+    events.jsonl     {"ts", "type", ...}: run_started, load_started, detector_state,
+                     decision, incident, restart, load_stopped, run_ended, ...
+    requests.jsonl   one soak.samples.RequestRecord a line
+    samples.jsonl    one soak.samples record a line, tagged "kind"
+    server.log       a launched target's stdout and stderr (written by the target)
+    incidents/N/     evidence (written by the responder)
+    summary.json     at the end (soak.store.summary.summarize)
+
+Detector assessments arrive several times a second; only changes of state and
+new decisions become events, so the record grows with what happened, not with time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from soak.run.sinks import RunInfo
+from soak.samples import RequestRecord, Sample, to_json
+from soak.store.jsonl import JsonlWriter, dumps
+
+EVENTS = "events.jsonl"
+REQUESTS = "requests.jsonl"
+SAMPLES = "samples.jsonl"
+CONFIG = "config.yaml"
+PLAN = "plan.json"
+SUMMARY = "summary.json"
+SERVER_LOG = "server.log"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write then rename, so a reader never sees half a summary."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunStore:
+    """A ``RunSink`` writing the run directory. Its clock is the caller's:
+    events carry the ``ts`` they are given, or ``clock.now()``."""
+
+    def __init__(self, run_dir: Path, *, clock: Any) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._events = JsonlWriter(self.run_dir / EVENTS)
+        self._requests = JsonlWriter(self.run_dir / REQUESTS)
+        self._samples = JsonlWriter(self.run_dir / SAMPLES)
+        self._detector_state: str | None = None
+        self._closed = False
+
+    # -- files written once ----------------------------------------------------
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        text = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True)
+        (self.run_dir / CONFIG).write_text(text, encoding="utf-8")
+
+    def write_plan(self, plan: Mapping[str, Any]) -> None:
+        write_json_atomic(self.run_dir / PLAN, dict(plan))
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        write_json_atomic(self.run_dir / SUMMARY, dict(summary))
+
+    # -- RunSink ---------------------------------------------------------------
+    def event(self, type: str, ts: float | None = None, **fields: Any) -> None:
+        self._events.write({"ts": self._clock.now() if ts is None else ts, "type": type, **fields})
+
+    def on_start(self, info: RunInfo) -> None:
+        self.event(
+            "run_started",
+            ts=info.started_at,
+            run_id=info.run_id,
+            target=info.target_kind,
+            base_url=info.base_url,
+            model=info.model,
+            root_pid=info.root_pid,
+            duration_s=info.duration_s,
+            warmup_s=info.warmup_s,
+            gpu_count=info.gpu_count,
+        )
+
+    def on_sample(self, sample: Sample) -> None:
+        self._samples.write(to_json(sample))
+
+    def on_request(self, record: RequestRecord) -> None:
+        self._requests.write(record.to_json())
+
+    def on_assessment(self, assessment: Any) -> None:
+        state = getattr(assessment.state, "value", str(assessment.state))
+        if state != self._detector_state:
+            self._detector_state = state
+            pending = [
+                {"rule": r.rule, "state": getattr(r.state, "value", str(r.state)), "reasons": list(r.reasons)}
+                for r in assessment.rules
+                if getattr(r.state, "value", r.state) in ("pending", "fired")
+            ]
+            self.event("detector_state", ts=assessment.now, state=state, rules=pending)
+        for decision in assessment.new_incidents:
+            self.event("decision", ts=decision.decided_at, **decision.to_json())
+
+    def on_incident(self, incident: Any) -> None:
+        self.event("incident", ts=incident.detected_at, **incident.to_json())
+
+    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+        fields = dict(fields)
+        ts = fields.pop("ts", None)
+        self.event(type, ts=ts, **fields)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for writer in (self._events, self._requests, self._samples):
+            writer.close()
+
+
+__all__ = ["RunStore", "write_json_atomic", "dumps"]
