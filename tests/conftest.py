@@ -9,7 +9,8 @@ recorded while the tree was alive (orphans included).
 
 ``sim_app(config=None, **overrides)`` runs ``create_app`` in-process on
 aiohttp's TestServer (127.0.0.1, port 0) and returns an object with
-``.base_url``, ``.server`` (the ``SimServer``) and ``.app``.
+``.base_url``, ``.server`` (the ``SimServer``) and ``.app``; pass ``log=SimLog(stream=io.StringIO(), pid=0)``
+to capture the log lines.
 """
 
 from __future__ import annotations
@@ -221,12 +222,13 @@ async def sim_app():
 
     servers: list[TestServer] = []
 
-    async def factory(config: SimConfig | None = None, *, clock=None, spawn_processes: bool = False, **overrides) -> SimApp:
+    async def factory(config: SimConfig | None = None, *, clock=None, spawn_processes: bool = False, log=None,
+                      **overrides) -> SimApp:
         if config is None:
             config = SimConfig(**{"time_scale": 100.0, "log_stats_interval": 0.0, **overrides})
         elif overrides:
             config = config.model_copy(update=overrides)
-        app = create_app(config, clock=clock, spawn_processes=spawn_processes)
+        app = create_app(config, clock=clock, spawn_processes=spawn_processes, log=log)
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()
         servers.append(server)

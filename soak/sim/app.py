@@ -219,7 +219,9 @@ class SimServer:
         return stream
 
     def forget(self, stream: _Stream) -> None:
-        if self._streams.pop(stream.req.request_id, None) is not None and stream.req.phase.value != "finished":
+        if self._streams.pop(stream.req.request_id, None) is None or stream.req.phase.value == "finished":
+            return
+        if not (self.frozen or self.dead):  # a hung engine core never processes the abort
             self.engine.abort(stream.req.request_id)
 
     # ---- state

@@ -206,6 +206,8 @@ class FaultController:
     async def _shm_messages(self, interval: float, until: float | None) -> None:
         """The shm-broadcast message every interval, from the engine core, until ``until`` (sim s)."""
         server = self.server
+        if interval <= 0:
+            return
         waited = 0.0
         while until is None or waited + interval < until:
             await server.sleep_sim(interval)
@@ -218,37 +220,64 @@ class FaultController:
             )
 
     async def _pp_deadlock(self, armed: _Armed, spec: PpDeadlockFault) -> None:
+        """One timeline, so lines due at the same moment keep their real order."""
         server = self.server
-        log = server.log
-        pp = server.config.pp_size
         start = server.sim_now()
-        shm = asyncio.get_running_loop().create_task(self._shm_messages(spec.ringbuffer_warning_interval, spec.execute_timeout))
-        self._tasks.add(shm)
-        shm.add_done_callback(self._tasks.discard)
+        events: list[tuple[float, int, str]] = []
+        interval = spec.ringbuffer_warning_interval
+        if interval > 0:
+            k = 1
+            while k * interval < spec.execute_timeout:
+                events.append((k * interval, 0, "shm"))
+                k += 1
         if spec.watchdog_timeout < spec.execute_timeout:
-            await server.sleep_sim(start + spec.watchdog_timeout - server.sim_now())
-            ran_ms = int(spec.watchdog_timeout * 1000) + 12
-            timeout_ms = int(spec.watchdog_timeout * 1000)
-            seq = spec.seq_id
-            for rank in range(pp - 1):
-                who, pid = f"Worker_PP{rank}", self._worker_pid(rank)
-                log.nccl(
-                    rank,
-                    f"[PG ID 8 PG GUID 85(pp_broadcast) Rank {rank}] Watchdog caught collective operation timeout: "
-                    f"WorkNCCL(SeqNum={seq}, OpType=BROADCAST, NumelIn=6, NumelOut=6, Timeout(ms)={timeout_ms}) "
-                    f"ran for {ran_ms} milliseconds before timing out.",
-                    who=who,
-                    pid=pid,
-                )
-                log.nccl(
-                    rank,
-                    f"[PG ID 8 PG GUID 85(pp_broadcast) Rank {rank}] failure detected by watchdog at work sequence id: "
-                    f"{seq} PG status: last enqueued work: {seq + 5}, last started work: -1, last completed work: {seq - 1}",
-                    where="ProcessGroupNCCL.cpp:2271",
-                    who=who,
-                    pid=pid,
-                )
-        await server.sleep_sim(start + spec.execute_timeout - server.sim_now())
+            events.append((spec.watchdog_timeout, 1, "watchdog"))
+        events.append((spec.execute_timeout, 2, "dead"))
+        events.sort()
+        for at, _, what in events:
+            await server.sleep_sim(start + at - server.sim_now())
+            if what == "shm":
+                self._log_shm(interval)
+            elif what == "watchdog":
+                self._log_watchdog(spec)
+            else:
+                self._log_rpc_timeout()
+                self._engine_dead()
+
+    def _log_shm(self, interval: float) -> None:
+        self.server.log.info(
+            "shm_broadcast.py:466",
+            SHM_MESSAGE.format(secs=f"{interval:g}"),
+            who="EngineCore_DP0",
+            pid=self._engine_core_pid(),
+        )
+
+    def _log_watchdog(self, spec: PpDeadlockFault) -> None:
+        log = self.server.log
+        ran_ms = int(spec.watchdog_timeout * 1000) + 12
+        timeout_ms = int(spec.watchdog_timeout * 1000)
+        seq = spec.seq_id
+        for rank in range(self.server.config.pp_size - 1):  # the last rank never joined the broadcast
+            who, pid = f"Worker_PP{rank}", self._worker_pid(rank)
+            pg = f"[PG ID 8 PG GUID 85(pp_broadcast) Rank {rank}]"
+            log.nccl(
+                rank,
+                f"{pg} Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=BROADCAST, "
+                f"NumelIn=6, NumelOut=6, Timeout(ms)={timeout_ms}) ran for {ran_ms} milliseconds before timing out.",
+                who=who,
+                pid=pid,
+            )
+            log.nccl(
+                rank,
+                f"{pg} failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: "
+                f"{seq + 5}, last started work: -1, last completed work: {seq - 1}",
+                where="ProcessGroupNCCL.cpp:2271",
+                who=who,
+                pid=pid,
+            )
+
+    def _log_rpc_timeout(self) -> None:
+        log = self.server.log
         core = self._engine_core_pid()
         log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
         log.raw(
@@ -264,7 +293,6 @@ class FaultController:
                 )
             )
         )
-        self._engine_dead()
 
     def _engine_dead(self) -> None:
         server = self.server

@@ -69,3 +69,43 @@ def test_tree_titles_and_clean_sigterm(sim_process):
     _wait(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in everyone),
           what="the tree to exit")
     assert "(Worker_PP3 pid=" in sim.log_text()
+
+
+def test_pp_deadlock_kill_path(sim_process):
+    sim = sim_process(time_scale=50)
+    base = sim.base_url
+    procs = sim.state()["processes"]
+    everyone = [sim.pid, procs["engine_core"], *procs["workers"]]
+    _post(base + "/v1/completions", {"model": MODEL, "prompt": "warm up\n", "max_tokens": 20})
+    fault = _post(base + "/sim/fault", {"kind": "pp_deadlock", "ringbuffer_warning_interval": 20,
+                                        "watchdog_timeout": 30, "execute_timeout": 100})
+    assert fault["onset_at"] is not None
+    frozen = _counter(base, "vllm:generation_tokens_total")
+    # the tree reports that every worker and the engine core now ignore SIGTERM
+    _wait(lambda: (lambda t: t["engine_ignores_sigterm"] and t["worker_states"] == ["spin"] * 7 + ["hold"])(sim.state()["tree"]),
+          what="hung worker states")
+    state = sim.state()
+    assert [g["util_pct"] for g in state["gpus"]] == [100.0] * 7 + [0.0]
+    assert state["fault"]["kind"] == "pp_deadlock" and state["fault"]["active"]
+    status, _ = _get(base + "/health")
+    assert status == 200  # hung is not dead
+    for pid in everyone:
+        os.kill(pid, signal.SIGTERM)
+    _wait(lambda: "RPC call to sample_tokens timed out" in sim.log_text() and "EngineDeadError" in sim.log_text(),
+          what="the execute timeout's lines")
+    assert all(psutil.Process(p).status() != "zombie" for p in everyone), "SIGTERM must not end a hung tree"
+    assert _counter(base, "vllm:generation_tokens_total") == frozen
+    log = sim.log_text()
+    order = [log.index(s) for s in (
+        "No available shared memory broadcast block found in 20 seconds",
+        "[PG ID 8 PG GUID 85(pp_broadcast) Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=40427, OpType=BROADCAST",
+        "[PG ID 8 PG GUID 85(pp_broadcast) Rank 0] failure detected by watchdog at work sequence id: 40427",
+        "TimeoutError: RPC call to sample_tokens timed out.",
+        "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+    )]
+    assert order == sorted(order)
+    assert f"(Worker_PP6 pid={procs['workers'][6]}) [rank6]:[E" in log
+    assert "Rank 7] Watchdog" not in log  # the last stage never joined the broadcast
+    for pid in everyone:
+        os.kill(pid, signal.SIGKILL)
+    _wait(lambda: not sim.alive_pids(), what="SIGKILL to end the tree")
