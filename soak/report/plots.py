@@ -57,12 +57,19 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def _finish(fig: Figure, ax, title: str, xlabel: bool = True) -> None:
+def _layout(fig: Figure) -> None:
+    # Fixed margins (not tight_layout) so the stacked timelines share one x scale on the page.
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=0.075, right=0.915, bottom=0.62 / height, top=1 - 0.36 / height)
+
+
+def _finish(fig: Figure, ax, title: str, xlim: tuple[float, float] | None = None) -> None:
     ax.set_title(title, loc="left", fontsize=11)
-    if xlabel:
-        ax.set_xlabel("minutes since start")
+    ax.set_xlabel("minutes since start")
     ax.grid(True, alpha=0.25)
-    fig.tight_layout()
+    if xlim is not None:
+        ax.set_xlim(*xlim)
+    _layout(fig)
 
 
 def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> np.ndarray:
@@ -100,7 +107,7 @@ def binned_mean(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.nda
 
 
 def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
-                    max_columns: int = 720) -> bytes:
+                    max_columns: int = 720, xlim: tuple[float, float] | None = None) -> bytes:
     """Per-GPU utilization, one row a GPU: one idle GPU beside busy ones is a dark stripe."""
     ts = np.asarray(ts, dtype=float)
     util = np.asarray(util, dtype=float)
@@ -109,9 +116,11 @@ def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: 
     ax = fig.add_subplot(111)
     if ts.size < 2 or gpus == 0:
         _empty(ax, "no GPU samples")
-        _finish(fig, ax, "GPU utilization (%)")
+        _finish(fig, ax, "GPU utilization (%)", xlim)
         return _png(fig)
-    edges = bin_edges(ts[0], ts[-1], max_columns=max_columns, min_width_s=0.5)
+    # A bin narrower than the sampling period would leave blank stripes.
+    period = float(np.median(np.diff(ts))) if ts.size > 2 else 0.5
+    edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns, min_width_s=max(0.5, period * 1.01))
     grid = np.vstack([binned_mean(ts, util[:, g], edges) for g in range(gpus)])
     x0, x1 = _minutes(edges[[0, -1]], start)
     image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
@@ -119,24 +128,24 @@ def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: 
     ax.set_yticks(range(gpus))
     ax.set_yticklabels([f"GPU {g}" for g in range(gpus)], fontsize=8)
     _mark(ax, markers, start)
-    cbar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03)
-    cbar.set_label("%")
-    ax.set_title("GPU utilization (%) per GPU", loc="left", fontsize=11)
-    ax.set_xlabel("minutes since start")
-    fig.tight_layout()
+    _finish(fig, ax, "GPU utilization (%) per GPU", xlim)
+    ax.grid(False)
+    box = ax.get_position()
+    cax = fig.add_axes((0.93, box.y0, 0.012, box.height))
+    fig.colorbar(image, cax=cax).set_label("%")
     return _png(fig)
 
 
 def token_rates_png(server_ts: np.ndarray, server_generated: np.ndarray, client_ts: np.ndarray,
                     client_tokens: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
-                    max_columns: int = 240) -> bytes:
+                    max_columns: int = 240, xlim: tuple[float, float] | None = None) -> bytes:
     """Generated tokens per second as the server counts them and as the client receives them."""
     fig = _figure(2.8)
     ax = fig.add_subplot(111)
     spans = [a for a in (np.asarray(server_ts), np.asarray(client_ts)) if a.size >= 2]
     if not spans:
         _empty(ax, "no token counters recorded")
-        _finish(fig, ax, "token rate (tokens/s)")
+        _finish(fig, ax, "token rate (tokens/s)", xlim)
         return _png(fig)
     t0, t1 = min(a[0] for a in spans), max(a[-1] for a in spans)
     edges = bin_edges(t0, t1, max_columns=max_columns, min_width_s=5.0)
@@ -149,7 +158,7 @@ def token_rates_png(server_ts: np.ndarray, server_generated: np.ndarray, client_
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
     _mark(ax, markers, start)
-    _finish(fig, ax, "Generated-token rate")
+    _finish(fig, ax, "Generated-token rate", xlim)
     return _png(fig)
 
 
@@ -164,14 +173,14 @@ def _request_arrays(requests: Sequence[dict], key: str) -> tuple[np.ndarray, np.
 
 
 def ttft_png(requests: Sequence[dict], *, start: float, end: float | None = None,
-             markers: Sequence[Marker] = (), windows: int = 40) -> bytes:
+             markers: Sequence[Marker] = (), windows: int = 40, xlim: tuple[float, float] | None = None) -> bytes:
     """TTFT p50 and p99 per time window (by request completion time)."""
     fig = _figure(2.8)
     ax = fig.add_subplot(111)
     ts, ttft = _request_arrays(requests, "ttft_s")
     if ts.size == 0:
         _empty(ax, "no request with a first token")
-        _finish(fig, ax, "TTFT")
+        _finish(fig, ax, "TTFT", xlim)
         return _png(fig)
     t1 = end if end is not None else ts.max()
     edges = bin_edges(start, max(t1, ts.max()), max_columns=windows, min_width_s=30.0)
@@ -190,12 +199,12 @@ def ttft_png(requests: Sequence[dict], *, start: float, end: float | None = None
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
     _mark(ax, markers, start)
-    _finish(fig, ax, f"Time to first token (p50 / p99 per {np.diff(edges)[0]:.0f} s window)")
+    _finish(fig, ax, f"Time to first token (p50 / p99 per {np.diff(edges)[0]:.0f} s window)", xlim)
     return _png(fig)
 
 
 def context_png(requests: Sequence[dict], server_ts: np.ndarray, kv_usage: np.ndarray, *, start: float,
-                markers: Sequence[Marker] = ()) -> bytes:
+                markers: Sequence[Marker] = (), xlim: tuple[float, float] | None = None) -> bytes:
     """Prompt (context) length of each request, with the server's KV-cache usage."""
     fig = _figure(2.8)
     ax = fig.add_subplot(111)
@@ -215,12 +224,12 @@ def context_png(requests: Sequence[dict], server_ts: np.ndarray, kv_usage: np.nd
     if ts.size:
         ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
     _mark(ax, markers, start)
-    _finish(fig, ax, "Context length per request and KV-cache usage")
+    _finish(fig, ax, "Context length per request and KV-cache usage", xlim)
     return _png(fig)
 
 
 def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, requests: Sequence[dict], *,
-                  start: float, markers: Sequence[Marker] = (), max_columns: int = 120) -> bytes:
+                  start: float, markers: Sequence[Marker] = (), max_columns: int = 120, xlim: tuple[float, float] | None = None) -> bytes:
     """Prefix-cache hit ratio: rate(hits)/rate(queries) from the server, and
     cached/prompt tokens from the client's usage reports."""
     fig = _figure(2.6)
@@ -249,5 +258,5 @@ def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, 
         ax.set_ylabel("%")
         ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
     _mark(ax, markers, start)
-    _finish(fig, ax, "Prefix-cache hit ratio (%)")
+    _finish(fig, ax, "Prefix-cache hit ratio (%)", xlim)
     return _png(fig)

@@ -153,15 +153,18 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
         if isinstance(i.get("detected_at"), (int, float)):
             markers.append(plots.Marker(i["detected_at"], f"#{i.get('number')} detected", "detected"))
     end = summary.get("ended_at") if isinstance(summary.get("ended_at"), (int, float)) else None
+    last = max([a[-1] for a in (run.gpu_ts, run.server_ts, run.client_ts) if a.size] + ([end] if end else []),
+               default=start + 60)
+    xlim = (0.0, max(last - start, 1.0) / 60.0)
     images = [
-        ("GPU utilization", plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers)),
+        ("GPU utilization", plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim)),
         ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
-                                             run.client_tokens, start=start, markers=markers)),
-        ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers)),
+                                             run.client_tokens, start=start, markers=markers, xlim=xlim)),
+        ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
         ("Context length", plots.context_png(run.requests, run.server_ts, run.server["kv_cache_usage_perc"],
-                                             start=start, markers=markers)),
+                                             start=start, markers=markers, xlim=xlim)),
         ("Hit ratio", plots.hit_ratio_png(run.server_ts, run.server["prefix_cache_hits"],
-                                          run.server["prefix_cache_queries"], run.requests, start=start, markers=markers)),
+                                          run.server["prefix_cache_queries"], run.requests, start=start, markers=markers, xlim=xlim)),
     ]
     stats_rows, outcomes = request_statistics(run.requests)
     by_number = {inc.number: inc for inc in run.incidents}
@@ -261,18 +264,64 @@ class _Raw(str):
 
 
 def _flight_recorder_html(fr: flight_recorder.FlightRecorderSummary) -> str:
-    parts = [f"<p class='muted'>dumps from ranks {_e(', '.join(map(str, fr.ranks)) or 'none')}; "
+    parts = [f"<p class='muted'>dumps from ranks {_e(_ranges(list(fr.ranks)) or 'none')}; "
              f"format version {_e(', '.join(fr.versions) or '?')}</p>"]
+    in_step = []
     for g in fr.groups:
-        parts.append(f"<h4>process group {_e(g.label)}: {_e(g.note)}</h4>")
+        def pending(r: flight_recorder.RankRow) -> _Raw:
+            if not r.pending:
+                return _Raw("")
+            more = f" … +{len(r.pending) - 1} more" if len(r.pending) > 1 else ""
+            return _Raw(f"{_e(r.pending[0])}{_e(more)}")
+
         rows = [[r.rank, r.last_enqueued, r.last_started, r.last_completed,
-                 _Raw("<b>behind</b>" if r.behind else ""), _Raw("<br>".join(_e(p) for p in r.pending[:3]))]
-                for r in g.rows]
-        parts.append(_table(["rank", "last enqueued", "last started", "last completed", "", "not completed"],
-                            rows, row_class=["behind" if r.behind else "" for r in g.rows]))
+                 _Raw("<b>behind</b>" if r.behind else ""), pending(r)] for r in g.rows]
+        table = _table(["rank", "last enqueued", "last started", "last completed", "", "oldest not completed"],
+                       rows, row_class=["behind" if r.behind else "" for r in g.rows])
+        if g.stuck_seq is None and not g.behind_ranks:
+            in_step.append(f"<p>process group {_e(g.label)}: {_e(g.note)}</p>{table}")
+        else:
+            parts.append(f"<h4>process group {_e(g.label)}: {_e(g.note)}</h4>{table}")
+    if in_step:
+        parts.append(f"<details><summary>{len(in_step)} process group(s) in step</summary>{''.join(in_step)}</details>")
     for err in fr.errors:
         parts.append(f"<p class='muted'>{_e(err)}</p>")
     return "".join(parts)
+
+
+def _watchdog_html(lines: Sequence[watchdog.WatchdogLine]) -> str:
+    """One row per signature (which ranks, which sequence numbers, one example line);
+    every line in a collapsed table below."""
+    grouped: dict[str, list[watchdog.WatchdogLine]] = {}
+    for w in lines:
+        grouped.setdefault(w.signature, []).append(w)
+    rows = []
+    for signature, items in grouped.items():
+        ranks = sorted({w.fields["rank"] for w in items if "rank" in w.fields})
+        seqs = sorted({w.fields["seq"] for w in items if "seq" in w.fields})
+        rows.append([signature, len(items), _Raw(_e(_ranges(ranks)) if ranks else "—"),
+                     _Raw(_e(", ".join(map(str, seqs[:4]))) if seqs else "—"), _Raw(f"<code>{_e(items[0].line)}</code>")])
+    parts = [_table(["signature", "lines", "ranks", "seq", "first line"], rows, numeric_from=1)]
+    full = [[w.signature, w.fields.get("worker", ""), w.fields.get("rank", ""), _Raw(f"<code>{_e(w.line)}</code>")]
+            for w in lines[:200]]
+    parts.append(f"<details><summary>all {len(lines)} lines</summary>"
+                 + _table(["signature", "worker", "rank", "line"], full, numeric_from=2) + "</details>")
+    return "".join(parts)
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """0, 1, 2, 3, 5 -> '0-3, 5'."""
+    out, run = [], []
+    for v in values:
+        if run and v == run[-1] + 1:
+            run.append(v)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [v]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
 
 
 def _incident_html(view: IncidentView, start: float) -> str:
@@ -299,12 +348,8 @@ def _incident_html(view: IncidentView, start: float) -> str:
     for k, v in extra.items():
         parts.append(f"<details><summary>{_e(k)}</summary><pre>{_e(json.dumps(v, indent=2))}</pre></details>")
     if view.watchdog:
-        rows = [[w.signature, w.fields.get("worker", ""), w.fields.get("rank", ""), w.fields.get("seq", ""),
-                 _Raw(f"<code>{_e(w.line)}</code>")] for w in view.watchdog[:40]]
         parts.append("<h4>Watchdog and hang lines</h4>")
-        parts.append(_table(["signature", "worker", "rank", "seq", "line"], rows, numeric_from=2))
-        if len(view.watchdog) > 40:
-            parts.append(f"<p class='muted'>{len(view.watchdog) - 40} more lines in the evidence</p>")
+        parts.append(_watchdog_html(view.watchdog))
     else:
         parts.append("<p class='muted'>no watchdog line in the captured log</p>")
     if view.flight_recorder is not None:

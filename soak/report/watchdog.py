@@ -16,9 +16,10 @@ _WORKER = re.compile(r"\((?P<worker>Worker[\w]*) pid=(?P<pid>\d+)\)")
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("watchdog_failure", re.compile(
         r"\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg_guid>[^\s(\]]+)(?:\((?P<pg_desc>[^)]*)\))? Rank (?P<rank>\d+)\]"
-        r" failure detected by watchdog at work sequence id: (?P<seq>\d+)")),
+        r"\s+failure detected by watchdog at work sequence id: (?P<seq>\d+)")),
     ("pg_status", re.compile(
-        r"PG status: last enqueued work: (?P<last_enqueued>-?\d+), last started work: (?P<last_started>-?\d+),"
+        r"(?:\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg_guid>[^\s(\]]+)(?:\((?P<pg_desc>[^)]*)\))? Rank (?P<rank>\d+)\] )?"
+        r"PG status: last enqueued work: (?P<last_enqueued>-?\d+),(?: last started work: (?P<last_started>-?\d+),)?"
         r" last completed work: (?P<last_completed>-?\d+)")),
     ("collective_timeout", re.compile(
         r"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\("
@@ -29,6 +30,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("rpc_timeout", re.compile(r"RPC call to (?P<method>\w+) timed out")),
     ("engine_dead", re.compile(r"EngineDeadError|EngineCore encountered an issue")),
 )
+_PG_STATUS = dict(_PATTERNS)["pg_status"]
 _INT_FIELDS = {"pg_id", "rank", "seq", "last_enqueued", "last_started", "last_completed", "numel_in",
                "numel_out", "timeout_ms", "ran_ms", "seconds", "pid"}
 
@@ -47,6 +49,10 @@ def parse_line(line: str, *, ts: float | None = None) -> WatchdogLine | None:
         if m is None:
             continue
         fields: dict[str, Any] = {k: v for k, v in m.groupdict().items() if v is not None}
+        if signature == "watchdog_failure":  # torch >= 2.6 puts the PG status on the same line
+            status = _PG_STATUS.search(line, m.end())
+            if status:
+                fields.update({k: v for k, v in status.groupdict().items() if v is not None and k not in fields})
         w = _WORKER.search(line)
         if w:
             fields.update(w.groupdict())

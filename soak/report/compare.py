@@ -1,0 +1,154 @@
+"""A/B comparison of two run directories: B judged against A.
+
+Per-window figures (throughput, hit ratio) come from the server's counters in
+windows of ``window_s`` seconds, leaving out windows that overlap a hang (from
+its onset to a minute after detection): the question is what the fix costs
+while the server works, and the hang rate is compared on its own. Latencies
+are compared per request (bootstrap of the quantile), hang rates with the exact
+Poisson rate-ratio test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from soak.report.plots import bin_edges, counter_rate
+from soak.report.rundir import RunData
+from soak.report.stats import Better, Difference, compare_means, compare_quantiles, compare_rates
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a_name: str
+    b_name: str
+    window_s: float
+    confidence: float
+    rows: tuple[Difference, ...]
+
+
+def _hang_spans(run: RunData) -> list[tuple[float, float]]:
+    spans = []
+    for i in run.summary.get("incidents") or []:
+        onset, detected = i.get("onset_at"), i.get("detected_at")
+        if isinstance(onset, (int, float)):
+            end = detected if isinstance(detected, (int, float)) else onset
+            spans.append((onset, end + 60.0))
+    return spans
+
+
+def _windows(run: RunData, ts: np.ndarray, window_s: float) -> np.ndarray:
+    edges = bin_edges(ts[0], ts[-1], max_columns=10**6, min_width_s=window_s)
+    if edges[-1] > ts[-1]:
+        edges = edges[:-1] if len(edges) > 2 else edges
+    return edges
+
+
+def _keep(edges: np.ndarray, spans: Sequence[tuple[float, float]]) -> np.ndarray:
+    keep = np.ones(len(edges) - 1, dtype=bool)
+    for lo, hi in spans:
+        keep &= ~((edges[1:] > lo) & (edges[:-1] < hi))
+    return keep
+
+
+def window_throughput(run: RunData, window_s: float) -> list[float]:
+    ts, values = run.server_ts, run.server["generation_tokens"]
+    if ts.size < 2 or not np.isfinite(values).any():
+        ts, values = run.client_ts, run.client_tokens
+    if ts.size < 2:
+        return []
+    edges = _windows(run, ts, window_s)
+    rate = counter_rate(ts, values, edges)
+    keep = _keep(edges, _hang_spans(run)) & np.isfinite(rate)
+    return [float(v) for v in rate[keep]]
+
+
+def window_hit_ratio(run: RunData, window_s: float) -> list[float]:
+    ts = run.server_ts
+    if ts.size < 2:
+        return []
+    edges = _windows(run, ts, window_s)
+    hits = counter_rate(ts, run.server["prefix_cache_hits"], edges)
+    queries = counter_rate(ts, run.server["prefix_cache_queries"], edges)
+    keep = _keep(edges, _hang_spans(run)) & np.isfinite(hits) & np.isfinite(queries) & (queries > 0)
+    return [float(h / q) for h, q in zip(hits[keep], queries[keep])]
+
+
+def _ok(run: RunData, key: str) -> list[float]:
+    return [float(r[key]) for r in run.requests if r.get("outcome") == "ok" and isinstance(r.get(key), (int, float))]
+
+
+def hangs_and_exposure(run: RunData) -> tuple[int, float]:
+    hangs = sum(1 for i in run.summary.get("incidents") or [] if i.get("kind") == "hang")
+    exposure = run.summary.get("duration_s")
+    return hangs, float(exposure) if isinstance(exposure, (int, float)) else 0.0
+
+
+def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: float = 60.0,
+                 confidence: float = 0.95, resamples: int = 400) -> Comparison:
+    rows = [
+        compare_means("throughput (generated tokens/s per window)", "tok/s", window_throughput(a, window_s),
+                      window_throughput(b, window_s), better=Better.HIGHER, confidence=confidence),
+        compare_quantiles("TTFT p50", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.50, better=Better.LOWER,
+                          confidence=confidence, resamples=resamples),
+        compare_quantiles("TTFT p99", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.99, better=Better.LOWER,
+                          confidence=confidence, resamples=resamples),
+        compare_means("ITL (mean per request)", "s", _ok(a, "itl_mean_s"), _ok(b, "itl_mean_s"),
+                      better=Better.LOWER, confidence=confidence),
+        compare_quantiles("ITL p99 per request, p50 over requests", "s", _ok(a, "itl_p99_s"), _ok(b, "itl_p99_s"),
+                          0.50, better=Better.LOWER, confidence=confidence, resamples=resamples),
+        compare_means("prefix-cache hit ratio (per window)", "", window_hit_ratio(a, window_s),
+                      window_hit_ratio(b, window_s), better=Better.HIGHER, confidence=confidence),
+    ]
+    (ha, ta), (hb, tb) = hangs_and_exposure(a), hangs_and_exposure(b)
+    if ta > 0 and tb > 0:
+        rows.append(compare_rates("hang rate", ha, ta, hb, tb, confidence=confidence))
+    return Comparison(a_name, b_name, window_s, confidence, tuple(rows))
+
+
+def _num(v: float | None, unit: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if math.isinf(v):
+        return "inf"
+    if unit == "":
+        return f"{v * 100:.2f}%"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def _est(e: Any, unit: str) -> str:
+    if e.value is None:
+        return "— (no data)"
+    ci = f" [{_num(e.lower, unit)}, {_num(e.upper, unit)}]" if e.lower is not None else ""
+    return f"{_num(e.value, unit)}{ci} n={e.n}"
+
+
+def format_comparison(c: Comparison) -> str:
+    pct = f"{c.confidence * 100:g}%"
+    header = ("metric", f"A: {c.a_name}", f"B: {c.b_name}", "change B vs A", "p", "verdict on B")
+    rows = []
+    for d in c.rows:
+        if d.ratio is not None:
+            change = f"x{_num(d.ratio, 'x')} [{_num(d.ratio_lower, 'x')}, {_num(d.ratio_upper, 'x')}]"
+        elif d.a.value is not None and d.b.value is not None:
+            delta = d.b.value - d.a.value
+            rel = f" ({delta / d.a.value * 100:+.1f}%)" if d.a.value else ""
+            change = (f"{delta * 100:+.2f} pts" if d.unit == "" else f"{delta:+.3g} {d.unit}") + rel
+        else:
+            change = "—"
+        unit = f" ({d.unit})" if d.unit and d.unit != "" else ""
+        rows.append((d.metric + unit, _est(d.a, d.unit), _est(d.b, d.unit), change,
+                     "—" if d.p_value is None else ("<0.005" if d.p_value == 0 else f"{d.p_value:.3g}"), d.verdict.value))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"{pct} intervals in brackets; windows of {c.window_s:g} s, hang windows excluded; "
+                 f"verdicts at alpha={1 - c.confidence:.3g}. Methods: "
+                 + "; ".join(sorted({f'{d.metric.split(" (")[0]}: {d.method}' for d in c.rows})))
+    return "\n".join(lines)

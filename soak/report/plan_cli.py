@@ -1,0 +1,54 @@
+"""``soak plan --baseline-mtbf 15m --confidence 0.95``: how long a clean soak must
+run to reject the baseline MTBF (and how long with one or two hangs allowed)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline-mtbf", required=True, metavar="DURATION",
+                        help="the MTBF to beat, e.g. 15m (the unfixed server's mean time between hangs)")
+    parser.add_argument("--confidence", type=float, default=0.95, help="confidence level (default 0.95)")
+    parser.add_argument("--max-hangs", type=int, default=2, metavar="N",
+                        help="also show the run length when up to N hangs are allowed (default 2)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return plan(args.baseline_mtbf, confidence=args.confidence, max_hangs=args.max_hangs)
+
+
+def plan_lines(baseline_s: float, *, confidence: float, max_hangs: int) -> list[str]:
+    from soak.configbase import format_duration
+    from soak.report.stats import human_duration, required_clean_exposure
+
+    pct = f"{confidence * 100:g}%"
+    clean = required_clean_exposure(baseline_s, confidence=confidence)
+    lines = [
+        f"To show MTBF above {human_duration(baseline_s)} at {pct} confidence, run "
+        f"{format_duration(clean)} ({clean / 60:.1f} min of load) with no hang.",
+        f"  (Poisson process, one-sided exact chi-square: T = MTBF x chi2({confidence:g}; 2) / 2 "
+        f"= {clean / baseline_s:.3f} x baseline)",
+    ]
+    for k in range(1, max_hangs + 1):
+        t = required_clean_exposure(baseline_s, confidence=confidence, allowed_failures=k)
+        lines.append(f"With {k} hang{'s' if k > 1 else ''} in the run: {format_duration(t)} ({t / 60:.1f} min).")
+    return lines
+
+
+def plan(baseline: str, *, confidence: float, max_hangs: int) -> int:
+    from soak.configbase import parse_duration
+    from soak.errors import ArgumentError
+
+    try:
+        baseline_s = parse_duration(baseline)
+    except ValueError as exc:
+        raise ArgumentError(f"--baseline-mtbf: {exc}") from exc
+    if baseline_s <= 0:
+        raise ArgumentError("--baseline-mtbf must be positive")
+    if not 0 < confidence < 1:
+        raise ArgumentError(f"--confidence must be between 0 and 1, got {confidence}")
+    if not 0 <= max_hangs <= 20:
+        raise ArgumentError("--max-hangs must be between 0 and 20")
+    print("\n".join(plan_lines(baseline_s, confidence=confidence, max_hangs=max_hangs)))
+    return 0

@@ -1,0 +1,118 @@
+"""``soak report DIR`` on recorded run directories: a pass, a fail with an incident,
+a cut-off run. The page shows the verdict and the incident, every image decodes,
+and junit.xml validates against the published Ant JUnit schema."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import matplotlib.image as mpimg
+import pytest
+import xmlschema
+
+from report_paths import JUNIT_XSD
+
+
+def _report(run_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "soak", "report", str(run_dir)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)]
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return xmlschema.XMLSchema(str(JUNIT_XSD))
+
+
+def _check_images(page: str) -> None:
+    images = _images(page)
+    assert len(images) == 5  # heatmap, token rates, TTFT, context length, hit ratio
+    for png in images:
+        pixels = mpimg.imread(io.BytesIO(png), format="png")
+        assert pixels.shape[0] > 100 and pixels.shape[1] > 500
+
+
+def test_failing_run_shows_verdict_incident_watchdog_and_flight_recorder(run_copy, schema):
+    run = run_copy("fail")
+    done = _report(run)
+    assert done.returncode == 0, done.stderr
+    assert "demo-fail: fail" in done.stdout
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "class='banner fail'" in page and ">FAIL<" in page
+    assert "Incident 1: hang" in page and "gen_tokens_frozen" in page
+    assert "GPU 7 reads 0%" in page  # the incident's summary
+    assert "watchdog_failure" in page and "40427" in page  # parsed watchdog lines
+    assert "rank 7 never enqueued collective 40427" in page  # the flight-recorder table
+    assert re.search(r"<tr class=\"behind\"><td>7</td><td class=\"num\">40426</td>", page)
+    assert "1 hang in 3.6 min" in page
+    _check_images(page)
+    schema.validate(str(run / "junit.xml"))
+    suite = ET.parse(run / "junit.xml").getroot()
+    assert suite.get("failures") == "1" and suite.get("tests") == "1"
+    failure = suite.find("testcase/failure")
+    assert failure.get("type") == "hang" and "GPU 7 reads 0%" in failure.get("message")
+
+
+def test_passing_run_states_the_mtbf_bound(run_copy, schema):
+    run = run_copy("pass")
+    assert _report(run).returncode == 0
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "class='banner pass'" in page and ">PASS<" in page
+    assert "no hang in 3.9 min: MTBF above 79 s at 95% confidence" in page
+    assert "Incident" not in page
+    _check_images(page)
+    schema.validate(str(run / "junit.xml"))
+    suite = ET.parse(run / "junit.xml").getroot()
+    assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
+    assert suite.find("testcase/failure") is None
+
+
+def test_cut_off_run_renders_marked_cut_off(run_copy, schema):
+    run = run_copy("cutoff")
+    assert not (run / "summary.json").exists()  # the harness died before writing it
+    done = _report(run)
+    assert done.returncode == 0, done.stderr
+    assert "(cut off)" in done.stdout
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "(cut off)" in page and "This run was cut off" in page
+    assert "events.jsonl: 1 unreadable line skipped" in page  # the torn last line
+    _check_images(page)
+    assert (run / "summary.json").is_file()
+    schema.validate(str(run / "junit.xml"))
+    suite = ET.parse(run / "junit.xml").getroot()
+    assert suite.get("errors") == "1" and suite.find("testcase/error").get("type") == "cut_off"
+
+
+def test_run_with_almost_nothing_recorded_still_renders(tmp_path, schema):
+    run = tmp_path / "early"
+    run.mkdir()
+    (run / "events.jsonl").write_text('{"ts": 1764690000.0, "type": "run_started", "run_id": "x"}\n')
+    assert _report(run).returncode == 0
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "no GPU samples" not in page  # text is drawn inside the image, not the page
+    _check_images(page)
+    schema.validate(str(run / "junit.xml"))
+
+
+def test_not_a_run_directory_is_one_line_exit_2(tmp_path):
+    done = _report(tmp_path / "missing")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "not a run directory" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_incident_titles_and_log_lines_are_escaped(run_copy):
+    run = run_copy("fail")
+    log = run / "incidents" / "1" / "log_tail.txt"
+    log.write_text(log.read_text() + "TimeoutError: RPC call to sample_tokens timed out. <script>alert(1)</script>\n")
+    assert _report(run).returncode == 0
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "<script>" not in page and "&lt;script&gt;" in page
