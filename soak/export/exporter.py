@@ -217,6 +217,11 @@ class Exporter:
             rule_state = _label(_field(rule, "state"))
             if name and rule_state in RULE_STATE_VALUES:
                 self._m["soak_detector_rule_state"].labels(rule=name).set(RULE_STATE_VALUES[rule_state])
+            kind = _label(_field(rule, "kind"))
+            if name and kind:
+                # The rule's incident counter exists at 0 before it first fires,
+                # so increase() sees the step to 1 (a series born at 1 shows none).
+                self._m["soak_incidents"].labels(kind=kind, rule=name)
 
     def on_incident(self, incident: Any) -> None:
         m = self._m

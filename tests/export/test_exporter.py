@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from soak.clock import ManualClock
-from soak.detect.types import Assessment, DetectorState, RuleState, RuleStatus
+from soak.detect.types import Assessment, DetectorState, IncidentKind, RuleState, RuleStatus
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.exporter import Exporter
@@ -225,6 +225,21 @@ def test_every_series_of_the_table_is_on_the_wire_and_nothing_else(make_exporter
     exporter.on_event("run_started", {})
     on_wire = {series for series, _labels in scrape(exporter)}
     assert on_wire == exported_series_names()
+
+
+def test_a_rules_incident_counter_exists_at_zero_before_it_first_fires(make_exporter):
+    # Prometheus's increase() sees no step in a series born at 1: the first
+    # incident of a run would show no annotation and fire no alert.
+    exporter = make_exporter()
+    exporter.on_assessment(
+        Assessment(now=T0, state=DetectorState.HEALTHY, rules=(
+            RuleStatus(rule="pp_tail_stall", state=RuleState.CLEAR),
+            RuleStatus(rule="server_gone", state=RuleState.INACTIVE, kind=IncidentKind.SERVER_GONE),
+        ))
+    )
+    scraped = scrape(exporter)
+    assert value(scraped, "soak_incidents_total", kind="hang", rule="pp_tail_stall") == 0
+    assert value(scraped, "soak_incidents_total", kind="server_gone", rule="server_gone") == 0
 
 
 def test_two_runs_in_one_process_keep_separate_registries(make_exporter):
