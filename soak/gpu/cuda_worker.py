@@ -1,29 +1,29 @@
 """A simulator pipeline worker that is a real CUDA process.
 
-``soak sim --worker-backend cuda`` starts one per pipeline stage::
+``soak sim --worker-backend cuda`` has the engine core start one per stage::
 
-    python -m soak.gpu.cuda_worker --rank R --pp-size N --gpu-index I
+    python -m soak.gpu.cuda_worker --rank R --pp-size N --gpu-index I [--ack-fd FD] [--title-prefix VLLM]
 
-and drives it with newline-delimited JSON commands on stdin:
+with the arguments and protocol of ``soak.sim.worker`` (its docstring is the
+reference): newline-delimited JSON commands on stdin,
 
-    {"state": "busy", "util": 0.7}   real kernels (bf16 matmuls) for 70% of every period
-    {"state": "idle"}                nothing runs, memory kept
-    {"state": "spin"}                one spinning kernel after another, no gap
+    {"state": "busy", "util": 0.7}   real kernels (bf16 matmuls) for 70% of every 100 ms
+    {"state": "idle"}                nothing runs, memory kept; SIGTERM ends the worker
+    {"state": "spin"}                one spinning kernel after another with no gap
                                      (``torch.cuda._sleep``), the way a rank waiting in
-                                     an NCCL broadcast spins: NVML reads 100%
+                                     an NCCL broadcast spins: NVML reads 100%; SIGTERM ignored
     {"state": "hold"}                memory kept, nothing runs: the last stage that
-                                     skipped its broadcast
-    {"state": "exit"}                release the GPU and leave, status 0
+                                     skipped its broadcast; SIGTERM ignored
+    {"state": "exit", "code": 0}     release the GPU and exit with this code
 
-Any command may carry ``"ignore_sigterm": true|false``; ``--ignore-sigterm``
-sets it from the start. Ignoring is done with ``SIG_IGN``, as a process stuck in
-the driver behaves: only SIGKILL ends it. End of stdin (the engine core died)
-does not end the worker: vLLM's workers outlive a killed parent and keep their
-GPU memory (vllm#55510), and the kill path must find them anyway.
-
-Stdout carries one JSON line per event: ``{"event": "ready", ...}`` once the
-memory is held and a first kernel ran, then ``{"event": "state", ...}`` for each
-command applied. Bad commands get ``{"event": "error", ...}`` and change nothing.
+A command may also carry ``"ignore_sigterm": true|false`` to override the
+state's default. Ignoring is ``SIG_IGN``, as a process stuck in the driver
+behaves: only SIGKILL ends it. After each command the worker writes
+``"<rank> <state>\\n"`` to ``--ack-fd`` (first once the GPU memory is held and a
+kernel ran: the worker is ready). On stdin EOF a healthy worker exits; a hung
+one stays, as vLLM's workers outlive a killed parent and keep their GPU memory
+(vllm#55510), for at most ``--orphan-linger`` seconds. Log lines go to stdout
+prefixed ``(Worker_PP3 pid=1234)`` as vLLM's do.
 
 With one GPU every stage shares it (``--gpu-index`` is taken modulo the device
 count); the per-stage signature is then read per process, see
@@ -55,6 +55,7 @@ class Command:
     state: str | None
     util: float | None
     ignore_sigterm: bool | None
+    code: int = 0
 
 
 def parse_command(line: str) -> Command:
@@ -76,9 +77,12 @@ def parse_command(line: str) -> Command:
     ignore = obj.get("ignore_sigterm")
     if ignore is not None and not isinstance(ignore, bool):
         raise ValueError("ignore_sigterm must be true or false")
+    code = obj.get("code", 0)
+    if isinstance(code, bool) or not isinstance(code, int):
+        raise ValueError("code must be an integer")
     if state is None and util is None and ignore is None:
         raise ValueError("a command needs state, util or ignore_sigterm")
-    return Command(state=state, util=util, ignore_sigterm=ignore)
+    return Command(state=state, util=util, ignore_sigterm=ignore, code=code)
 
 
 class Engine:
@@ -169,19 +173,37 @@ class Engine:
         return max(int(cycles * SPIN_CHUNK_S / elapsed_s), 1000)
 
 
+HUNG_STATES = ("spin", "hold")
+
+
 class Worker:
     """Applies commands and runs the engine in the main thread (signals land there)."""
 
-    def __init__(self, engine: Engine, *, emit: Callable[[dict[str, Any]], None], ignore_sigterm: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        rank: int,
+        log: Callable[[str, str], None],
+        ack: Callable[[str], None],
+        ignore_sigterm: bool = False,
+        orphan_linger_s: float = 600.0,
+    ) -> None:
         self._engine = engine
-        self._emit = emit
+        self._rank = rank
+        self._log = log
+        self._ack = ack
+        self._orphan_linger_s = orphan_linger_s
         self._commands: queue.Queue[str | None] = queue.Queue(maxsize=1024)
         self.state = "idle"
         self.util = 0.0
+        self.exit_code = 0
         self.ignore_sigterm = False
+        self._orphaned_at: float | None = None
         self._set_sigterm(ignore_sigterm)
 
     def feed(self, line: str | None) -> None:
+        """A command line, or None for end of input."""
         self._commands.put(line)
 
     def _set_sigterm(self, ignore: bool) -> None:
@@ -192,37 +214,51 @@ class Worker:
         try:
             cmd = parse_command(line)
         except ValueError as exc:
-            self._emit({"event": "error", "error": str(exc), "line": line[:200]})
+            self._log(f"ignoring command {line[:80]!r}: {exc}", "WARNING")
             return
-        if cmd.ignore_sigterm is not None:
-            self._set_sigterm(cmd.ignore_sigterm)
+        if cmd.state == "exit":
+            self.exit_code = cmd.code
         if cmd.util is not None:
             self.util = cmd.util
         if cmd.state is not None:
             if self.state == "spin" and cmd.state != "spin":
                 self._engine.drain()
             self.state = cmd.state
-        self._emit(
-            {"event": "state", "state": self.state, "util": self.util, "ignore_sigterm": self.ignore_sigterm}
-        )
+            if cmd.ignore_sigterm is None and cmd.state != "exit":
+                self._set_sigterm(cmd.state in HUNG_STATES)
+        if cmd.ignore_sigterm is not None:
+            self._set_sigterm(cmd.ignore_sigterm)
+        if self.state != "exit":
+            self._ack(self.state)
+
+    def _end_of_input(self) -> None:
+        if self.state in HUNG_STATES:  # orphaned while hung: stay, like the real thing
+            self._orphaned_at = time.monotonic()
+            self._log(f"engine core gone; staying {self.state} for at most {self._orphan_linger_s:g}s")
+        else:
+            self.state, self.exit_code = "exit", 0
 
     def run(self) -> int:
         while self.state != "exit":
+            if self._orphaned_at is not None and time.monotonic() - self._orphaned_at > self._orphan_linger_s:
+                break
             running = self.state == "spin" or (self.state == "busy" and self.util > 0)
             try:
                 line = self._commands.get_nowait() if running else self._commands.get(timeout=0.5)
             except queue.Empty:
-                line = None
+                pass
             else:
-                if line is not None:
+                if line is None:
+                    self._end_of_input()
+                else:
                     self._apply(line)
-                    continue
+                continue
             if self.state == "spin":
                 self._engine.spin_chunk()
             elif self.state == "busy" and self.util > 0:
                 self._engine.busy_period(self.util)
         self._engine.release()
-        return 0
+        return self.exit_code
 
 
 def _read_stdin(worker: Worker, stream) -> None:
@@ -230,28 +266,42 @@ def _read_stdin(worker: Worker, stream) -> None:
         line = line.strip()
         if line:
             worker.feed(line)
-    # End of input: keep running in the current state, as an orphaned vLLM worker does.
+    worker.feed(None)
 
 
-def _emitter(stream) -> Callable[[dict[str, Any]], None]:
+def _logger(name: str, stream) -> Callable[[str, str], None]:
     lock = threading.Lock()
+    pid = os.getpid()
 
-    def emit(obj: dict[str, Any]) -> None:
+    def log(message: str, level: str = "INFO") -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
         with lock:
-            stream.write(json.dumps(obj) + "\n")
+            stream.write(f"({name} pid={pid}) {level} {stamp} [cuda_worker.py:1] {message}\n")
             stream.flush()
 
-    return emit
+    return log
 
 
-def _set_title(rank: int) -> None:
+def _acker(rank: int, ack_fd: int | None) -> Callable[[str], None]:
+    stream = os.fdopen(ack_fd, "w", buffering=1) if ack_fd is not None else None
+
+    def ack(state: str) -> None:
+        if stream is not None:
+            try:
+                stream.write(f"{rank} {state}\n")
+                stream.flush()
+            except OSError:  # the engine core is gone; the state still applies
+                pass
+
+    return ack
+
+
+def _set_title(title: str) -> None:
     try:
         from setproctitle import setproctitle
     except ImportError:  # the title is cosmetic; the kill path goes by PID
         return
-    from soak.metric_names import worker_title
-
-    setproctitle(worker_title(rank, prefix=os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM")))
+    setproctitle(title)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,11 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--pp-size", type=int, required=True)
     parser.add_argument("--gpu-index", type=int, default=None, help="default: the rank; taken modulo the GPU count")
+    parser.add_argument("--ack-fd", type=int)
+    parser.add_argument("--title-prefix", default="VLLM")
+    parser.add_argument("--orphan-linger", type=float, default=600.0)
+    parser.add_argument("--own-session", action="store_true", help="setsid: its own process group (kill-path tests)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--mem-mib", type=int, default=1024, help="GPU memory the stage holds (its weights)")
-    parser.add_argument("--ignore-sigterm", action="store_true")
-    parser.add_argument("--state", choices=("busy", "idle"), default="idle", help="state before the first command")
-    parser.add_argument("--util", type=float, default=0.0)
+    parser.add_argument("--ignore-sigterm", action="store_true", help="from the start, whatever the state")
     return parser
 
 
@@ -272,8 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.rank < args.pp_size:
         print(f"cuda_worker: --rank {args.rank} is outside 0..{args.pp_size - 1}", file=sys.stderr)
         return 2
-    _set_title(args.rank)
-    emit = _emitter(sys.stdout)
+    if args.own_session:
+        os.setsid()
+    name = f"Worker_PP{args.rank}"
+    _set_title(f"{args.title_prefix}::{name}")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the API server, which shuts us down
+    log = _logger(name, sys.stdout)
     try:
         engine = Engine(
             device=args.device,
@@ -286,20 +342,17 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"cuda_worker: {exc}", file=sys.stderr)
         return 3
-    worker = Worker(engine, emit=emit, ignore_sigterm=args.ignore_sigterm)
-    worker.state, worker.util = args.state, args.util
-    threading.Thread(target=_read_stdin, args=(worker, sys.stdin), daemon=True, name="stdin").start()
-    emit(
-        {
-            "event": "ready",
-            "pid": os.getpid(),
-            "rank": args.rank,
-            "pp_size": args.pp_size,
-            "device": str(engine.device),
-            "gpu_index": engine.index,
-            "mem_mib": engine.mem_mib,
-        }
+    worker = Worker(
+        engine,
+        rank=args.rank,
+        log=log,
+        ack=_acker(args.rank, args.ack_fd),
+        ignore_sigterm=args.ignore_sigterm,
+        orphan_linger_s=args.orphan_linger,
     )
+    threading.Thread(target=_read_stdin, args=(worker, sys.stdin), daemon=True, name="stdin").start()
+    log(f"CUDA worker rank {args.rank}/{args.pp_size} on {engine.device}, holding {engine.mem_mib} MiB")
+    worker._ack(worker.state)  # ready: memory held, a first kernel ran
     return worker.run()
 
 
