@@ -318,7 +318,10 @@ def _workload_value(value: Any, info: ValidationInfo) -> Any:
     """A path string becomes the file's section; anything else is checked for its kind."""
     if isinstance(value, (str, Path)):
         base_dir = Path((info.context or {}).get("base_dir", "."))
-        return load_workload_file(resolve_path(value, base_dir))
+        path = resolve_path(value, base_dir)
+        if not path.is_file():
+            raise PydanticCustomError("no_such_file", "no such workload or trace file: {path}", {"path": str(path)})
+        return load_workload_file(path)
     return value
 
 
@@ -366,6 +369,9 @@ def _error_from_validation(exc: ValidationError, path: Path | str, *, nested: bo
     field = field_path(tuple(first["loc"]))  # starts with "workload"
     if not nested:
         field = field.removeprefix("workload").lstrip(".")
+    if first["type"] in ("unknown_kind", "missing_kind"):
+        tag = first.get("ctx", {}).get("tag", "kind")
+        field = f"{field}.{tag}" if field else tag
     message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
     return WorkloadError(message, path=path, field=field or None)
 
