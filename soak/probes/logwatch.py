@@ -140,8 +140,8 @@ class LogTailer:
         self._offset += len(chunk)
         data = self._partial + chunk
         *lines, self._partial = data.split(b"\n")
-        if len(self._partial) > self.max_bytes:  # a runaway line: keep its head only
-            lines.append(self._partial[: self.max_bytes])
+        if len(self._partial) > self.max_bytes:  # a runaway line: hand it on in pieces
+            lines.append(self._partial)
             self._partial = b""
         return [raw.decode("utf-8", "replace").rstrip("\r") for raw in lines]
 
