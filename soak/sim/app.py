@@ -275,7 +275,7 @@ class _StatsWindow:
     def __init__(self) -> None:
         self.prompt = self.generation = 0
         self.queries = self.hits = 0
-        self.drafts = self.draft_tokens = self.accepted = 0
+        self.spec_base: tuple[int, int, list[int]] = (0, 0, [])
 
     def add_step(self, result: StepResult) -> None:
         for d in result.deltas:
@@ -295,7 +295,24 @@ class _StatsWindow:
             f"Running: {len(engine.running)} reqs, Waiting: {len(engine.waiting)} reqs, "
             f"GPU KV cache usage: {100.0 * engine.pool.usage:.1f}%, Prefix cache hit rate: {hit:.1f}%",
         )
+        m = server.metrics
+        if server.config.spec_decode:
+            drafts = m.spec_drafts - self.spec_base[0]
+            drafted = m.spec_draft_tokens - self.spec_base[1]
+            base_pos = self.spec_base[2] or [0] * len(m.spec_accepted_per_pos)
+            per_pos = [a - b for a, b in zip(m.spec_accepted_per_pos, base_pos)]
+            accepted = sum(per_pos)
+            if drafts:
+                rates = ", ".join(f"{n / drafts:.3f}" for n in per_pos)
+                server.log.info(
+                    "metrics.py:96",
+                    f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / drafts:.2f}, "
+                    f"Accepted throughput: {accepted / interval:.2f} tokens/s, Drafted throughput: {drafted / interval:.2f} tokens/s, "
+                    f"Accepted: {accepted} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, "
+                    f"Avg Draft acceptance rate: {100.0 * accepted / drafted:.1f}%",
+                )
         self.__init__()
+        self.spec_base = (m.spec_drafts, m.spec_draft_tokens, list(m.spec_accepted_per_pos))
 
 
 # ---------------------------------------------------------------- handlers
@@ -476,7 +493,11 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         return exc.response()
     try:
         if body.get("stream"):
-            return await _stream_response(request, server, stream, model, chat_form, bool(stream_opts.get("include_usage")))
+            return await _stream_response(
+                request, server, stream, model, chat_form,
+                include_usage=bool(stream_opts.get("include_usage")),
+                continuous_usage=bool(stream_opts.get("include_usage") and stream_opts.get("continuous_usage_stats")),
+            )
         return await _full_response(server, stream, model, chat_form)
     finally:
         server.forget(stream)
@@ -510,7 +531,8 @@ async def _full_response(server: SimServer, stream: _Stream, model: str, chat_fo
 
 
 async def _stream_response(
-    request: web.Request, server: SimServer, stream: _Stream, model: str, chat_form: bool, include_usage: bool
+    request: web.Request, server: SimServer, stream: _Stream, model: str, chat_form: bool, *,
+    include_usage: bool, continuous_usage: bool = False,
 ) -> web.StreamResponse:
     req = stream.req
     resp = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
@@ -529,13 +551,17 @@ async def _stream_response(
         text = req.output_text(sent, d.new_tokens)
         sent += d.new_tokens
         finish = dumps(req.finish_reason) if d.finished else "null"
+        tail = "]}\n\n"
+        if continuous_usage:  # vLLM's continuous_usage_stats: running usage on every chunk
+            running = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + sent, "completion_tokens": sent}
+            tail = f'],"usage":{dumps(running)}}}\n\n'
         parts = []
         if chat_form:
             if d.first:
-                parts.append(f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}\n\n')
-            parts.append(f'data: {head}{{"index":0,"delta":{{"content":{dumps(text)}}},"logprobs":null,"finish_reason":{finish}}}]}}\n\n')
+                parts.append(f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}{tail}')
+            parts.append(f'data: {head}{{"index":0,"delta":{{"content":{dumps(text)}}},"logprobs":null,"finish_reason":{finish}}}{tail}')
         else:
-            parts.append(f'data: {head}{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]}}\n\n')
+            parts.append(f'data: {head}{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}{tail}')
         if d.finished:
             if include_usage:
                 parts.append(f"data: {head}],\"usage\":{dumps(_usage(server, req))}}}\n\n")

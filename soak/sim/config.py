@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from soak.configbase import Duration, StrictModel
 
@@ -58,11 +59,22 @@ class MetricsStallFault(FaultTrigger):
     duration: Optional[Duration] = None  # None: /metrics never answers again
 
 
+FAULT_KINDS = ("pp_deadlock", "all_idle_deadlock", "crash", "slow", "metrics_stall")
+
+
+def _known_kind(value):
+    if isinstance(value, dict) and value.get("kind") not in FAULT_KINDS:
+        raise PydanticCustomError(
+            "unknown_kind", "unknown kind {kind}, known: {known}", {"kind": repr(value.get("kind")), "known": ", ".join(FAULT_KINDS)}
+        )
+    return value
+
+
 FaultConfig = Annotated[
     Union[PpDeadlockFault, AllIdleDeadlockFault, CrashFault, SlowFault, MetricsStallFault],
     Field(discriminator="kind"),
+    BeforeValidator(_known_kind),
 ]
-FAULT_KINDS = ("pp_deadlock", "all_idle_deadlock", "crash", "slow", "metrics_stall")
 
 
 class SimConfig(StrictModel):

@@ -47,6 +47,9 @@ class SimMetrics:
                 continue  # children created on first use (finished_reason, position)
             self._m[key] = family.labels(*labels)
         self._labels = labels
+        # plain running totals, for the periodic SpecDecoding log line
+        self.spec_drafts = self.spec_draft_tokens = 0
+        self.spec_accepted_per_pos = [0] * config.num_speculative_tokens
         for reason in ("stop", "length", "abort"):  # vLLM creates these up front
             self._child("request_success", reason)
         for pos in range(config.num_speculative_tokens if config.spec_decode else 0):
@@ -103,6 +106,10 @@ class SimMetrics:
             self._inc(key, hits)
 
     def on_spec_decode(self, drafts: int, draft_tokens: int, accepted_per_pos: Sequence[int]) -> None:
+        self.spec_drafts += drafts
+        self.spec_draft_tokens += draft_tokens
+        for pos, n in enumerate(accepted_per_pos):
+            self.spec_accepted_per_pos[pos] += n
         self._inc("spec_decode_num_drafts", drafts)
         self._inc("spec_decode_num_draft_tokens", draft_tokens)
         self._inc("spec_decode_num_accepted_tokens", sum(accepted_per_pos))

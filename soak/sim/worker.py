@@ -13,7 +13,8 @@ Protocol: newline-delimited JSON commands on stdin, one object a line:
     {"state": "hold"}                hung, holding the GPU at 0%; ignores SIGTERM
     {"state": "exit", "code": 0}     exit now with this code
 
-Unknown keys are ignored; a line that is not JSON is logged and skipped. After
+A command may carry ``"ignore_sigterm": true|false`` to override the state's
+default (hung states ignore SIGTERM, the others do not). Unknown keys are ignored; a line that is not JSON is logged and skipped. After
 applying a command the worker writes ``"<rank> <state>\\n"`` to ``--ack-fd`` when
 given, so the engine core can tell when, say, every rank ignores SIGTERM.
 
@@ -82,7 +83,10 @@ def run(rank: int, pp_size: int, gpu_index: int, *, ack_fd: int | None, title_pr
         if new_state == "exit":
             return int(command.get("code", 0))
         state = new_state
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if state in HUNG_STATES else signal.SIG_DFL)
+        ignore = command.get("ignore_sigterm")
+        if not isinstance(ignore, bool):
+            ignore = state in HUNG_STATES
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else signal.SIG_DFL)
         acknowledge()
     if state in HUNG_STATES:  # orphaned while hung: stay, like the real thing
         deadline = time.monotonic() + orphan_linger
