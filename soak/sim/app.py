@@ -76,6 +76,8 @@ class SimServer:
         self.metrics = SimMetrics(config)
         self.engine = Engine(config, observer=self.metrics)
         self.tree = tree  # soak.sim.proctree.ProcessTree or None
+        # set by `soak sim` only: in-process the "API server" is the test itself, never to be killed
+        self.api_server_pid: int | None = None
         self.activity = Activity.IDLE
         self.frozen = False  # hung: no engine steps, streams stall
         self.dead = False  # engine dead: /health 503, requests fail
@@ -237,7 +239,7 @@ class SimServer:
         return {
             "gpus": [g.to_json() for g in self.gpus()],
             "processes": {
-                "api_server": os.getpid() if self.tree is not None else None,
+                "api_server": self.api_server_pid,
                 "engine_core": self.tree.engine_core_pid() if self.tree is not None else None,
                 "workers": [p for p in self.worker_pids() if p is not None],
             },

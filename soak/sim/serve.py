@@ -29,6 +29,7 @@ async def _serve(config: SimConfig, *, host: str, port: int, port_file: Path | N
     log.info("utils.py:233", f"non-default args: {config.model_dump(exclude_defaults=True, mode='json')}")
     app = create_app(config, spawn_processes=spawn_processes, log=log)
     server = app[SIM_KEY]
+    server.api_server_pid = os.getpid()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:

@@ -109,3 +109,33 @@ def test_pp_deadlock_kill_path(sim_process):
     for pid in everyone:
         os.kill(pid, signal.SIGKILL)
     _wait(lambda: not sim.alive_pids(), what="SIGKILL to end the tree")
+
+
+def test_own_session_worker_and_orphans_survive_their_parent(sim_process):
+    """vllm#55510: kill -9 of the API server alone leaves the hung engine core and workers alive."""
+    sim = sim_process("--pipeline-parallel-size", "3", "--worker-own-session", "1", time_scale=50)
+    procs = sim.state()["processes"]
+    workers = procs["workers"]
+    assert os.getpgid(workers[1]) == workers[1] != os.getpgid(sim.pid)
+    assert os.getpgid(workers[0]) == os.getpgid(sim.pid)
+    _post(sim.base_url + "/sim/fault", {"kind": "pp_deadlock"})
+    _wait(lambda: sim.state()["tree"]["worker_states"] == ["spin", "spin", "hold"], what="hung workers")
+    _wait(lambda: sim.state()["tree"]["engine_ignores_sigterm"], what="hung engine core")
+    os.kill(sim.pid, signal.SIGKILL)
+    sim.popen.wait(timeout=10)
+    time.sleep(0.3)
+    survivors = [p for p in [procs["engine_core"], *workers] if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert survivors == [procs["engine_core"], *workers]
+    sim.close()  # the fixture's close kills them from the PIDs it recorded
+    _wait(lambda: not sim.alive_pids(), what="orphans to be killed")
+
+
+def test_dcgm_text_parses_with_dcgm_labels(sim_process):
+    sim = sim_process("--pipeline-parallel-size", "2", "--hostname", "box7", processes=False)
+    status, text = _get(sim.base_url + "/sim/dcgm")
+    fams = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    util = fams[metric_names.DCGM_FIELDS["util"].exposed]
+    assert [s.labels["gpu"] for s in util.samples] == ["0", "1"]
+    for s in util.samples:
+        assert s.labels["Hostname"] == "box7" and s.labels["UUID"].startswith("GPU-") and s.value == 0
+    assert {metric_names.DCGM_FIELDS[k].exposed for k in ("mem_used_mib", "power_w", "sm_clock_mhz")} <= set(fams)
