@@ -59,7 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--no-processes", action="store_true", help="do not start the engine-core/worker process tree")
     for flag, field, type_, help_text in _FLAGS:
-        parser.add_argument(flag, dest=f"sim_{field}", type=type_, default=None, help=help_text)
+        parser.add_argument(flag, dest=f"sim_{field}", metavar=field.upper(), type=type_, default=None, help=help_text)
     parser.add_argument(
         "--enable-prompt-tokens-details",
         dest="sim_enable_prompt_tokens_details",
