@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig
-from soak.errors import EnvironmentProblem, SoakError, TargetNotReady
+from soak.errors import ConfigError, EnvironmentProblem, SoakError, TargetNotReady, UsageError
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
@@ -84,7 +84,9 @@ class SoakRun:
         block_size: int = 256,
         install_signal_handlers: bool = True,
         render_report: bool = True,
+        config_path: Path | None = None,
     ) -> None:
+        self._config_path = config_path
         self.config = config
         self.run_id = run_id
         self.run_dir = Path(run_dir)
@@ -188,6 +190,12 @@ class SoakRun:
         except EnvironmentProblem as exc:
             problem = exc
             self._stop_reason = f"{type(exc).__name__}: {exc}"
+        except UsageError as exc:
+            # A workload that fails only once counted against the live server.
+            if isinstance(exc, ConfigError) and exc.path is None and self._config_path is not None:
+                exc = type(exc)(exc.message, path=self._config_path, field=exc.field, line=exc.line)
+            problem = exc
+            self._stop_reason = f"bad config: {exc}"
         except BaseException as exc:
             problem = exc
             self._stop_reason = f"harness error: {type(exc).__name__}: {exc}"
@@ -382,6 +390,8 @@ class SoakRun:
         await self._stop_parts()
         if isinstance(problem, EnvironmentProblem):
             exit_code, verdict = 3, "aborted"
+        elif isinstance(problem, UsageError):
+            exit_code, verdict = 2, "aborted"
         elif problem is not None:
             exit_code, verdict = 1, "aborted"
         elif self._interrupted:

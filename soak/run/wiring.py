@@ -186,6 +186,7 @@ def build_soak_run(
         counter_factory=counter,
         topology=topology,
         block_size=layout["block_size"],
+        config_path=config_path,
     )
 
 

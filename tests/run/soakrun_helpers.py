@@ -1,0 +1,140 @@
+"""Shared by the run-loop tests: a small fast config, the harness as a real
+subprocess, and cleanup of whatever it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SMALL_WORKLOAD = {
+    "kind": "synthetic_agentic",
+    "min_context_tokens": 2000,
+    "max_context_tokens": 6000,
+    "start_context_tokens": {"dist": "uniform", "low": 2000, "high": 2400},
+    "shared_prefix_tokens": 1000,
+    "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
+    "output_tokens": 12,
+    "think_time_s": 0.02,
+}
+
+
+def small_config(**overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "name": "test",
+        "duration": "4s",
+        "target": {"kind": "simulator", "sim": {"time_scale": 20}},
+        "workload": dict(SMALL_WORKLOAD),
+        "load": {"concurrency": 3, "drain": "5s"},
+        "exporter": {"enabled": False},
+        "view": {"mode": "plain", "plain_interval": "1s"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def soak_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "soak", *args]
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    return read_lines(run_dir / "events.jsonl")
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """The server's counters and gauges, summed over label sets, by sample name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Harness:
+    """A ``soak run`` subprocess; ``close()`` kills it and the target tree it
+    started (found from events.jsonl), even after a failed test."""
+
+    def __init__(self, config_path: Path, run_dir: Path, *extra: str) -> None:
+        self.run_dir = run_dir
+        self.stdout_path = run_dir.parent / (run_dir.name + ".out")
+        self._out = open(self.stdout_path, "w", encoding="utf-8")
+        self.popen = subprocess.Popen(
+            soak_cmd("run", str(config_path), "--out", str(run_dir), *extra),
+            stdout=self._out,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            text=True,
+        )
+        self.stderr = ""
+
+    def wait(self, timeout_s: float = 90.0) -> int:
+        try:
+            _, self.stderr = self.popen.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise
+        return self.popen.returncode
+
+    def target_pid(self) -> int | None:
+        try:
+            for event in events(self.run_dir):
+                if event["type"] == "target_ready":
+                    return event["root_pid"]
+        except (OSError, ValueError, KeyError):
+            pass
+        return None
+
+    def close(self) -> None:
+        pid = self.target_pid()
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.communicate(timeout=10)
+        if pid is not None:
+            # The harness starts its target in its own session: the group is the tree.
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self._out.close()
