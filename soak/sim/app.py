@@ -165,6 +165,11 @@ class SimServer:
                 continue
             now = max(self._last_end, self.sim_now())
             result = self.engine.step(now)
+            if result.num_tokens == 0:  # nothing fits now: wait for a request to finish or arrive
+                self.set_activity(Activity.IDLE)
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             self.set_activity(Activity.PREFILL if result.has_prefill else Activity.DECODE)
             self._last_end = result.ends_at
             await self.sleep_sim(result.ends_at - self.sim_now())
@@ -174,6 +179,8 @@ class SimServer:
 
     def _deliver(self, result: StepResult) -> None:
         self.stats.add_step(result)
+        if any(d.finished for d in result.deltas):
+            self._wake.set()  # blocks were freed: a waiting request may fit now
         for d in result.deltas:
             stream = self._streams.get(d.request.request_id)
             if stream is not None:
@@ -203,6 +210,12 @@ class SimServer:
         else:
             stop_at = max(min_tokens, min(c.default_output_tokens, c.max_model_len - n))
             reason = "stop" if stop_at < c.max_model_len - n else "length"
+        blocks = -(-(n + stop_at) // c.block_size)
+        if blocks > c.kv_cache_blocks:
+            raise _bad_request(
+                f"The request needs {blocks} KV cache blocks ({n} prompt + {stop_at} output tokens), "
+                f"more than the {c.kv_cache_blocks} the cache holds."
+            )
         number = next(self._ids)
         req = SimRequest(
             request_id=f"{prefix}-{number:08x}{c.seed & 0xffff:04x}",

@@ -84,3 +84,34 @@ async def test_error_shapes(sim_app):
             assert (await r.json())["data"][0]["max_model_len"] == 64
         async with s.post(sim.base_url + "/detokenize", json={"model": MODEL, "tokens": tokenizer.encode("hi there\n")}) as r:
             assert (await r.json())["prompt"] == "hi there\n"
+
+
+async def test_chat_session_cached_tokens_and_hit_ratio_follow_block_arithmetic(sim_app):
+    bs = 16
+    sim = await sim_app(block_size=bs, kv_cache_blocks=4096)
+    messages = [{"role": "system", "content": "You are an agent working in a repository.\n" * 12}]
+    prompts, cached = [], []
+    async with aiohttp.ClientSession() as s:
+        for turn in range(4):
+            messages.append({"role": "user", "content": f"step {turn}: run the tests and read the output\n" * (turn + 2)})
+            chunks = await _stream(s, sim.base_url + "/v1/chat/completions", {
+                "model": MODEL, "messages": messages, "stream": True, "max_tokens": 5,
+                "stream_options": {"include_usage": True}})
+            usage = chunks[-1]["usage"]
+            prompts.append(usage["prompt_tokens"])
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+            messages.append({"role": "assistant", "content": f"ran step {turn}"})
+        text = await _metrics(s, sim.base_url)
+    # each turn's prompt extends the previous one; only its full blocks were cached
+    expected = [0] + [min(prev // bs, (cur - 1) // bs) * bs for prev, cur in zip(prompts, prompts[1:])]
+    assert cached == expected and all(c > 0 for c in cached[1:])
+    hits, queries = _metric(text, "vllm:prefix_cache_hits_total"), _metric(text, "vllm:prefix_cache_queries_total")
+    assert (hits, queries) == (sum(expected), sum(prompts))
+
+
+async def test_request_larger_than_the_kv_cache_is_rejected(sim_app):
+    sim = await sim_app(block_size=16, kv_cache_blocks=4)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(sim.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x " * 80, "max_tokens": 4}) as r:
+            assert r.status == 400
+            assert "KV cache blocks" in (await r.json())["error"]["message"]
