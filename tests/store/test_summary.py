@@ -1,0 +1,133 @@
+"""summarize() from recorded files only: counts, token totals, the server's hit
+ratio as delta(hits)/delta(queries) through a counter reset, cut-off runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from soak.clock import ManualClock
+from soak.samples import RequestRecord, ServerSample
+from soak.store.store import RunStore
+from soak.store.summary import summarize
+
+
+def record(i: int, *, outcome: str = "ok", warmup: bool = False, prompt: int = 1000, out: int = 10,
+           ttft: float = 0.5, start: float = 1000.0) -> RequestRecord:
+    return RequestRecord(
+        request_id=f"r{i}", session="s", turn=i, started_at=start + i, ended_at=start + i + 1.0, outcome=outcome,
+        prompt_tokens=prompt, output_tokens=out, ttft_s=ttft if outcome == "ok" else None,
+        e2e_s=1.0 if outcome == "ok" else None, warmup=warmup, cached_tokens=prompt // 2,
+    )
+
+
+def server(ts: float, hits: float, queries: float, prompt: float = 0.0) -> ServerSample:
+    return ServerSample(ts=ts, ok=True, values={"prefix_cache_hits": hits, "prefix_cache_queries": queries,
+                                                "prompt_tokens": prompt, "generation_tokens": 0.0})
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    stores: list[RunStore] = []
+
+    def make() -> RunStore:
+        store = RunStore(tmp_path / f"run{len(stores)}", clock=ManualClock(1000.0))
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+def test_counts_tokens_latency_and_hit_ratio(make_store) -> None:
+    store = make_store()
+    store.event("run_started", ts=1000.0, run_id="x", warmup_s=2.0, duration_s=20.0)
+    store.event("load_started", ts=1000.0)
+    store.on_sample(server(1000.0, hits=100, queries=1000))  # counters from before the run
+    for i in range(10):
+        store.on_request(record(i, warmup=i < 2, ttft=0.1 * (i + 1)))
+    store.on_request(record(10, outcome="timeout_stall", out=3))
+    store.on_sample(server(1005.0, hits=500, queries=1500))
+    store.on_sample(server(1010.0, hits=1000, queries=2000))
+    store.event("load_stopped", ts=1020.0)
+    store.event("run_ended", ts=1021.0, verdict="pass", reason="duration", exit_code=0)
+    summary = summarize(store.run_dir)
+    assert summary["verdict"] == "pass" and summary["cut_off"] is False
+    assert summary["requests"] == {"ok": 10, "failed": 1, "warmup": 2, "by_outcome": {"ok": 10, "timeout_stall": 1}}
+    assert summary["tokens"] == {"prompt": 11000, "generated": 103, "cached": 5500}
+    # (1000 - 100) / (2000 - 1000), not hits / prompt tokens
+    assert summary["prefix_cache_hit_ratio"] == pytest.approx(0.9)
+    assert summary["duration_s"] == 20.0
+    # warm-up excluded: ttft of requests 2..9 are 0.3..1.0
+    assert summary["latency"]["ttft_s"]["max"] == pytest.approx(1.0)
+    assert summary["latency"]["ttft_s"]["p50"] == pytest.approx(0.65)
+    assert summary["throughput"]["generated_tokens_per_s"] == pytest.approx((80 + 3) / 18.0)
+
+
+def test_hit_ratio_sums_increases_across_a_server_restart(make_store) -> None:
+    store = make_store()
+    store.on_sample(server(1.0, hits=0, queries=0))
+    store.on_sample(server(2.0, hits=900, queries=1000))
+    store.on_sample(ServerSample(ts=2.5, ok=False, error="refused"))
+    store.on_sample(server(3.0, hits=50, queries=100))  # restarted: counts from zero again
+    store.on_sample(server(4.0, hits=150, queries=400))
+    summary = summarize(store.run_dir)
+    assert summary["prefix_cache_hit_ratio"] == pytest.approx((900 + 50 + 100) / (1000 + 100 + 300))
+
+
+def test_no_server_counters_means_null_ratio(make_store) -> None:
+    store = make_store()
+    store.on_request(record(0))
+    assert summarize(store.run_dir)["prefix_cache_hit_ratio"] is None
+
+
+def test_a_cut_off_run_with_a_torn_last_line(make_store) -> None:
+    store = make_store()
+    store.event("run_started", ts=1000.0, run_id="x", warmup_s=0.0)
+    store.event("load_started", ts=1000.0)
+    for i in range(5):
+        store.on_request(record(i))
+    store.close()
+    with open(store.run_dir / "requests.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"request_id": "r5", "outco')  # SIGKILL mid-write
+    summary = summarize(store.run_dir)
+    assert summary["cut_off"] is True and summary["verdict"] == "aborted"
+    assert summary["requests"]["ok"] == 5
+    assert summary["records"]["torn_lines"] == 1
+    assert summary["ended_at"] == 1005.0 and summary["duration_s"] == 5.0
+
+
+def test_a_cut_off_run_with_an_incident_fails(make_store) -> None:
+    store = make_store()
+    store.event("run_started", ts=1000.0, run_id="x")
+    store.event("incident", ts=1003.0, number=1, kind="hang", rule="pp_tail_stall", onset_at=1001.0, detected_at=1003.0,
+                killed_pids=[11, 12], gpus_released=True, evidence="incidents/1")
+    summary = summarize(store.run_dir)
+    assert summary["verdict"] == "fail" and summary["cut_off"] is True
+    assert summary["incidents"][0]["killed_pids"] == [11, 12]
+    assert summary["incidents"][0]["evidence"] == "incidents/1"
+
+
+def test_store_writes_flushed_lines_and_strict_json(make_store) -> None:
+    store = make_store()
+    store.on_request(record(0, ttft=float("nan")))
+    # Read while the store is still open: every line is already on disk.
+    line = (store.run_dir / "requests.jsonl").read_text().splitlines()[0]
+    assert json.loads(line)["ttft_s"] is None
+    assert "NaN" not in line
+
+
+def test_assessments_become_events_only_on_change(make_store) -> None:
+    from soak.detect.types import Assessment, DetectorState
+
+    store = make_store()
+    for t in range(10):
+        store.on_assessment(Assessment(float(t), DetectorState.HEALTHY, ()))
+    store.on_assessment(Assessment(10.0, DetectorState.SUSPECT, ()))
+    store.on_assessment(Assessment(11.0, DetectorState.SUSPECT, ()))
+    store.close()
+    lines = [json.loads(x) for x in (Path(store.run_dir) / "events.jsonl").read_text().splitlines()]
+    assert [e["state"] for e in lines if e["type"] == "detector_state"] == ["healthy", "suspect"]
