@@ -96,3 +96,14 @@ def test_soak_validate_exits_2_with_one_line(tmp_path):
         assert len(lines) == 1 and "Traceback" not in done.stderr, (name, done.stderr)
         for fragment in expected:
             assert fragment in lines[0], (name, lines[0])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("soak.run.validate_cli") is None, reason="soak validate not wired yet")
+@pytest.mark.parametrize("name", ["agentic-pp8.yaml", "demo.yaml", "demo-deadlock.yaml"])
+def test_shipped_workloads_validate_and_print_their_plan(name):
+    workloads = Path(__file__).resolve().parents[2] / "workloads"
+    done = subprocess.run(
+        [sys.executable, "-m", "soak", "validate", str(workloads / name)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "expected prefix-cache hit ratio" in done.stdout and "exact (simulator tokenizer)" in done.stdout
