@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from soak.configbase import StrictModel
+from soak.configbase import Duration, StrictModel
 
 
 class ExporterConfig(StrictModel):
@@ -14,3 +14,7 @@ class ExporterConfig(StrictModel):
     host: str = "127.0.0.1"
     # 9464: the port OpenTelemetry's Prometheus exporters use; 0 picks a free one.
     port: int = Field(9464, ge=0, le=65535)
+    # At the end of a run, wait this long at most for one more scrape, so the
+    # final incident and verdict reach Prometheus (only when something has
+    # been scraping; 0: never wait). Above docker-compose's 5 s interval.
+    final_scrape_wait: Duration = 6.0

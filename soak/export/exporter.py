@@ -67,6 +67,38 @@ def _workload_label(workload: Any) -> str:
     return f"{kind}:{PurePath(str(path)).name}" if path else kind
 
 
+class _ScrapeWatcher:
+    """A collector that exports nothing and counts scrapes against changes."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._version = 0  # bumped by every sink call
+        self._scraped_version = -1  # the version the latest scrape started after
+        self._scraped = 0
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> list:
+        with self._cond:
+            self._scraped += 1
+            self._scraped_version = self._version
+            self._cond.notify_all()
+        return []
+
+    def changed(self) -> None:
+        with self._cond:
+            self._version += 1
+
+    def wait_for_final(self, timeout_s: float) -> bool:
+        """True once a scrape began after the last change (at once if nobody ever scraped)."""
+        with self._cond:
+            if self._scraped == 0:
+                return True
+            version = self._version
+            return self._cond.wait_for(lambda: self._scraped_version >= version, timeout=timeout_s)
+
+
 def build_families(registry: CollectorRegistry) -> dict[str, Any]:
     """Register every family of the table on ``registry``; name -> metric object."""
     families: dict[str, Any] = {}
@@ -95,6 +127,9 @@ class Exporter:
         self._config = config
         self._registry = registry
         self._clock = clock or SystemClock()
+        # Registered first, so a scrape notes itself before it reads the families.
+        self._scrapes = _ScrapeWatcher()
+        registry.register(self._scrapes)
         self._m = build_families(registry)
         self._lock = threading.Lock()
         self._server: Any = None
@@ -141,13 +176,21 @@ class Exporter:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        """Stop serving. Idempotent; the registry keeps its values."""
+        """Stop serving. Idempotent; the registry keeps its values.
+
+        A run usually ends a fraction of a second after its incident, sooner
+        than the next scrape: when someone has been scraping, wait (at most
+        ``final_scrape_wait``) for one scrape that reads the final values.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            server, self._server = self._server, None
+            server = self._server
         if server is not None:
+            self._scrapes.wait_for_final(self._config.final_scrape_wait)
+            with self._lock:
+                self._server = None
             server.shutdown()
             server.server_close()
         if self._thread is not None:
@@ -155,6 +198,7 @@ class Exporter:
 
     # RunSink -------------------------------------------------------------
     def on_start(self, info: Any) -> None:
+        self._scrapes.changed()
         started_at = _field(info, "started_at")
         duration = _field(info, "duration_s")
         config = _field(info, "config") or {}
@@ -175,6 +219,7 @@ class Exporter:
             self._ends_at = float(started_at) + float(duration)
 
     def on_sample(self, sample: Sample) -> None:
+        self._scrapes.changed()
         if isinstance(sample, GpuSample):
             self._on_gpu(sample)
         elif isinstance(sample, ServerSample):
@@ -189,6 +234,7 @@ class Exporter:
             self._m["soak_log_signatures"].labels(signature=sample.signature, fatal=str(sample.fatal).lower()).inc()
 
     def on_request(self, record: RequestRecord) -> None:
+        self._scrapes.changed()
         m = self._m
         m["soak_requests"].labels(outcome=record.outcome).inc()
         if record.prompt_tokens is not None:
@@ -209,6 +255,7 @@ class Exporter:
                 m[family].observe(value)
 
     def on_assessment(self, assessment: Any) -> None:
+        self._scrapes.changed()
         state = _label(_field(assessment, "state"))
         if state in DETECTOR_STATE_VALUES:
             self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[state])
@@ -224,6 +271,7 @@ class Exporter:
                 self._m["soak_incidents"].labels(kind=kind, rule=name)
 
     def on_incident(self, incident: Any) -> None:
+        self._scrapes.changed()
         m = self._m
         m["soak_incidents"].labels(kind=_label(_field(incident, "kind")), rule=_label(_field(incident, "rule"))).inc()
         onset = _field(incident, "onset_at")
@@ -237,6 +285,7 @@ class Exporter:
             m["soak_last_incident_gpu_free_seconds"].set(float(gpu_free))
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature
+        self._scrapes.changed()
         self._m["soak_events"].labels(type=type).inc()
 
     # internals -----------------------------------------------------------

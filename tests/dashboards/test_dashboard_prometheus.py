@@ -1,36 +1,31 @@
-"""A real Prometheus scraping a live simulator and the harness's exporter.
+"""A real Prometheus scraping a live simulator and a real ``soak run``.
 
 Prometheus (Debian's package) runs the shipped ``prometheus.yml`` and rules,
 with the targets pointed at this test's ports and a 1 s scrape interval. The
-harness side is the exporter fed the way the run loop feeds it: GPU samples
-read from the simulator, the real streaming client's requests and progress,
-detector assessments and an incident. Then every PromQL expression of the
-dashboard and of the rules must return data over the test's window, and the
-pipeline-tail-stall signal must turn on once the simulator deadlocks.
+harness is ``soak run`` attached to a ``soak sim``, its exporter on a free
+port. After a few scrapes of healthy load the simulator deadlocks; the harness
+detects it, kills the server and exits 1. Then every PromQL expression of the
+dashboard and of the rules must have returned data over the window, the
+pipeline-tail-stall signal must have turned on, and the incident must have
+reached Prometheus before the harness went away.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
-from soak.detect.types import Assessment, DetectorState, RuleState, RuleStatus
-from soak.export.config import ExporterConfig
-from soak.export.exporter import Exporter
 from soak.export.lint import (
     PROMETHEUS_CONFIG_PATH,
     RULES_PATH,
@@ -40,43 +35,12 @@ from soak.export.lint import (
     rule_expressions,
     signal_of,
 )
-from soak.load.client import StreamingClient
-from soak.load.config import TimeoutsConfig
-from soak.load.progress import ProgressTracker
-from soak.respond.incident import IncidentRecord
-from soak.run.sinks import RunInfo
-from soak.samples import GpuReading, GpuSample, GpuSource, HealthSample, ServerSample
 
 pytestmark = pytest.mark.timeout(90)
 
 SCRAPE_S = 1
 # Grafana's variables as a person with "All" boxes and a short range sees them.
 GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$box": ".*"}
-SHARED_PREFIX = " ".join(f"word{i % 97}" for i in range(1500))
-
-
-@dataclass(frozen=True)
-class Turn:
-    session_id: str | None
-    turn: int | None
-    path: str
-    body: bytes
-    planned_prompt_tokens: int | None
-    max_tokens: int
-
-
-def chat_turn(model: str, n: int) -> Turn:
-    body = {
-        "model": model,
-        "messages": [
-            {"role": "system", "content": SHARED_PREFIX},
-            {"role": "user", "content": f"turn {n}: say something about soak tests"},
-        ],
-        "max_tokens": 64,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    return Turn(f"s{n % 3}", n, "/v1/chat/completions", json.dumps(body).encode(), None, 64)
 
 
 def free_port() -> int:
@@ -155,37 +119,50 @@ def make_prometheus(tmp_path):
         prometheus.close()
 
 
+def run_config(sim, exporter_port: int) -> dict:
+    return {
+        "name": "prometheus-test",
+        "duration": "60s",
+        "target": {"kind": "attached", "base_url": sim.base_url, "pid": sim.pid, "pp_size": 8, "block_size": 256},
+        "probes": {"gpu": {"kind": "sim"}},
+        "workload": {
+            "kind": "synthetic_agentic",
+            "min_context_tokens": 600,
+            "max_context_tokens": 1000,
+            "start_context_tokens": {"dist": "uniform", "low": 600, "high": 700},
+            "shared_prefix_tokens": 300,
+            "tool_result_tokens": {"dist": "uniform", "low": 50, "high": 100},
+            "output_tokens": 32,
+            "think_time_s": 0.2,
+        },
+        "load": {"concurrency": 3, "drain": "2s"},
+        "exporter": {"port": exporter_port},
+        "view": {"mode": "plain", "plain_interval": "5s"},
+    }
+
+
 @pytest.fixture
-def exporter():
-    exporter = Exporter(ExporterConfig(port=0), registry=CollectorRegistry())
-    exporter.start()
-    yield exporter
-    exporter.close()
+def soak_run(tmp_path):
+    """Factory: ``soak run CONFIG`` as a subprocess; killed at teardown if still running."""
+    started: list[subprocess.Popen] = []
 
+    def start(config: dict) -> tuple[subprocess.Popen, Path]:
+        config_path = tmp_path / "run.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        out = tmp_path / "run.out"
+        with open(out, "w") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "soak", "run", str(config_path), "--out", str(tmp_path / "run")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        started.append(popen)
+        return popen, out
 
-def gpu_sample(state: dict, ts: float) -> GpuSample:
-    return GpuSample(
-        ts=ts,
-        source=GpuSource.SIM,
-        gpus=tuple(
-            GpuReading(index=g["index"], util_pct=g["util_pct"], mem_used_mib=g.get("mem_used_mib"),
-                       mem_total_mib=g.get("mem_total_mib"), power_w=g.get("power_w"), pids=tuple(g.get("pids", ())),
-                       uuid=g.get("uuid"))
-            for g in state["gpus"]
-        ),
-    )
-
-
-def assessment(now: float, state: DetectorState, stall: RuleState) -> Assessment:
-    return Assessment(
-        now=now,
-        state=state,
-        rules=(
-            RuleStatus(rule="pp_tail_stall", state=stall),
-            RuleStatus(rule="generation_frozen", state=RuleState.CLEAR),
-            RuleStatus(rule="log_signature", state=RuleState.INACTIVE),
-        ),
-    )
+    yield start
+    for popen in started:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait(timeout=10)
 
 
 def has_data(result: list[dict]) -> bool:
@@ -198,86 +175,54 @@ def substitute(expr: str) -> str:
     return expr
 
 
-async def drive_harness(exporter: Exporter, sim_url: str, *, prometheus: Prometheus, started_at: float) -> None:
-    """What the run loop does, bounded: probes, a few requests, then a deadlock and its incident."""
-    tracker = ProgressTracker()
-    timeouts = TimeoutsConfig(connect=5, first_token=20, stall=20, total=30)
-    exporter.on_start(
-        RunInfo(run_id="prometheus-test", run_dir=Path("."), started_at=started_at, duration_s=600.0, warmup_s=0.0,
-                target_kind="simulator", base_url=sim_url, model="deepseek-v4-flash", root_pid=None,
-                config={"name": "prometheus-test", "workload": {"kind": "synthetic_agentic"}})
-    )
-    async with aiohttp.ClientSession() as http, StreamingClient(
-        base_url=sim_url, timeouts=timeouts, tracker=tracker, max_connections=8
-    ) as client:
-
-        async def sample_once() -> None:
-            now = time.time()
-            async with http.get(f"{sim_url}/sim/state") as response:
-                exporter.on_sample(gpu_sample(await response.json(), now))
-            exporter.on_sample(tracker.snapshot(now, time.monotonic()))
-            exporter.on_sample(HealthSample(ts=now, ok=True, status=200))
-            exporter.on_sample(ServerSample(ts=now, ok=True))
-
-        async def send(n: int) -> None:
-            exporter.on_request(await client.send(chat_turn("deepseek-v4-flash", n), request_id=str(n)))
-
-        # Healthy load: at most one new request a probe tick (250 ms), three
-        # in flight, 80 in all, so traffic spans the scrapes; until Prometheus
-        # holds several scrapes of every job with tokens flowing (at most 20 s).
-        requests: set[asyncio.Task] = set()
-        sent, deadline = 0, time.monotonic() + 20
-        exporter.on_assessment(assessment(time.time(), DetectorState.HEALTHY, RuleState.CLEAR))
-        while time.monotonic() < deadline:
-            requests = {t for t in requests if not t.done()}
-            if len(requests) < 3 and sent < 80:
-                requests.add(asyncio.create_task(send(sent)))
-                sent += 1
-            await sample_once()
-            await asyncio.sleep(0.25)
-            if sent >= 6 and await asyncio.to_thread(_enough_scraped, prometheus):
-                break
-        await asyncio.gather(*requests)
-
-        # The deadlock: stages 0..6 spin at 100 %, the last stage reads 0 %.
-        async with http.post(f"{sim_url}/sim/fault", json={"kind": "pp_deadlock"}) as response:
-            assert response.status == 200, await response.text()
-        onset = time.time()
-        exporter.on_assessment(assessment(time.time(), DetectorState.SUSPECT, RuleState.PENDING))
-        for _ in range(12):
-            await sample_once()
-            await asyncio.sleep(0.25)
-        exporter.on_assessment(assessment(time.time(), DetectorState.HUNG, RuleState.FIRED))
-        exporter.on_incident(
-            IncidentRecord(number=1, kind="hang", rule="pp_tail_stall", onset_at=onset, detected_at=time.time(),
-                           killed_pids=(), gpus_released=True, gpu_free_s=0.2, evidence="incidents/1",
-                           summary="pp tail stall")
-        )
-        exporter.on_event("incident", {"number": 1})
-        for _ in range(12):  # a few more scrapes and rule evaluations
-            await sample_once()
-            await asyncio.sleep(0.25)
-
-
-def _enough_scraped(prometheus: Prometheus) -> bool:
-    """Every job scraped at least 4 times and the server's generated-token rate above zero."""
+def enough_scraped(prometheus: Prometheus) -> bool:
+    """Every job scraped at least 4 times, and tokens flowing on the server and the client."""
     scrapes = prometheus.api("query", query="count_over_time(up[1m]) >= 4 and up == 1")["result"]
-    generating = prometheus.api("query", query="sum(rate(vllm:generation_tokens_total[10s])) > 0")["result"]
-    return {s["metric"]["job"] for s in scrapes} == {"soak", "vllm", "dcgm"} and bool(generating)
+    flowing = prometheus.api(
+        "query",
+        query="sum(rate(vllm:generation_tokens_total[10s])) > 0 and on() sum(rate(soak_requests_total[10s])) > 0",
+    )["result"]
+    return {s["metric"]["job"] for s in scrapes} == {"soak", "vllm", "dcgm"} and bool(flowing)
 
 
-async def test_every_dashboard_and_rule_expression_returns_data(sim_process, exporter, make_prometheus):
+def wait_until(predicate, timeout_s: float, what: str, popen: subprocess.Popen, out: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if popen.poll() is not None:
+            pytest.fail(f"soak run exited {popen.returncode} before {what}:\n{out.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout_s:.0f}s:\n{out.read_text()[-3000:]}")
+        time.sleep(0.25)
+
+
+def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run, make_prometheus):
     sim = sim_process(processes=False, time_scale=5.0)
     sim_address = sim.base_url.removeprefix("http://")
+    exporter_port = free_port()
     prometheus = make_prometheus(
         {
-            "soak": (f"127.0.0.1:{exporter.port}", "/metrics"),
+            "soak": (f"127.0.0.1:{exporter_port}", "/metrics"),
             "vllm": (sim_address, "/metrics"),
             "dcgm": (sim_address, "/sim/dcgm"),
         }
     )
     start = time.time()
-    await drive_harness(exporter, sim.base_url, prometheus=prometheus, started_at=start)
+    harness, out = soak_run(run_config(sim, exporter_port))
+    wait_until(lambda: enough_scraped(prometheus), 25, "scrapes of healthy load", harness, out)
+
+    # The deadlock: stages 0..6 spin at 100 %, the last stage reads 0 %.
+    request = urllib.request.Request(
+        sim.base_url + "/sim/fault", data=json.dumps({"kind": "pp_deadlock"}).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+    try:
+        returncode = harness.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"soak run did not end after the deadlock:\n{out.read_text()[-3000:]}")
+    assert returncode == 1, out.read_text()[-3000:]
+    time.sleep(2 * SCRAPE_S)  # the rules' last evaluations
     end = time.time()
 
     expressions = list(dashboard_expressions(load_dashboard())) + list(rule_expressions(load_rules()))
@@ -288,18 +233,20 @@ async def test_every_dashboard_and_rule_expression_returns_data(sim_process, exp
             empty.append(f"{e.where}: {expr}")
     assert empty == [], "expressions without data:\n" + "\n".join(empty)
 
-    # The deadlock reached the recorded signal the alert reads, from the
-    # harness's GPU metrics and from the dcgm-format ones alike.
+    # The deadlock reached the recorded signal the alert reads.
     stall = prometheus.query_range("max(soak:pipeline_tail_stall)", start, end)
     assert max(float(v) for _ts, v in stall[0]["values"]) == 1
-    by_source = prometheus.query_range(
-        '(sum(min_over_time(soak_gpu_utilization_percent{gpu="7"}[2s]) == 0) >= 0)'
-        ' and (sum(min_over_time(DCGM_FI_DEV_GPU_UTIL{gpu="7"}[2s]) == 0) >= 0)', start, end
-    )
-    assert has_data(by_source), "GPU 7 never read 0 % in both the harness's and the dcgm metrics"
-    # Incidents reached the annotation query as it is written.
-    incidents = prometheus.query_range(substitute(load_dashboard()["annotations"]["list"][0]["expr"]), start, end)
-    assert {s["metric"]["kind"] for s in incidents} == {"hang"}
-    # And the harness's rule states came through with their rule names.
-    rules = prometheus.query_range("max by (rule) (soak_detector_rule_state)", start, end)
-    assert {s["metric"]["rule"] for s in rules} == {"pp_tail_stall", "generation_frozen", "log_signature"}
+    # GPU 7 read 0 % in the harness's metrics and in the dcgm-format ones.
+    for metric in ("soak_gpu_utilization_percent", "DCGM_FI_DEV_GPU_UTIL"):
+        quiet = prometheus.query_range(f'min(min_over_time({metric}{{gpu="7"}}[3s])) == 0', start, end)
+        assert has_data(quiet), metric
+    # The incident reached Prometheus before the harness exited, and the
+    # dashboard's annotation query, as written, shows it.
+    annotation = load_dashboard()["annotations"]["list"][0]["expr"]
+    incidents = prometheus.query_range(substitute(annotation), start, end)
+    assert {(s["metric"]["kind"], s["metric"]["rule"]) for s in incidents} == {("hang", "pp_tail_stall")}
+    verdicts = prometheus.query_range("max(soak_detector_state)", start, end)
+    assert max(float(v) for _ts, v in verdicts[0]["values"]) == 2
+    # The harness is gone now, which is what SoakHarnessDown watches.
+    up = prometheus.api("query", query='up{job="soak"}')["result"]
+    assert [float(s["value"][1]) for s in up] == [0.0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -50,8 +51,9 @@ def make_exporter():
         exporter.close()
 
 
-def scrape(exporter: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(exporter.url, timeout=5) as response:
+def scrape(exporter: Exporter | str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    url = exporter if isinstance(exporter, str) else exporter.url
+    with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
     out = {}
     for family in text_string_to_metric_families(text):
@@ -260,6 +262,23 @@ def test_a_taken_port_is_port_in_use_and_close_is_idempotent(make_exporter):
     exporter.close()
     exporter.close()
     assert exporter.url is None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)
+
+
+def test_close_waits_for_a_scrape_of_the_final_values_when_someone_scrapes(make_exporter):
+    # A run ends a fraction of a second after its incident; without this the
+    # last scrape Prometheus holds says "healthy, no incident".
+    exporter = make_exporter()
+    url = exporter.url
+    scrape(url)
+    exporter.on_incident({"kind": "hang", "rule": "pp_tail_stall", "onset_at": T0, "detected_at": T0 + 5})
+    closer = threading.Thread(target=exporter.close)
+    closer.start()
+    final = scrape(url)
+    closer.join(timeout=10)
+    assert not closer.is_alive()
+    assert value(final, "soak_incidents_total", kind="hang", rule="pp_tail_stall") == 1
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=2)
 
