@@ -39,6 +39,7 @@ SERVER_PROGRESS_KEYS: tuple[str, ...] = (
 )
 CLIENT_PROGRESS_KEYS: tuple[str, ...] = ("client_bytes", "client_tokens", "client_requests_done")
 GENERATION_KEY = "generation_tokens"
+MAX_FATAL_LINES = 50
 
 
 @dataclass
@@ -141,7 +142,8 @@ class SignalTracker:
                 self.process_dead = sample
         elif isinstance(sample, LogSample):
             if sample.fatal:
-                self.fatal_logs.append(sample)
+                if len(self.fatal_logs) < MAX_FATAL_LINES:  # a dying server repeats itself
+                    self.fatal_logs.append(sample)
             else:
                 self.last_nonfatal_log = sample
 
