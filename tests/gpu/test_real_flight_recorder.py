@@ -69,3 +69,15 @@ def test_the_real_watchdog_lines_carry_the_fields_the_log_rules_read():
         text,
     )
     assert status and status.groups() == ("1", "1", "pp_broadcast", "0", "13", "13", "12")
+
+
+def test_real_three_rank_dump_names_the_last_rank_behind():
+    summary = fr.summarize_dumps(REAL / "gloo_pp3")
+    assert summary.errors == ()
+    assert summary.ranks == (0, 1, 2)
+    pp = summary.groups[0]
+    assert pp.desc == "pp_broadcast"
+    assert pp.behind_ranks == (2,)
+    assert pp.stuck_seq == 55
+    assert [(r.rank, r.last_enqueued, r.last_completed) for r in pp.rows] == [(0, 55, 54), (1, 55, 54), (2, 54, 54)]
+    assert "rank 2 never enqueued collective 55" in pp.note

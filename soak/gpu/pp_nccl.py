@@ -1,0 +1,603 @@
+"""A small pipeline-parallel server over torch.distributed that deadlocks the
+way vLLM #53402 does: one process per GPU over NCCL (gloo on CPU).
+
+    python -m soak.gpu.pp_nccl --pp-size N [--backend nccl|gloo] [--port 0 --port-file F]
+                               [--hang-after-steps K] [--model NAME]
+
+The front process (titled ``VLLM::APIServer``) serves vLLM's endpoints on
+127.0.0.1: ``/health``, ``/v1/models``, ``/version``, ``/metrics`` (vLLM's
+names, from ``soak.metric_names``), ``/tokenize``, streaming and plain
+``/v1/completions`` and ``/v1/chat/completions``; plus ``POST /sim/fault``
+``{"kind": "pp_deadlock"}`` to trigger the hang now. It starts one worker
+process per stage (``VLLM::Worker_PP<r>``) and schedules engine steps: each
+step goes to every rank (as vLLM's scheduler output does); rank 0 embeds the
+batch's tokens, each stage runs its layers and sends the activations to the
+next stage (point-to-point, group ``pp``), and the last stage samples a token
+per request and broadcasts them to every rank over a separate group named
+like vLLM's, ``pp_broadcast``. Rank 0 hands the tokens back to the front.
+
+On the trigger, the last rank skips one broadcast (the data-gated broadcast of
+the bug). Ranks 0..N-2 then wait in theirs: over NCCL their GPUs spin at 100%;
+the last rank waits on its CPU for a next step that never comes (its GPU reads
+0%); the token counter freezes, streams stall, ``/health`` stays 200 and
+SIGTERM ends nothing, until the watchdog timeout of ``pp_broadcast``
+(``--pp-timeout``, 60 s as in the seed's setup).
+
+Flight recorder: the ranks inherit ``TORCH_NCCL_*``/``TORCH_FR_*`` from the
+environment (a launched target gets them from the harness); ``--dump-dir`` sets
+them when absent. NCCL answers its pipe files itself; over gloo each rank
+serves ``<TORCH_FR_DEBUG_INFO_PIPE_FILE><rank>.pipe`` the same way (any byte
+written asks for a dump to ``<TORCH_FR_DUMP_TEMP_FILE><rank>``), so the
+harness's evidence path is exercised on CPU too.
+
+torch is imported only by the workers; the front needs aiohttp and
+prometheus_client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VOCAB = 32000
+MAX_MODEL_LEN = 327680
+
+
+# -- workers ---------------------------------------------------------------------------
+
+
+def _set_title(title: str) -> None:
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(title)
+
+
+def _serve_gloo_pipe(rank: int, pipe_stem: str, dump_prefix: str) -> None:
+    """NCCL's pipe-file dump, for gloo: a byte on ``<stem><rank>.pipe`` writes a dump."""
+    import torch._C._distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_fr_trace", None)
+    if dump is None:
+        return
+    pipe = f"{pipe_stem}{rank}.pipe"
+    try:
+        if not os.path.exists(pipe):
+            os.mkfifo(pipe)
+    except OSError:
+        return
+    while True:
+        try:
+            with open(pipe, "rb") as reader:  # blocks until a writer opens it
+                data = reader.read(1)
+        except OSError:
+            return
+        if not data:
+            continue
+        target = f"{dump_prefix}{rank}"
+        try:
+            payload = dump(True, True, False)
+            with open(target + ".tmp", "wb") as out:
+                out.write(payload)
+            os.replace(target + ".tmp", target)
+            print(f"[rank{rank}] flight recorder dumped to {target}", file=sys.stderr, flush=True)
+        except Exception as exc:  # the worker keeps serving; the harness notes the missing dump
+            print(f"[rank{rank}] flight recorder dump failed: {exc}", file=sys.stderr, flush=True)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world, last = args.rank, args.pp_size, args.pp_size - 1
+    _set_title(f"{args.title_prefix}::Worker_PP{rank}")
+
+    def on_term(signum, frame):  # as vLLM's workers: runs only when Python gets control back
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    nccl = args.backend == "nccl"
+    if nccl:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dtype = torch.bfloat16
+    else:
+        device, dtype = torch.device("cpu"), torch.float32
+        stem, prefix = os.environ.get("TORCH_FR_DEBUG_INFO_PIPE_FILE"), os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+        if stem and prefix:
+            threading.Thread(target=_serve_gloo_pipe, args=(rank, stem, prefix), daemon=True).start()
+    dist.init_process_group(
+        args.backend,
+        init_method=f"tcp://127.0.0.1:{args.master_port}",
+        rank=rank,
+        world_size=world,
+        device_id=device if nccl else None,
+    )
+    pp = dist.new_group(list(range(world)), group_desc="pp")
+    pp_broadcast = dist.new_group(
+        list(range(world)), timeout=timedelta(seconds=args.pp_timeout), group_desc="pp_broadcast"
+    )
+    gen = torch.Generator().manual_seed(1234 + rank)
+    hidden = args.hidden
+    weights = [
+        (torch.randn(hidden, hidden, generator=gen) / hidden**0.5).to(device=device, dtype=dtype)
+        for _ in range(args.layers)
+    ]
+    embed = torch.randn(VOCAB, hidden, generator=gen).to(device=device, dtype=dtype) if rank == 0 else None
+    head = torch.randn(hidden, 512, generator=gen).to(device=device, dtype=dtype) if rank == last else None
+    results = os.fdopen(args.result_fd, "w", buffering=1) if rank == 0 and args.result_fd is not None else None
+
+    def step(cmd: dict[str, Any]) -> None:
+        n = int(cmd["n"])
+        if rank == 0:
+            ids = torch.tensor([t % VOCAB for t in cmd["tokens"]], dtype=torch.int64, device=device)
+            x = embed[ids]
+        else:
+            x = torch.empty(n, hidden, device=device, dtype=dtype)
+            dist.recv(x, src=rank - 1, group=pp)
+        for w in weights:
+            x = torch.tanh(x @ w)
+        if rank < last:
+            dist.send(x, dst=rank + 1, group=pp)
+        sampled = torch.empty(n, dtype=torch.int64, device=device)
+        if rank == last:
+            sampled.copy_((x.float() @ head.float()).argmax(dim=-1) * 61 + int(cmd["step"]))
+            if cmd.get("skip_broadcast"):
+                # The bug: this rank's broadcast is gated on data the others do not see.
+                print(f"[rank{rank}] skipping the sampled-token broadcast of step {cmd['step']}",
+                      file=sys.stderr, flush=True)
+                return
+        dist.broadcast(sampled, src=last, group=pp_broadcast)
+        if results is not None and cmd["step"] >= 0:
+            results.write(json.dumps({"step": cmd["step"], "tokens": sampled.tolist()}) + "\n")
+
+    step({"step": -1, "n": 1, "tokens": [1]})  # warm-up: every rank and group is up
+    if results is not None:
+        results.write(json.dumps({"ready": True, "device": str(device), "backend": args.backend}) + "\n")
+    for line in sys.stdin:
+        try:
+            cmd = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if cmd.get("exit"):
+            break
+        step(cmd)
+    dist.destroy_process_group()
+    return 0
+
+
+# -- front: scheduler and HTTP ---------------------------------------------------------
+
+
+def _words(text: str) -> list[int]:
+    return [zlib.crc32(w.encode()) % VOCAB for w in text.split()]
+
+
+def _chat_text(messages: Any) -> str:
+    parts = []
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "\n".join(parts)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    created: float
+    tokens: asyncio.Queue = field(default_factory=asyncio.Queue)
+    generated: int = 0
+    last_token: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class Front:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.args = args
+        self.model = args.model
+        self.registry = CollectorRegistry()
+        self.metrics = self._make_metrics()
+        self.workers: list[subprocess.Popen] = []
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.wake = asyncio.Event()
+        self.results: asyncio.Queue = asyncio.Queue()
+        self.steps = 0
+        self.hang_armed = False
+        self.hung_since: float | None = None
+        self.dead: str | None = None
+        self.stopping = False
+
+    def _make_metrics(self) -> dict[str, Any]:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        from soak.metric_names import VLLM_METRICS, MetricType
+
+        out: dict[str, Any] = {}
+        for key in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens",
+                    "generation_tokens", "request_success", "prefix_cache_queries", "prefix_cache_hits",
+                    "num_preemptions", "time_to_first_token_seconds", "inter_token_latency_seconds",
+                    "e2e_request_latency_seconds", "iteration_tokens_total"):
+            spec = VLLM_METRICS[key]
+            labels = ["model_name", "engine", *spec.extra_labels]
+            name = spec.exposed
+            if spec.type is MetricType.COUNTER:
+                metric = Counter(name, spec.help, labels, registry=self.registry)
+            elif spec.type is MetricType.GAUGE:
+                metric = Gauge(name, spec.help, labels, registry=self.registry)
+            else:
+                metric = Histogram(name, spec.help, labels, buckets=spec.buckets, registry=self.registry)
+            out[key] = metric
+            if not spec.extra_labels:
+                metric.labels(self.model, "0")  # exposed at 0 from the start, as vLLM does
+        out["request_success"].labels(self.model, "0", "length")
+        out["request_success"].labels(self.model, "0", "stop")
+        return out
+
+    def m(self, key: str, *extra: str):
+        return self.metrics[key].labels(self.model, "0", *extra)
+
+    # -- workers
+
+    def start_workers(self) -> None:
+        args = self.args
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            master_port = s.getsockname()[1]
+        env = dict(os.environ)
+        if args.dump_dir is not None:
+            from soak.gpu.fr_dump import recorder_env
+
+            args.dump_dir.mkdir(parents=True, exist_ok=True)
+            for name, value in recorder_env(args.dump_dir.resolve()).items():
+                env.setdefault(name, value)
+        read_fd, write_fd = os.pipe()
+        for rank in range(args.pp_size):
+            argv = [sys.executable, "-m", "soak.gpu.pp_nccl", "--worker", "--rank", str(rank),
+                    "--pp-size", str(args.pp_size), "--backend", args.backend, "--master-port", str(master_port),
+                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--pp-timeout", str(args.pp_timeout),
+                    "--title-prefix", args.title_prefix]
+            pass_fds: tuple[int, ...] = ()
+            if rank == 0:
+                argv += ["--result-fd", str(write_fd)]
+                pass_fds = (write_fd,)
+            self.workers.append(subprocess.Popen(argv, stdin=subprocess.PIPE, text=True, env=env, pass_fds=pass_fds))
+        os.close(write_fd)
+        loop = asyncio.get_running_loop()
+
+        def relay() -> None:
+            with os.fdopen(read_fd) as lines:
+                for line in lines:
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    loop.call_soon_threadsafe(self.results.put_nowait, obj)
+            loop.call_soon_threadsafe(self.results.put_nowait, None)
+
+        threading.Thread(target=relay, daemon=True, name="rank0-results").start()
+
+    def to_workers(self, cmd: dict[str, Any], *, last_extra: dict[str, Any] | None = None) -> None:
+        for rank, worker in enumerate(self.workers):
+            payload = {**cmd, **(last_extra or {})} if rank == len(self.workers) - 1 else cmd
+            try:
+                worker.stdin.write(json.dumps(payload) + "\n")
+                worker.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def log(self, message: str, level: str = "INFO") -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        print(f"(APIServer pid={os.getpid()}) {level} {stamp} [pp_nccl.py:1] {message}", flush=True)
+
+    async def watch_workers(self) -> None:
+        while not self.stopping:
+            for rank, worker in enumerate(self.workers):
+                code = worker.poll()
+                if code is not None and self.dead is None:
+                    self.dead = f"Worker_PP{rank} exited with {code}"
+                    self.log(f"EngineCore encountered an issue. See stack trace (above) for the root cause. ({self.dead})",
+                             "ERROR")
+                    self.log("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", "ERROR")
+                    for request in self.running + self.waiting:
+                        request.tokens.put_nowait(None)
+                    asyncio.get_running_loop().call_later(0.5, os.kill, os.getpid(), signal.SIGUSR1)
+                    return
+            await asyncio.sleep(0.5)
+
+    async def schedule(self) -> None:
+        args = self.args
+        while not self.stopping and self.dead is None:
+            if not self.running and not self.waiting:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            while self.waiting and len(self.running) < args.max_num_seqs:
+                self.running.append(self.waiting.pop(0))
+            self.m("num_requests_running").set(len(self.running))
+            self.m("num_requests_waiting").set(len(self.waiting))
+            batch = list(self.running)
+            started = time.monotonic()
+            self.steps += 1
+            skip = self.hang_armed or (args.hang_after_steps is not None and self.steps == args.hang_after_steps)
+            if skip:
+                self.hang_armed = False
+                self.hung_since = time.time()
+                self.log(f"pp_deadlock: the last rank will skip the broadcast of step {self.steps}", "WARNING")
+            tokens = [r.last_token if r.generated else (r.prompt[-1] if r.prompt else 0) for r in batch]
+            self.to_workers({"step": self.steps, "n": len(batch), "tokens": tokens},
+                            last_extra={"skip_broadcast": True} if skip else None)
+            result = await self.results.get()
+            if result is None:
+                return  # rank 0 is gone; watch_workers reports it
+            self.hung_since = None
+            now = time.time()
+            self.m("iteration_tokens_total").observe(len(batch))
+            self.m("generation_tokens").inc(len(batch))
+            for request, token in zip(batch, result["tokens"]):
+                if request.generated == 0:
+                    request.first_token_at = now
+                    self.m("prompt_tokens").inc(len(request.prompt))
+                    self.m("prefix_cache_queries").inc(len(request.prompt))
+                    self.m("time_to_first_token_seconds").observe(now - request.created)
+                elif request.last_token_at is not None:
+                    self.m("inter_token_latency_seconds").observe(now - request.last_token_at)
+                request.generated += 1
+                request.last_token = int(token)
+                request.last_token_at = now
+                request.tokens.put_nowait(int(token))
+                if request.generated >= request.max_tokens:
+                    self.running.remove(request)
+                    request.tokens.put_nowait(None)
+                    self.m("request_success", "length").inc()
+                    self.m("e2e_request_latency_seconds").observe(now - request.created)
+            self.m("num_requests_running").set(len(self.running))
+            self.m("kv_cache_usage_perc").set(min(1.0, sum(len(r.prompt) + r.generated for r in self.running) / 1e6))
+            rest = args.min_step_ms / 1000.0 - (time.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
+
+    async def stop_workers(self) -> None:
+        self.to_workers({"exit": True})
+        deadline = time.monotonic() + 10.0
+        for worker in self.workers:
+            while worker.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+    # -- HTTP
+
+    def routes(self):
+        from aiohttp import web
+
+        async def health(request):
+            return web.Response(status=503 if self.dead else 200)
+
+        async def models(request):
+            return web.json_response({"object": "list", "data": [
+                {"id": self.model, "object": "model", "owned_by": "soak", "max_model_len": MAX_MODEL_LEN}]})
+
+        async def version(request):
+            return web.json_response({"version": "0.11.2+soak.pp_nccl"})
+
+        async def metrics(request):
+            from prometheus_client import generate_latest
+
+            return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
+
+        async def tokenize(request):
+            body = await _json(request)
+            text = _chat_text(body.get("messages")) if "messages" in body else str(body.get("prompt", ""))
+            ids = _words(text)
+            return web.json_response({"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids})
+
+        async def fault(request):
+            body = await _json(request)
+            if body.get("kind") != "pp_deadlock":
+                return web.json_response({"error": f"unknown kind {body.get('kind')}, known: pp_deadlock"}, status=400)
+            self.hang_armed = True
+            self.log("pp_deadlock armed: the next step's broadcast will be skipped by the last rank", "WARNING")
+            return web.json_response({"kind": "pp_deadlock", "armed": True})
+
+        async def state(request):
+            return web.json_response({
+                "processes": {"api_server": os.getpid(), "engine_core": None, "workers": [w.pid for w in self.workers]},
+                "fault": {"kind": "pp_deadlock", "active": self.hung_since is not None, "onset_at": self.hung_since},
+                "steps": self.steps, "backend": self.args.backend,
+            })
+
+        async def completions(request):
+            return await self._generate(request, chat=False)
+
+        async def chat(request):
+            return await self._generate(request, chat=True)
+
+        return [
+            web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
+            web.get("/metrics", metrics), web.post("/tokenize", tokenize), web.post("/sim/fault", fault),
+            web.get("/sim/state", state), web.post("/v1/completions", completions),
+            web.post("/v1/chat/completions", chat),
+        ]
+
+    async def _generate(self, http_request, *, chat: bool):
+        from aiohttp import web
+
+        body = await _json(http_request)
+        if body.get("model") not in (None, self.model):
+            return web.json_response({"object": "error", "message": f"The model `{body.get('model')}` does not exist.",
+                                      "type": "NotFoundError", "param": None, "code": 404}, status=404)
+        text = _chat_text(body.get("messages")) if chat else str(body.get("prompt", ""))
+        prompt = _words(text)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if len(prompt) + max_tokens > MAX_MODEL_LEN or self.dead:
+            return web.json_response({"object": "error", "message": "prompt too long or engine dead",
+                                      "type": "BadRequestError", "param": None, "code": 400}, status=400)
+        request = Request(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", prompt, max_tokens, time.time())
+        self.waiting.append(request)
+        self.wake.set()
+        created = int(request.created)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def choice(piece: str, finish: str | None):
+            if chat:
+                return {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}
+
+        usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": request.generated,  # noqa: E731
+                         "total_tokens": len(prompt) + request.generated}
+        if not body.get("stream"):
+            pieces = []
+            while (token := await request.tokens.get()) is not None:
+                pieces.append(f" t{token}")
+            message = {"role": "assistant", "content": "".join(pieces)}
+            c = ({"index": 0, "message": message, "finish_reason": "length"} if chat
+                 else {"index": 0, "text": "".join(pieces), "finish_reason": "length"})
+            return web.json_response({"id": request.request_id, "object": "chat.completion" if chat else "text_completion",
+                                      "created": created, "model": self.model, "choices": [c], "usage": usage()})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(http_request)
+
+        async def send(payload: dict[str, Any]) -> None:
+            await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+        try:
+            sent = 0
+            while (token := await request.tokens.get()) is not None:
+                sent += 1
+                finish = "length" if sent >= max_tokens else None
+                await send({"id": request.request_id, "object": obj, "created": created, "model": self.model,
+                            "choices": [choice(f" t{token}", finish)]})
+            options = body.get("stream_options") or {}
+            if options.get("include_usage"):
+                await send({"id": request.request_id, "object": obj, "created": created, "model": self.model,
+                            "choices": [], "usage": usage()})
+            await response.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            if request in self.running:
+                self.running.remove(request)
+            if request in self.waiting:
+                self.waiting.remove(request)
+            raise
+        return response
+
+
+async def _json(request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    front = Front(args)
+    _set_title(f"{args.title_prefix}::APIServer")
+    front.start_workers()
+    ready = await asyncio.wait_for(front.results.get(), args.startup_timeout)
+    if not ready or not ready.get("ready"):
+        front.log("the workers did not come up", "ERROR")
+        await front.stop_workers()
+        return 1
+    front.log(f"pipeline of {args.pp_size} ranks up over {args.backend} on {ready.get('device')}")
+    app = web.Application()
+    app.add_routes(front.routes())
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    if args.port_file:
+        Path(args.port_file).write_text(f"{port}\n")
+    front.log(f"serving {args.model} on http://{args.host}:{port}")
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_term() -> None:
+        if front.hung_since is not None:  # hung: shutting down would wait on ranks that never answer
+            front.log("SIGTERM received while a step is outstanding; waiting for it", "WARNING")
+            return
+        done.set()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    loop.add_signal_handler(signal.SIGINT, on_term)
+    loop.add_signal_handler(signal.SIGUSR1, done.set)  # the engine died
+    tasks = [asyncio.create_task(front.schedule()), asyncio.create_task(front.watch_workers())]
+    await done.wait()
+    front.stopping = True
+    for task in tasks:
+        task.cancel()
+    await runner.cleanup()
+    await front.stop_workers()
+    return 1 if front.dead else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m soak.gpu.pp_nccl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pp-size", type=int, default=2)
+    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port-file")
+    p.add_argument("--model", default="pp-nccl")
+    p.add_argument("--max-num-seqs", type=int, default=12)
+    p.add_argument("--min-step-ms", type=float, default=20.0, help="engine steps are at least this long")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--pp-timeout", type=float, default=60.0, help="watchdog timeout of pp_broadcast, seconds")
+    p.add_argument("--hang-after-steps", type=int, help="skip the last rank's broadcast at this step")
+    p.add_argument("--dump-dir", type=Path, help="flight-recorder dumps here when the environment names none")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--title-prefix", default=os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM"))
+    # worker mode (started by the front)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--master-port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--result-fd", type=int, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.pp_size < 1:
+        print("pp_nccl: --pp-size must be at least 1", file=sys.stderr)
+        return 2
+    if args.worker:
+        return run_worker(args)
+    try:
+        return asyncio.run(serve(args))
+    except asyncio.TimeoutError:
+        print("pp_nccl: the workers did not come up in time", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
