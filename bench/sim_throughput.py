@@ -28,7 +28,7 @@ SIM_FLAGS = [
     # a big batch and cheap steps: what is measured is the simulator's own cost
     "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--num-speculative-tokens", "7",
     "--spec-acceptance", "0.9", "--stage-time", "0.0015", "--stage-time-per-token", "0",
-    "--log-stats-interval", "0", "--no-processes",
+    "--log-stats-interval", "0", "--no-processes", "--kv-cache-blocks", "400000",
 ]
 
 
@@ -54,20 +54,25 @@ async def _drive(base, streams, duration, max_tokens):
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=duration + 30)) as s:
         warm_deadline = time.monotonic() + 1.0
         await asyncio.gather(*(_stream_loop(s, base + "/v1/chat/completions", body, warm_deadline, dict(counts)) for _ in range(4)))
-        t0 = time.monotonic()
-        deadline = t0 + duration
+        ramp = 1.0  # let every stream open before measuring
+        start = time.monotonic()
+        deadline = start + ramp + duration
+        loops = asyncio.gather(*(_stream_loop(s, base + "/v1/chat/completions", body, deadline, counts) for _ in range(streams)))
+        await asyncio.sleep(ramp)
+        t0, tokens0, chunks0 = time.monotonic(), counts["tokens"], counts["chunks"]
         sampler = asyncio.create_task(_sample_open(counts, deadline))
-        await asyncio.gather(*(_stream_loop(s, base + "/v1/chat/completions", body, deadline, counts) for _ in range(streams)))
-        elapsed = time.monotonic() - t0
-        peak_open = await sampler
-    return counts, elapsed, peak_open
+        low_open = await sampler
+        t1, tokens1, chunks1 = time.monotonic(), counts["tokens"], counts["chunks"]
+        await loops
+    measured = {"tokens": tokens1 - tokens0, "chunks": chunks1 - chunks0, "requests": counts["requests"]}
+    return measured, t1 - t0, low_open
 
 
 async def _sample_open(counts, deadline):
-    low = None
-    while time.monotonic() < deadline - 0.2:
+    low = counts["open"]
+    while time.monotonic() < deadline - 0.3:
         await asyncio.sleep(0.25)
-        low = counts["open"] if low is None else min(low, counts["open"])
+        low = min(low, counts["open"])
     return low
 
 
@@ -75,7 +80,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=128)
     ap.add_argument("--duration", type=float, default=10.0)
-    ap.add_argument("--max-tokens", type=int, default=4000)
+    ap.add_argument("--max-tokens", type=int, default=300_000, help="long enough that every stream stays open the whole time")
     ap.add_argument("--cpu", type=int, default=0, help="CPU to pin the simulator to")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
