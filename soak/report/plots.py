@@ -128,7 +128,7 @@ def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: 
     ax.set_yticks(range(gpus))
     ax.set_yticklabels([f"GPU {g}" for g in range(gpus)], fontsize=8)
     _mark(ax, markers, start)
-    _finish(fig, ax, "GPU utilization (%) per GPU", xlim)
+    _finish(fig, ax, "GPU utilization (%) per GPU (white: no reading)", xlim)
     ax.grid(False)
     box = ax.get_position()
     cax = fig.add_axes((0.93, box.y0, 0.012, box.height))

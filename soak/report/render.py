@@ -68,11 +68,21 @@ def _brief(config: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
         if isinstance(value, Mapping) and depth < 3:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v, depth + 1)
+        elif value is None:
+            return
         elif not isinstance(value, (Mapping, list)) or (isinstance(value, list) and len(value) <= 4):
             rows.append((prefix, json.dumps(value) if isinstance(value, list) else str(value)))
 
     walk("", config, 0)
-    return rows[:24]
+    # What a reader needs first: the run, then load and workload; the simulator's internals last.
+    order = ("name", "duration", "warmup", "seed", "target.kind", "workload.kind", "load.", "workload.",
+             "detector.", "response.", "target.")
+
+    def rank(row: tuple[str, str]) -> int:
+        return next((i for i, p in enumerate(order) if row[0] == p or (p.endswith(".") and row[0].startswith(p))),
+                    len(order))
+
+    return sorted(rows, key=rank)[:30]
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -344,9 +354,25 @@ def _incident_html(view: IncidentView, start: float) -> str:
     reasons = r.get("reasons") or []
     if reasons:
         parts.append("<h4>Rule and signals</h4><ul>" + "".join(f"<li>{_e(x)}</li>" for x in reasons) + "</ul>")
-    extra = {k: v for k, v in r.items() if k in ("evidence_signals", "signals", "thresholds", "evidence_fields")}
-    for k, v in extra.items():
-        parts.append(f"<details><summary>{_e(k)}</summary><pre>{_e(json.dumps(v, indent=2))}</pre></details>")
+    evidence = r.get("decision_evidence") or r.get("evidence_signals")
+    if isinstance(evidence, Mapping):
+        signals = evidence.get("signals", evidence)
+        def shown(k: str, v: Any) -> str:
+            if k.endswith("_at") and isinstance(v, (int, float)):
+                return _rel(v, start)
+            return ", ".join(map(str, v)) if isinstance(v, list) else _compact(v)
+
+        rows = [[k, _Raw(_e(shown(k, v)))] for k, v in (signals.items() if isinstance(signals, Mapping) else [])]
+        if rows:
+            parts.append(_table(["signal", "value at the decision"], rows, numeric_from=9))
+        if isinstance(evidence.get("thresholds"), Mapping):
+            parts.append(f"<p class='muted'>thresholds in force: {_e(_compact(evidence['thresholds']))}</p>")
+    notes = r.get("notes") or []
+    failed_steps = [f"{k}: {v.get('error') or v.get('note')}" for k, v in (r.get("steps") or {}).items()
+                    if isinstance(v, Mapping) and (not v.get("ok", True) or v.get("note"))]
+    if notes or failed_steps:
+        parts.append("<h4>Evidence capture notes</h4><ul>"
+                     + "".join(f"<li>{_e(x)}</li>" for x in dict.fromkeys([*notes, *failed_steps])) + "</ul>")
     if view.watchdog:
         parts.append("<h4>Watchdog and hang lines</h4>")
         parts.append(_watchdog_html(view.watchdog))
@@ -362,6 +388,25 @@ def _incident_html(view: IncidentView, start: float) -> str:
         parts.append(f"<details><summary>evidence files ({len(view.files)})</summary><p>{links}</p></details>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {_compact(v)}" if isinstance(v, Mapping) else f"{k}={_compact(v)}"
+                         for k, v in value.items() if v is not None)
+    return str(value)
+
+
+def _summary_value(key: str, value: Any) -> str:
+    """summary.json values for people: times in UTC, numbers rounded, nested objects one per line."""
+    if key.endswith("_at") and isinstance(value, (int, float)):
+        return _e(_utc(value))
+    if isinstance(value, Mapping):
+        return "<br>".join(f"<b>{_e(k)}</b> {_e(_compact(v))}" if isinstance(v, Mapping) else f"{_e(k)}={_e(_compact(v))}"
+                           for k, v in value.items() if v is not None)
+    return _e(_compact(value))
 
 
 def render_html(model: ReportModel) -> str:
@@ -403,8 +448,9 @@ def render_html(model: ReportModel) -> str:
     out.append("<h2>Configuration</h2><div class='grid'><div>")
     out.append(_table(["setting", "value"], [[k, v] for k, v in model.brief], numeric_from=9))
     out.append("</div><div>")
-    out.append(_table(["summary", "value"], [[k, _Raw(f"<code>{_e(json.dumps(v))}</code>")]
-                                             for k, v in s.items() if k != "incidents"], numeric_from=9))
+    out.append(_table(["summary", "value"], [[k, _Raw(_summary_value(k, v))]
+                                             for k, v in s.items() if k != "incidents" and v is not None],
+                      numeric_from=9))
     out.append("</div></div>")
     if model.config_text:
         out.append(f"<details><summary>config.yaml</summary><pre>{_e(model.config_text)}</pre></details>")

@@ -211,6 +211,26 @@ def fallback_summary(path: Path) -> dict[str, Any]:
     }
 
 
+def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """incident.json as the responder writes it (``{number, status, decision, target,
+    steps, record}``) or a flat IncidentRecord, as one flat dict: the record's fields,
+    plus ``decision_evidence`` (signals and thresholds in force) and ``steps``."""
+    out: dict[str, Any] = {k: v for k, v in obj.items() if k not in ("record", "decision")}
+    decision = obj.get("decision")
+    if isinstance(decision, Mapping):
+        for key in ("kind", "rule", "onset_at", "reasons"):
+            if key in decision:
+                out.setdefault(key, decision[key])
+        if "decided_at" in decision:
+            out.setdefault("detected_at", decision["decided_at"])
+        if isinstance(decision.get("evidence"), Mapping):
+            out["decision_evidence"] = decision["evidence"]
+    record = obj.get("record")
+    if isinstance(record, Mapping):
+        out.update({k: v for k, v in record.items() if k != "extra"})
+    return out
+
+
 def _incidents(path: Path) -> list[Incident]:
     root = path / "incidents"
     out: list[Incident] = []
@@ -224,7 +244,8 @@ def _incidents(path: Path) -> list[Incident]:
             number = int(child.name)
         except ValueError:
             number = int(record.get("number", 0)) if isinstance(record, Mapping) else 0
-        record = dict(record) if isinstance(record, Mapping) else {"number": number, "evidence": f"incidents/{child.name}"}
+        record = normalize_incident(record) if isinstance(record, Mapping) else {
+            "number": number, "evidence": f"incidents/{child.name}"}
         record.setdefault("evidence", f"incidents/{child.name}")
         files = sorted(str(p.relative_to(child)) for p in child.rglob("*") if p.is_file())
         out.append(Incident(number=number, path=child, record=record, files=files))

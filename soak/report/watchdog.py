@@ -74,8 +74,9 @@ def parse_lines(lines: Iterable[str]) -> list[WatchdogLine]:
 def from_json(obj: Any) -> list[WatchdogLine]:
     """Whatever the responder wrote to watchdog.json: a list of lines, of
     ``{"line", "ts"?, ...}`` objects, or ``{"lines": [...]}``."""
-    if isinstance(obj, Mapping):
-        obj = obj.get("lines") or obj.get("matches") or []
+    if isinstance(obj, Mapping):  # the responder's {"from_samples": [...], "from_log_tail": [...]}
+        obj = [*(obj.get("lines") or obj.get("matches") or []), *(obj.get("from_samples") or []),
+               *(obj.get("from_log_tail") or [])]
     out = []
     for item in obj if isinstance(obj, list) else []:
         if isinstance(item, str):

@@ -42,6 +42,8 @@ def _check_images(page: str) -> None:
 
 def test_failing_run_shows_verdict_incident_watchdog_and_flight_recorder(run_copy, schema):
     run = run_copy("fail")
+    log = run / "incidents" / "1" / "log_tail.txt"  # a log line that must not become markup
+    log.write_text(log.read_text() + "TimeoutError: RPC call to sample_tokens timed out. <script>alert(1)</script>\n")
     done = _report(run)
     assert done.returncode == 0, done.stderr
     assert "demo-fail: fail" in done.stdout
@@ -53,6 +55,7 @@ def test_failing_run_shows_verdict_incident_watchdog_and_flight_recorder(run_cop
     assert "rank 7 never enqueued collective 40427" in page  # the flight-recorder table
     assert re.search(r"<tr class=\"behind\"><td>7</td><td class=\"num\">40426</td>", page)
     assert "1 hang in 3.6 min" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)" in page
     _check_images(page)
     schema.validate(str(run / "junit.xml"))
     suite = ET.parse(run / "junit.xml").getroot()
@@ -109,10 +112,14 @@ def test_not_a_run_directory_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_incident_titles_and_log_lines_are_escaped(run_copy):
-    run = run_copy("fail")
-    log = run / "incidents" / "1" / "log_tail.txt"
-    log.write_text(log.read_text() + "TimeoutError: RPC call to sample_tokens timed out. <script>alert(1)</script>\n")
-    assert _report(run).returncode == 0
+def test_real_recorded_deadlock_run_renders_the_incident(run_copy, schema):
+    run = run_copy("real_fail")  # recorded by `soak run` against the simulator's pp_deadlock
+    done = _report(run)
+    assert done.returncode == 0, done.stderr
     page = (run / "report.html").read_text(encoding="utf-8")
-    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert ">FAIL<" in page and "Incident 1: hang" in page and "pp_tail_stall" in page
+    assert "last stage GPU 7 at 0%" in page  # the decision's reasons from incident.json
+    assert "tail_gpus" in page  # the signals in force
+    _check_images(page)
+    schema.validate(str(run / "junit.xml"))
+    assert ET.parse(run / "junit.xml").getroot().find("testcase/failure").get("type") == "hang"
