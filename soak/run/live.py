@@ -50,6 +50,7 @@ class ViewState:
             self.failed += 1
         self.tokens_total += record.output_tokens
         self._recent_tokens.append((record.ended_at, record.output_tokens))
+        self._trim(record.ended_at)
         if record.prompt_tokens:
             self.context_tokens = record.prompt_tokens
             self.max_context_tokens = max(self.max_context_tokens, record.prompt_tokens)
@@ -64,9 +65,12 @@ class ViewState:
                 self._hits.add(hits)
                 self._queries.add(queries)
 
-    def tokens_per_s(self, now: float) -> float:
+    def _trim(self, now: float) -> None:
         while self._recent_tokens and self._recent_tokens[0][0] < now - TOKENS_WINDOW_S:
             self._recent_tokens.popleft()
+
+    def tokens_per_s(self, now: float) -> float:
+        self._trim(now)
         if not self._recent_tokens or self.info is None:
             return 0.0
         window = min(TOKENS_WINDOW_S, max(1e-6, now - self.info.started_at))
