@@ -189,7 +189,7 @@ def panels() -> list[list[Panel]]:
                 [
                     Target(f"sum({_rate('vllm:generation_tokens_total')})", "server generated"),
                     Target(f"sum({_rate('vllm:prompt_tokens_total')})", "server prompt"),
-                    Target(f"sum({_rate('soak_client_streamed_tokens_total')})", "client streamed"),
+                    Target(f"sum({_rate('soak_client_streamed_tokens_total')})", "client streamed (content chunks)"),
                     Target(f"sum({_rate('soak_generated_tokens_total')})", "client generated (finished requests)"),
                 ],
                 width=12,

@@ -103,7 +103,8 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
         HarnessMetric(
             "soak_client_streamed_tokens",
             Kind.COUNTER,
-            "Tokens the client has received on its streams, counted as they arrive.",
+            "Tokens the client has received, counted as they arrive: one per content chunk, so "
+            "fewer than generated when speculative decoding sends several tokens a chunk.",
         ),
         HarnessMetric("soak_client_received_bytes", Kind.COUNTER, "Bytes the client has received on its streams."),
         HarnessMetric("soak_requests_in_flight", Kind.GAUGE, "Requests sent and not yet finished."),
