@@ -125,20 +125,29 @@ def test_sigterm_stops_the_load_writes_the_summary_and_exits_130(tmp_path, harne
     assert not pid_alive(h.target_pid())
 
 
-def test_a_deadlock_is_an_incident_the_tree_is_killed_and_the_exit_is_1(tmp_path, harness) -> None:
+def test_a_deadlock_is_an_incident_the_tree_is_killed_restarted_and_the_exit_is_1(tmp_path, harness) -> None:
+    """on_hang: restart with max_restarts 1: hang, kill, restart, hang again, stop."""
     config = small_config(duration="60s")
-    config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "40s"}]}
-    config["response"] = {"evidence": {"py_spy": False, "flight_recorder_wait": "1s"}}
+    # Every simulator start deadlocks 60 simulated seconds (3 s at time_scale 20) in.
+    config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "60s"}]}
+    config["response"] = {"on_hang": "restart", "max_restarts": 1,
+                          "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}}
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "hang.yaml", config), run_dir)
-    assert h.wait(timeout_s=90) == 1, h.stderr
+    assert h.wait(timeout_s=120) == 1, h.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["verdict"] == "fail" and len(summary["incidents"]) == 1
-    incident = summary["incidents"][0]
-    assert incident["kind"] == "hang" and incident["rule"]
-    assert incident["onset_at"] <= incident["detected_at"]
-    assert incident["killed_pids"] and incident["evidence"] == "incidents/1"
-    assert (run_dir / "incidents" / "1" / "incident.json").exists()
+    assert summary["verdict"] == "fail" and len(summary["incidents"]) == 2 and summary["restarts"] == 1
+    assert "max_restarts (1) reached" in summary["stop_reason"]
     assert summary["duration_s"] < 55
-    for pid in incident["killed_pids"]:
-        assert not pid_alive(pid)
+    recorded = events(run_dir)
+    first_pid = next(e["root_pid"] for e in recorded if e["type"] == "target_ready")
+    restarted_pid = next(e["root_pid"] for e in recorded if e["type"] == "restart_done")
+    assert restarted_pid != first_pid
+    for number, incident in enumerate(summary["incidents"], start=1):
+        assert incident["kind"] == "hang" and incident["rule"]
+        assert incident["onset_at"] <= incident["detected_at"]
+        assert incident["killed_pids"] and incident["evidence"] == f"incidents/{number}"
+        assert (run_dir / "incidents" / str(number) / "incident.json").exists()
+        for pid in incident["killed_pids"]:
+            assert not pid_alive(pid)
+    assert {first_pid, restarted_pid} <= set(summary["incidents"][0]["killed_pids"] + summary["incidents"][1]["killed_pids"])

@@ -1,0 +1,60 @@
+"""The live view: the rich status and the plain line carry what the operator needs."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from soak.clock import ManualClock
+from soak.detect.types import Assessment, DetectorState
+from soak.run.live import LiveView
+from soak.run.sinks import RunInfo
+from soak.samples import GpuReading, GpuSample, GpuSource, RequestRecord, ServerSample
+
+
+def feed(view: LiveView, clock: ManualClock) -> None:
+    view.on_sample(ServerSample(ts=clock.now(), ok=True, values={"prefix_cache_hits": 0, "prefix_cache_queries": 0}))
+    for i in range(20):
+        clock.advance(0.5)
+        view.on_request(RequestRecord(request_id=f"r{i}", session="s", turn=i, started_at=clock.now() - 1,
+                                      ended_at=clock.now(), outcome="ok" if i % 10 else "timeout_stall",
+                                      prompt_tokens=200_000 + i, output_tokens=50, ttft_s=0.2 + i / 100))
+    view.on_sample(ServerSample(ts=clock.now(), ok=True, values={"prefix_cache_hits": 940, "prefix_cache_queries": 1000}))
+    view.on_sample(GpuSample(ts=clock.now(), source=GpuSource.SIM,
+                             gpus=tuple(GpuReading(index=i, util_pct=100.0 if i < 7 else 0.0) for i in range(8))))
+    view.on_assessment(Assessment(clock.now(), DetectorState.SUSPECT, ()))
+
+
+def info(clock: ManualClock) -> RunInfo:
+    return RunInfo(run_id="r1", run_dir=Path("/tmp/x"), started_at=clock.now(), duration_s=3960, warmup_s=0,
+                   target_kind="simulator", base_url="http://127.0.0.1:1", model="m", root_pid=None)
+
+
+async def test_plain_line_for_nightly_logs() -> None:
+    clock = ManualClock(1000.0)
+    out = io.StringIO()
+    view = LiveView(clock=clock, mode="auto", stream=out, plain_interval_s=3600)
+    assert view.mode == "plain"  # a StringIO is not a terminal
+    view.on_start(info(clock))
+    feed(view, clock)
+    view.render()
+    view.close()
+    line = out.getvalue().splitlines()[-1]
+    for words in ("10s elapsed", "1h5m50s left", "ok 18 failed 2", "ttft p50", "context 200.0K", "prefix hit 94.0%",
+                  "gpu% 100 100 100 100 100 100 100 0", "detector suspect"):
+        assert words in line, (words, line)
+    assert "tok/s" in line
+
+
+async def test_rich_status_on_a_terminal() -> None:
+    clock = ManualClock(1000.0)
+    out = io.StringIO()
+    view = LiveView(clock=clock, mode="rich", stream=out, refresh_s=3600)
+    view.on_start(info(clock))
+    feed(view, clock)
+    view.render()
+    view.close()
+    text = out.getvalue()
+    for words in ("requests", "18 ok", "2 failed", "tokens/s", "TTFT", "prefix hit", "94.0%", "gpu 7", "detector", "suspect"):
+        assert words in text, words
+    assert "█" in text  # utilization bars
