@@ -123,3 +123,14 @@ def test_real_recorded_deadlock_run_renders_the_incident(run_copy, schema):
     _check_images(page)
     schema.validate(str(run / "junit.xml"))
     assert ET.parse(run / "junit.xml").getroot().find("testcase/failure").get("type") == "hang"
+
+
+def test_real_recorded_passing_run_renders(run_copy, schema):
+    run = run_copy("real_pass")  # recorded by `soak run workloads/demo.yaml --duration 40s`
+    done = _report(run)
+    assert done.returncode == 0, done.stderr
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert ">PASS<" in page and "no hang in 40 s: MTBF above 13 s at 95% confidence" in page
+    assert "Incident" not in page and "ok: 86" in page
+    _check_images(page)
+    schema.validate(str(run / "junit.xml"))
