@@ -282,6 +282,12 @@ class SyntheticAgenticWorkload:
                 f"contexts stay in [{self.config.min_context_tokens:,}, {self.config.max_context_tokens:,}] tokens; "
                 "at max a session ends and its slot starts a new one",
                 f"corpus: {self.corpus.source}",
+                *(
+                    [f"{sessions} sessions but {self.config.context_chunks} context_chunks: sessions "
+                     f"{self.config.context_chunks} apart open on the same chunk (a little unplanned reuse)"]
+                    if sessions > self.config.context_chunks
+                    else []
+                ),
                 *self.notes,
             ),
         )

@@ -158,6 +158,7 @@ def make_counter(
     base_url: str | None = None,
     model: str = "",
     session: Any = None,
+    headers: Mapping[str, str] | None = None,
     config_path: str | Path | None = None,
 ) -> TokenCounter:
     """The counter a workload's ``tokenizer:`` section asks for.
@@ -165,6 +166,7 @@ def make_counter(
     ``auto``: the simulator's own tokenizer when the target is the simulator
     (exact, no server needed, so ``soak validate`` can use it), else the
     target's ``/tokenize`` when a base URL is known, else an estimate.
+    ``headers`` (an Authorization header from the API key) go with /tokenize.
     """
     kind = getattr(tokenizer_config, "kind", "auto")
     if kind == "local":
@@ -176,9 +178,9 @@ def make_counter(
             if target_is_simulator:
                 return SimCounter()
             return EstimateCounter()
-        return TargetCounter(base_url, model, session=session)
+        return TargetCounter(base_url, model, session=session, headers=headers)
     if target_is_simulator:
         return SimCounter()
     if base_url is not None:
-        return TargetCounter(base_url, model, session=session)
+        return TargetCounter(base_url, model, session=session, headers=headers)
     return EstimateCounter()
