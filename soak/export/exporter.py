@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from soak.clock import Clock, SystemClock
+from soak.detect.types import IncidentKind
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
@@ -39,6 +40,7 @@ from soak.samples import (
 )
 
 _MIB = 1024 * 1024
+_INCIDENT_KINDS = frozenset(kind.value for kind in IncidentKind)
 _FAMILY_CLASSES = {Kind.COUNTER: Counter, Kind.GAUGE: Gauge, Kind.HISTOGRAM: Histogram, Kind.INFO: Info}
 
 
@@ -137,6 +139,7 @@ class Exporter:
         self._closed = False
         self._ends_at: float | None = None
         self._last_client_tokens = 0
+        self._rules_seen: set[str] = set()
         self._last_client_bytes = 0
         self._m["soak_run_time_remaining_seconds"].set_function(self._time_remaining)
         # Series that exist from the start, so rates and alerts have data
@@ -264,11 +267,13 @@ class Exporter:
             rule_state = _label(_field(rule, "state"))
             if name and rule_state in RULE_STATE_VALUES:
                 self._m["soak_detector_rule_state"].labels(rule=name).set(RULE_STATE_VALUES[rule_state])
-            kind = _label(_field(rule, "kind"))
-            if name and kind:
-                # The rule's incident counter exists at 0 before it first fires,
-                # so increase() sees the step to 1 (a series born at 1 shows none).
-                self._m["soak_incidents"].labels(kind=kind, rule=name)
+            if name and name not in self._rules_seen:
+                # The rule's incident counters exist at 0 before it first fires,
+                # so increase() sees the step to 1 (a series born at 1 shows
+                # none). Every kind: a rule may decide a crash or a hang.
+                self._rules_seen.add(name)
+                for kind in _INCIDENT_KINDS | {_label(_field(rule, "kind"))} - {""}:
+                    self._m["soak_incidents"].labels(kind=kind, rule=name)
 
     def on_incident(self, incident: Any) -> None:
         self._scrapes.changed()
