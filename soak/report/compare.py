@@ -10,6 +10,7 @@ Poisson rate-ratio test.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,7 +19,7 @@ import numpy as np
 
 from soak.report.plots import bin_edges, counter_rate
 from soak.report.rundir import RunData
-from soak.report.stats import Better, Difference, compare_means, compare_quantiles, compare_rates
+from soak.report.stats import Better, Difference, Estimate, compare_means, compare_quantiles, compare_rates
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,15 @@ def hangs_and_exposure(run: RunData) -> tuple[int, float]:
     return hangs, float(exposure) if isinstance(exposure, (int, float)) else 0.0
 
 
+def _clamp(d: Difference, lo: float, hi: float) -> Difference:
+    """A ratio's t interval can spill past 0..1 on few windows; the truth cannot."""
+    def fix(e: Estimate) -> Estimate:
+        return dataclasses.replace(e, lower=None if e.lower is None else max(lo, e.lower),
+                                   upper=None if e.upper is None else min(hi, e.upper))
+
+    return dataclasses.replace(d, a=fix(d.a), b=fix(d.b))
+
+
 def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: float = 60.0,
                  confidence: float = 0.95, resamples: int = 400) -> Comparison:
     rows = [
@@ -100,8 +110,8 @@ def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: 
                       better=Better.LOWER, confidence=confidence),
         compare_quantiles("ITL p99 per request, p50 over requests", "s", _ok(a, "itl_p99_s"), _ok(b, "itl_p99_s"),
                           0.50, better=Better.LOWER, confidence=confidence, resamples=resamples),
-        compare_means("prefix-cache hit ratio (per window)", "", window_hit_ratio(a, window_s),
-                      window_hit_ratio(b, window_s), better=Better.HIGHER, confidence=confidence),
+        _clamp(compare_means("prefix-cache hit ratio (per window)", "", window_hit_ratio(a, window_s),
+                             window_hit_ratio(b, window_s), better=Better.HIGHER, confidence=confidence), 0.0, 1.0),
     ]
     (ha, ta), (hb, tb) = hangs_and_exposure(a), hangs_and_exposure(b)
     if ta > 0 and tb > 0:
