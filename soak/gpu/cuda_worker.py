@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--title-prefix", default="VLLM")
     parser.add_argument("--orphan-linger", type=float, default=600.0)
     parser.add_argument("--own-session", action="store_true", help="setsid: its own process group (kill-path tests)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    # The environment variable lets a whole `soak sim --worker-backend cuda` tree run on CPU (dry runs).
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=os.environ.get("SOAK_CUDA_WORKER_DEVICE", "cuda"))
     parser.add_argument("--mem-mib", type=int, default=1024, help="GPU memory the stage holds (its weights)")
     parser.add_argument("--ignore-sigterm", action="store_true", help="from the start, whatever the state")
     return parser
