@@ -15,10 +15,11 @@ fields docs/ARCHITECTURE.md names.
 from __future__ import annotations
 
 import errno
+import functools
 import threading
-from pathlib import PurePath
 from enum import Enum
-from typing import Any, Mapping
+from pathlib import PurePath
+from typing import Any, Callable, Mapping, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
@@ -99,6 +100,22 @@ class _ScrapeWatcher:
                 return True
             version = self._version
             return self._cond.wait_for(lambda: self._scraped_version >= version, timeout=timeout_s)
+
+
+_Method = TypeVar("_Method", bound=Callable[..., None])
+
+
+def _marks_change(method: _Method) -> _Method:
+    """After a sink call has updated the families, note that a scrape is due."""
+
+    @functools.wraps(method)
+    def wrapper(self: "Exporter", *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        finally:
+            self._scrapes.changed()
+
+    return wrapper  # type: ignore[return-value]
 
 
 def build_families(registry: CollectorRegistry) -> dict[str, Any]:
@@ -200,8 +217,8 @@ class Exporter:
             self._thread.join(timeout=5)
 
     # RunSink -------------------------------------------------------------
+    @_marks_change
     def on_start(self, info: Any) -> None:
-        self._scrapes.changed()
         started_at = _field(info, "started_at")
         duration = _field(info, "duration_s")
         config = _field(info, "config") or {}
@@ -221,8 +238,8 @@ class Exporter:
         if started_at is not None and duration is not None:
             self._ends_at = float(started_at) + float(duration)
 
+    @_marks_change
     def on_sample(self, sample: Sample) -> None:
-        self._scrapes.changed()
         if isinstance(sample, GpuSample):
             self._on_gpu(sample)
         elif isinstance(sample, ServerSample):
@@ -236,8 +253,8 @@ class Exporter:
         elif isinstance(sample, LogSample):
             self._m["soak_log_signatures"].labels(signature=sample.signature, fatal=str(sample.fatal).lower()).inc()
 
+    @_marks_change
     def on_request(self, record: RequestRecord) -> None:
-        self._scrapes.changed()
         m = self._m
         m["soak_requests"].labels(outcome=record.outcome).inc()
         if record.prompt_tokens is not None:
@@ -257,8 +274,8 @@ class Exporter:
             if value is not None:
                 m[family].observe(value)
 
+    @_marks_change
     def on_assessment(self, assessment: Any) -> None:
-        self._scrapes.changed()
         state = _label(_field(assessment, "state"))
         if state in DETECTOR_STATE_VALUES:
             self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[state])
@@ -275,8 +292,8 @@ class Exporter:
                 for kind in _INCIDENT_KINDS | {_label(_field(rule, "kind"))} - {""}:
                     self._m["soak_incidents"].labels(kind=kind, rule=name)
 
+    @_marks_change
     def on_incident(self, incident: Any) -> None:
-        self._scrapes.changed()
         m = self._m
         m["soak_incidents"].labels(kind=_label(_field(incident, "kind")), rule=_label(_field(incident, "rule"))).inc()
         onset = _field(incident, "onset_at")
@@ -289,8 +306,8 @@ class Exporter:
         if gpu_free is not None:
             m["soak_last_incident_gpu_free_seconds"].set(float(gpu_free))
 
+    @_marks_change
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature
-        self._scrapes.changed()
         self._m["soak_events"].labels(type=type).inc()
 
     # internals -----------------------------------------------------------
