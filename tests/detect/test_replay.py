@@ -120,3 +120,29 @@ def test_replay_reads_gzip_and_plain_and_names_a_bad_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         next(reader)
     assert f"{plain}:2" in str(info.value)
+
+
+def _make_module():
+    import importlib.util
+    import sys
+
+    pytest.importorskip("soak.sim.engine")
+    spec = importlib.util.spec_from_file_location("trace_make", TRACES / "make.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["trace_make"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_still_records_from_the_simulator_engine():
+    """The recorder runs against today's simulator: a short healthy run and a deadlock."""
+    make = _make_module()
+    healthy = list(make.record(make.Scenario("t_healthy", 60.0, sessions=2, seed=99, context_min=20_000,
+                                             context_max=40_000, shared_prefix=2_000)))
+    kinds = {s.kind for s in healthy}
+    assert {"gpu", "server", "client", "health", "process"} <= kinds
+    assert run("t", samples=healthy).decisions == []
+    stalled = make.record(make.Scenario("t_dead", 60.0, sessions=2, seed=98, context_min=20_000,
+                                        context_max=40_000, shared_prefix=2_000, fault="pp_deadlock", fault_at=40.0))
+    (d,) = run("t", samples=stalled).decisions
+    assert d.rule == "pp_tail_stall" and d.onset_at == pytest.approx(make.T0 + 40.0, abs=1.0)
