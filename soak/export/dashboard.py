@@ -487,7 +487,8 @@ def build_dashboard() -> dict[str, Any]:
                     "datasource": DATASOURCE,
                     "definition": "label_values(up, box)",
                     "query": {"query": "label_values(up, box)", "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-                    "current": {},
+                    # All by default: a Prometheus without box labels still shows everything.
+                    "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
                     "hide": 0,
                     "refresh": 2,
                     "regex": "",

@@ -16,6 +16,7 @@ import yaml
 from soak.export.names import exported_series_names
 from soak.metric_names import DCGM_FIELDS, VLLM_METRICS
 
+# The checked-in files beside the package (a source checkout or an editable install).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_PATH = REPO_ROOT / "dashboards" / "grafana" / "dashboards" / "soak.json"
 RULES_PATH = REPO_ROOT / "dashboards" / "prometheus" / "rules" / "soak.rules.yml"
