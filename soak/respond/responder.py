@@ -76,6 +76,7 @@ class Responder:
         self._collected_dumps: dict[str, float] = {}
         self._gpu_baselines: dict[int, float] = {}
         self._task: asyncio.Task | None = None
+        self._inflight: set[asyncio.Future] = set()
         self._closed = False
         self._lock = asyncio.Lock()
 
@@ -116,16 +117,31 @@ class Responder:
                 continue
 
     async def aclose(self) -> None:
+        """Stop tracking; first let a response in flight finish its kill (bounded)."""
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        inflight = [t for t in self._inflight if not t.done()]
+        if inflight:
+            cfg = self._config
+            bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 5.0
+            await asyncio.wait(inflight, timeout=bound)
 
     # --- the response --------------------------------------------------------------
 
     async def handle(self, decision: Any, number: int) -> IncidentRecord:
+        """Evidence, kill, GPUs free. Once begun, the response runs to its end even
+        when the caller is cancelled (a run ending mid-incident): a hung tree must
+        not be left half-killed. ``aclose()`` waits for it."""
+        task = asyncio.ensure_future(self._handle_locked(decision, number))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    async def _handle_locked(self, decision: Any, number: int) -> IncidentRecord:
         async with self._lock:
             return await self._handle(decision, number)
 

@@ -139,3 +139,121 @@ class ListedGpus:
             readings.append(GpuReading(index=index, util_pct=100.0 if live else 0.0, mem_used_mib=mem,
                                        mem_total_mib=24576.0, pids=live))
         return GpuSample(time.time(), GpuSource.NVML, tuple(readings))
+
+
+# --- soak run as a real subprocess, watched from outside ------------------------------
+
+
+def sim_state(base_url: str) -> dict | None:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base_url + "/sim/state", timeout=2) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Watched:
+    """What a watcher saw of the target while ``soak run`` ran."""
+
+    pids: set[int] = field(default_factory=set)         # every process seen in a target tree
+    sessions: dict[int, int] = field(default_factory=dict)  # pid -> session id
+    roots: list[int] = field(default_factory=list)      # root PIDs, in order (restarts)
+    hung_ignoring_sigterm: bool = False                 # seen: deadlock on, every process ignoring SIGTERM
+    returncode: int | None = None
+    stderr: str = ""
+
+
+class SoakRunWatcher:
+    """Runs ``soak run CONFIG --out DIR`` and, in a thread, records the target's
+    tree as it goes (root from events.jsonl or given, its descendants, and the
+    simulator's own process list), so a test can check every PID it ever saw."""
+
+    def __init__(self, reaper: "Reaper", config_path: Path, run_dir: Path, *, base_url: str | None = None,
+                 root_pid: int | None = None) -> None:
+        import sys
+        import threading
+
+        self.run_dir = run_dir
+        self.reaper = reaper
+        self.seen = Watched()
+        self._base_url = base_url
+        self._fixed_root = root_pid
+        self._done = threading.Event()
+        self._out = open(run_dir.parent / f"{run_dir.name}.out", "w")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "soak", "run", str(config_path), "--out", str(run_dir)],
+            stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        reaper.add_popen(self.popen)
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _roots(self) -> list[tuple[int, str]]:
+        import json
+
+        if self._fixed_root is not None:
+            return [(self._fixed_root, self._base_url or "")]
+        out = []
+        try:
+            for line in (self.run_dir / "events.jsonl").read_text().splitlines():
+                event = json.loads(line)
+                if event.get("type") in ("target_ready", "restart_done") and event.get("root_pid"):
+                    out.append((event["root_pid"], event.get("base_url") or self._base_url or ""))
+                if event.get("type") == "target_ready" and event.get("base_url"):
+                    self._base_url = event["base_url"]
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def _remember(self, proc: psutil.Process) -> None:
+        if proc.pid not in self.seen.pids:
+            self.seen.pids.add(proc.pid)
+            self.reaper.add(proc.pid)
+            try:
+                self.seen.sessions[proc.pid] = os.getsid(proc.pid)
+            except OSError:
+                pass
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self._done.is_set() and time.monotonic() < deadline:
+            for root, _ in self._roots():
+                if root not in self.seen.roots:
+                    self.seen.roots.append(root)
+                try:
+                    proc = psutil.Process(root)
+                    for p in [proc, *proc.children(recursive=True)]:
+                        if p.status() != psutil.STATUS_ZOMBIE:
+                            self._remember(p)
+                except psutil.Error:
+                    pass
+            state = sim_state(self._base_url) if self._base_url else None
+            if state:
+                procs = state.get("processes", {})
+                for pid in [procs.get("api_server"), procs.get("engine_core"), *procs.get("workers", [])]:
+                    if pid:
+                        try:
+                            self._remember(psutil.Process(pid))
+                        except psutil.Error:
+                            pass
+                tree = state.get("tree") or {}
+                states = tree.get("worker_states") or []
+                if (state.get("fault", {}).get("active") and tree.get("engine_ignores_sigterm")
+                        and states and all(s in ("spin", "hold") for s in states)):
+                    self.seen.hung_ignoring_sigterm = True
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float = 90.0) -> Watched:
+        try:
+            _, self.seen.stderr = self.popen.communicate(timeout=timeout_s)
+        finally:
+            self._done.set()
+            self._thread.join(timeout=5)
+            self._out.close()
+        self.seen.returncode = self.popen.returncode
+        return self.seen

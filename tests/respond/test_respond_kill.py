@@ -250,3 +250,31 @@ async def test_memory_back_is_judged_against_the_baseline_seen_with_no_process(t
     record2 = await strict.handle(decision(time.time()), 2)
     assert not record2.gpus_released
     assert any("615 MiB > 100 MiB allowed" in n for n in record2.notes)
+
+
+async def test_a_response_cancelled_by_its_caller_still_kills_the_tree(tmp_path, start_tree):
+    import asyncio
+
+    import socket
+
+    tree = start_tree(pipes=False)
+    # A slow evidence step keeps the response busy while the caller gives up on it:
+    # /metrics from a loopback socket that listens but never answers (1 s deadline).
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        responder = make_responder(tmp_path, tree, config=fast_config(evidence={"metrics_timeout": 1.0}))
+        responder._target.base_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        handling = asyncio.ensure_future(responder.handle(decision(time.time()), 1))
+        await asyncio.sleep(0.2)
+        handling.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handling
+        assert tree.alive(), "cancelled mid-evidence: the kill has not happened yet"
+        await responder.aclose()  # waits for the kill that was under way
+    finally:
+        silent.close()
+    assert tree.alive() == set()
+    record = json.loads((tmp_path / "run" / "incidents" / "1" / "incident.json").read_text())
+    assert record["status"] == "done"
