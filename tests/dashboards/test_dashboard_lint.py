@@ -100,3 +100,20 @@ def test_promql_name_extraction():
     assert metric_names_in('sum(up{job="soak"}) or vector(0) and on(box) x > bool 1e3') == {"up", "x"}
     assert signal_of("soak:pipeline_tail_stall == 1") == "soak:pipeline_tail_stall"
     assert signal_of('up{job="soak"} == 0') == 'up{job="soak"}'
+
+
+def test_every_vllm_and_dcgm_name_queried_is_one_facts_md_lists():
+    import re
+
+    from soak.export.lint import REPO_ROOT
+
+    facts = (REPO_ROOT.parent / "shared" / "design" / "FACTS.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"vllm:[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+", facts))
+    rules = load_rules()
+    used = set()
+    for e in list(dashboard_expressions(load_dashboard())) + list(rule_expressions(rules)):
+        used |= {n for n in metric_names_in(e.expr) if n.startswith(("vllm:", "DCGM_FI_"))}
+    assert used, "the dashboard reads no vLLM or DCGM metric"
+    for suffix in ("_bucket", "_total"):
+        used = {n.removesuffix(suffix) for n in used}
+    assert sorted(used - listed) == []
