@@ -99,7 +99,7 @@ def test_soak_validate_exits_2_with_one_line(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("soak.run.validate_cli") is None, reason="soak validate not wired yet")
-@pytest.mark.parametrize("name", ["agentic-pp8.yaml", "demo.yaml", "demo-deadlock.yaml"])
+@pytest.mark.parametrize("name", ["agentic-pp8.yaml", "demo.yaml", "demo-deadlock.yaml", "mooncake-sample.yaml"])
 def test_shipped_workloads_validate_and_print_their_plan(name):
     workloads = Path(__file__).resolve().parents[2] / "workloads"
     done = subprocess.run(

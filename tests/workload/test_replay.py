@@ -104,3 +104,16 @@ async def test_jsonl_replay_groups_sessions_and_rewrites_bodies(tmp_path):
     timed = build_workload(ReplayJsonlConfig(path=path, replay="timestamps", time_scale=2.0), base_dir=tmp_path, seed=0, model="served")
     await timed.calibrate(SimCounter())
     assert [a.offset_s for a in timed.arrivals()] == [0.0, 0.75, 1.5, 2.0]
+
+
+def test_a_run_config_may_point_at_a_trace_or_workload_file_beside_it(tmp_path):
+    from soak.config import load_run_config
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "trace.jsonl").write_text(SAMPLE.read_text())
+    (tmp_path / "sub" / "wl.yaml").write_text("kind: mooncake_trace\npath: trace.jsonl\nlimit: 5\n")
+    (tmp_path / "a.yaml").write_text("workload: sub/trace.jsonl\n")
+    (tmp_path / "b.yaml").write_text("workload: sub/wl.yaml\n")
+    a, b = load_run_config(tmp_path / "a.yaml").workload, load_run_config(tmp_path / "b.yaml").workload
+    assert a.kind == b.kind == "mooncake_trace" and b.limit == 5
+    assert a.path == b.path == (tmp_path / "sub" / "trace.jsonl")  # relative to the file that names it
