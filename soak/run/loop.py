@@ -212,6 +212,10 @@ class SoakRun:
         config = self.config
         self.store.write_config(self._redacted_config)
         self.event("run_created", run_id=self.run_id, target=config.target.kind)
+        if self.target.base_url:
+            # The URL is known before start (launched, attached): check the GPU
+            # source now, so a box without NVML exits 3 before a server is started.
+            await self._open_gpu_source()
         self.event("target_starting", target=config.target.kind)
         await self.target.start()
         self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
@@ -236,13 +240,7 @@ class SoakRun:
             plan = planned.to_json() if hasattr(planned, "to_json") else dict(planned)
             self.store.write_plan(plan)
 
-        import aiohttp
-
-        self.probe_session = aiohttp.ClientSession()
-        if self._gpu_source_factory is not None:
-            self.gpu_source = self._gpu_source_factory(self)
-            if self.gpu_source is not None and hasattr(self.gpu_source, "open"):
-                await self.gpu_source.open()  # NVML missing: GpuUnavailable, exit 3
+        await self._open_gpu_source()
         if self._detector_factory is not None:
             self.detector = self._detector_factory(self)
         if self._responder_factory is not None:
@@ -309,6 +307,16 @@ class SoakRun:
         )
         if self._stop_reason is None:
             self._stop_reason = result.stop_reason
+
+    async def _open_gpu_source(self) -> None:
+        import aiohttp
+
+        if self.probe_session is None:
+            self.probe_session = aiohttp.ClientSession()
+        if self._gpu_source_factory is not None and self.gpu_source is None:
+            self.gpu_source = self._gpu_source_factory(self)
+            if self.gpu_source is not None and hasattr(self.gpu_source, "open"):
+                await self.gpu_source.open()  # NVML missing: GpuUnavailable, exit 3
 
     def _start_probes(self) -> None:
         from soak.probes.scheduler import ProbeScheduler

@@ -78,7 +78,7 @@ def test_the_launched_server_environment(tmp_path) -> None:
 
 
 def run_expect_3(tmp_path, target: dict, words: str) -> None:
-    config = small_config(duration="3s")
+    config = small_config(duration="3s", probes={"gpu": {"kind": "none"}})
     config["target"] = target
     path = write_config(tmp_path / "t.yaml", config)
     run_dir = tmp_path / "run"
@@ -123,3 +123,25 @@ def test_a_missing_api_key_variable_is_exit_3(tmp_path) -> None:
                           timeout=60)
     assert proc.returncode == 3
     assert "SOAK_TEST_NO_SUCH_VARIABLE is not set" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_no_nvml_is_exit_3_before_a_server_is_started(tmp_path) -> None:
+    import pytest
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works on this machine")
+    except Exception:
+        pass
+    marker = tmp_path / "started"
+    config = small_config(duration="3s")
+    config["target"] = {"kind": "launched", "command": ["touch", str(marker)], "base_url": f"http://127.0.0.1:{free_port()}"}
+    config["probes"] = {"gpu": {"kind": "nvml"}}
+    path = write_config(tmp_path / "n.yaml", config)
+    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(tmp_path / "run")), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3 and "NVML" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not marker.exists()
