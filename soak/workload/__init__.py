@@ -60,7 +60,9 @@ def build_workload(
         from soak.workload.corpus import load_corpus
 
         corpus = load_corpus(config.corpus, field="workload.corpus", config_path=config_path)
-        return SyntheticAgenticWorkload(config, corpus=corpus, seed=seed, model=model, block_size=block_size)
+        return SyntheticAgenticWorkload(
+            config, corpus=corpus, seed=seed, model=model, block_size=block_size, config_path=config_path
+        )
     if isinstance(config, ReplayJsonlConfig):
         from soak.workload.replay import JsonlReplayWorkload
 

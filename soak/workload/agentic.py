@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Literal, Sequence
 
 from soak.errors import WorkloadError
-from soak.workload.config import SyntheticAgenticConfig
+from soak.workload.config import SyntheticAgenticConfig, dist_bounds
 from soak.workload.corpus import Corpus
 from soak.workload.distributions import sample, sample_int
 from soak.workload.plan import Plan, PlannedTurn, cached_whole_blocks, closed_loop_turns, service_time_s, summarize
@@ -78,8 +78,11 @@ class SyntheticAgenticWorkload:
     mode: Literal["sessions", "arrivals"] = "sessions"
     kind = "synthetic_agentic"
 
-    def __init__(self, config: SyntheticAgenticConfig, *, corpus: Corpus, seed: int, model: str, block_size: int = 256) -> None:
+    def __init__(
+        self, config: SyntheticAgenticConfig, *, corpus: Corpus, seed: int, model: str, block_size: int = 256, config_path=None
+    ) -> None:
         self.config = config
+        self.config_path = config_path
         self.corpus = corpus
         self.seed = seed
         self.model = model
@@ -158,6 +161,14 @@ class SyntheticAgenticWorkload:
             + b',"messages":[' + json.dumps(self._system, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         )
         self._user_head = b',{"role":"user","content":"' + json_string_bytes(INTRO)
+        largest_start = dist_bounds(cfg.start_context_tokens)[1]
+        if self._first_base + sum(self._chunk_tokens) < largest_start:
+            raise WorkloadError(
+                f"{cfg.context_chunks} chunks of about {cfg.context_chunk_tokens} tokens cannot fill a "
+                f"{largest_start:.0f}-token start context; raise context_chunks",
+                field="workload.context_chunks",
+                path=self.config_path,
+            )
         self._perm = list(range(cfg.context_chunks))
         random.Random(f"{self.seed}:chunks").shuffle(self._perm)
         self._calibrated = True
@@ -211,7 +222,8 @@ class SyntheticAgenticWorkload:
             raise WorkloadError(
                 f"the corpus chunks add up to {prompt} tokens, below min_context_tokens ({cfg.min_context_tokens}); "
                 "raise context_chunks or context_chunk_tokens",
-                field="context_chunks",
+                field="workload.context_chunks",
+                path=self.config_path,
             )
         steps: list[tuple[tuple[int, int] | None, int, int, int, float]] = [
             (None, prompt, self.shared_tokens, sample_int(cfg.output_tokens, rng, minimum=1), 0.0)

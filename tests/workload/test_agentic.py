@@ -133,3 +133,11 @@ def test_distributions_are_seeded():
     assert 80 < sorted(values)[1000] < 125  # the median is the median
     uniform = [sample(UniformDist(low=5, high=6), random.Random(i)) for i in range(50)]
     assert all(5 <= v <= 6 for v in uniform)
+
+
+async def test_too_few_chunks_for_the_start_context_is_a_workload_error():
+    from soak.errors import WorkloadError
+
+    with pytest.raises(WorkloadError) as info:
+        await _workload(5, context_chunks=4)
+    assert "context_chunks" in str(info.value)
