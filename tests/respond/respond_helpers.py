@@ -18,16 +18,13 @@ TREE_APP = Path(__file__).with_name("tree_app.py")
 ROLES = ("api", "engine", "worker0", "worker1", "worker2", "helper")
 
 
-@dataclass(frozen=True)
-class Decision:
-    """Shaped like soak.detect's Decision (rule, kind, onset_at, decided_at, reasons, evidence)."""
+def Decision(rule: str, kind: str, onset_at: float, decided_at: float, reasons: tuple[str, ...] = (),
+             evidence: Mapping[str, Any] | None = None):
+    """The detector's own Decision record (soak.detect.types), as the run loop hands it over."""
+    from soak.detect.types import Decision as DetectorDecision, IncidentKind
 
-    rule: str
-    kind: str
-    onset_at: float
-    decided_at: float
-    reasons: tuple[str, ...] = ()
-    evidence: Mapping[str, Any] = field(default_factory=dict)
+    return DetectorDecision(rule=rule, kind=IncidentKind(kind), onset_at=onset_at, decided_at=decided_at,
+                            reasons=tuple(reasons), evidence=dict(evidence or {}))
 
 
 @dataclass
