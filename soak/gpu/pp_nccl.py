@@ -108,10 +108,9 @@ def run_worker(args: argparse.Namespace) -> int:
     rank, world, last = args.rank, args.pp_size, args.pp_size - 1
     _set_title(f"{args.title_prefix}::Worker_PP{rank}")
 
-    def on_term(signum, frame):  # as vLLM's workers: runs only when Python gets control back
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, on_term)
+    # The front stops the workers with an exit command; a SIGTERM to a rank ends
+    # nothing, as with the hung server of the bug report (only SIGKILL does).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     nccl = args.backend == "nccl"
     if nccl:

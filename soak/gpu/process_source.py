@@ -14,12 +14,16 @@ from the device figure, as measured on an H200 (tests/gpu/device/):
 - processes sharing a GPU are time-sliced, so two ranks spinning at once read
   about 50% each (40/60, 50/50) while the device reads 100%.
 
-So a stage's reading is derived from its share of the GPU's busy time:
-``mode="dedicated"`` (the default) reports ``device_util x share x k`` capped at
-100, where ``k`` is the number of stages that ran in the window: what the
-stage would read on a GPU of its own if the stages' work overlaps, as it does
-in a pipeline that is full or spinning; ``mode="share"`` reports the plain
-``device_util x share``. Either way a stage that ran nothing reads 0%.
+So a stage's reading is built on what per-process NVML tells reliably: whether
+the stage ran a kernel at all in the window. ``mode="device_if_ran"`` (the
+default) gives a stage that ran the device's utilization over the window and a
+stage that ran nothing 0%: the tail stall reads upstream 100% / last 0%
+exactly, and a healthy stage is never 0% while the GPU is busy with it.
+``mode="dedicated"`` estimates ``device_util x share x k`` capped at 100 (``k``:
+the stages that ran), what a stage would read on a GPU of its own if the stages'
+work overlaps; on the H200 three spinning stages read 25-100% in successive
+2-second windows with it, since their time slices are uneven.
+``mode="share"`` is the plain ``device_util x share``.
 
 Each compute process on the GPU is mapped to its stage by its process title
 (``VLLM::Worker_PP<r>``) or, for soak's own programs, its ``--rank R``. Stage
@@ -46,7 +50,7 @@ from soak.samples import GpuReading, GpuSample, GpuSource
 _TITLE = re.compile(r"::Worker_PP(\d+)(?:_TP\d+)?\b")
 _OWN_PROGRAMS = ("soak.gpu.cuda_worker", "soak.gpu.pp_nccl")
 
-Mode = Literal["dedicated", "share"]
+Mode = Literal["device_if_ran", "dedicated", "share"]
 
 
 def stage_of(cmdline: Sequence[str]) -> int | None:
@@ -83,7 +87,7 @@ def stage_readings(
     device_util_pct: float,
     mem_used_mib: Mapping[int, float],
     mem_total_mib: float | None,
-    mode: Mode = "dedicated",
+    mode: Mode = "device_if_ran",
     uuid: str | None = None,
 ) -> tuple[GpuReading, ...]:
     """One reading per stage from the per-process samples of one window.
@@ -102,7 +106,10 @@ def stage_readings(
     readings = []
     for stage in range(stages):
         share = per_stage[stage] / total if total > 0 else 0.0
-        util = device_util_pct * share * (running if mode == "dedicated" else 1)
+        if mode == "device_if_ran":
+            util = device_util_pct if per_stage[stage] > 0 else 0.0
+        else:
+            util = device_util_pct * share * (running if mode == "dedicated" else 1)
         pids = tuple(sorted(pid for pid, s in pid_stage.items() if s == stage and pid in mem_used_mib))
         readings.append(
             GpuReading(
@@ -217,7 +224,7 @@ class NvmlProcessGpuSource:
         stages: int | None,
         clock,
         device_indices: Sequence[int] = (0,),
-        mode: Mode = "dedicated",
+        mode: Mode = "device_if_ran",
         window_s: float = 2.0,
         poll_interval_s: float = 0.1,
         deadline_s: float = 2.0,

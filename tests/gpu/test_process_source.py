@@ -59,13 +59,14 @@ def test_stage_readings_show_the_tail_stall_on_a_shared_gpu():
     assert dedicated[2].pids == (102,) and dedicated[2].mem_used_mib == 2048.0
     assert dedicated[0].pids == (100,)
     assert dedicated[1].uuid == "GPU-x/stage1"
+    assert [r.util_pct for r in stage_readings(**kwargs, mode="dedicated")] == [99.0, 99.0, 0.0]
     shared = stage_readings(**kwargs, mode="share")
     assert [r.util_pct for r in shared] == [49.5, 49.5, 0.0]
 
 
 def test_healthy_stages_sharing_a_gpu_each_read_the_pipeline_load():
     # Three busy stages at 84% device utilization, uneven samples (as measured).
-    readings = stage_readings(
+    kwargs = dict(
         stages=3,
         pid_stage={1: 0, 2: 1, 3: 2},
         util_samples=[ProcessUtilSample(1, 1, 17.0), ProcessUtilSample(2, 1, 51.0), ProcessUtilSample(3, 1, 17.0),
@@ -74,8 +75,10 @@ def test_healthy_stages_sharing_a_gpu_each_read_the_pipeline_load():
         mem_used_mib={1: 1.0, 2: 1.0, 3: 1.0},
         mem_total_mib=None,
     )
-    assert all(r.util_pct > 40 for r in readings)  # no stage looks idle
-    assert max(r.util_pct for r in readings) == 100.0  # capped
+    assert [r.util_pct for r in stage_readings(**kwargs)] == [84.0, 84.0, 84.0]
+    dedicated = stage_readings(**kwargs, mode="dedicated")
+    assert all(r.util_pct > 40 for r in dedicated)  # no stage looks idle
+    assert max(r.util_pct for r in dedicated) == 100.0  # capped
 
 
 def test_a_stage_with_no_process_reads_free():

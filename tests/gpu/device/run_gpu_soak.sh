@@ -12,7 +12,7 @@ timeout 230 python3 -m soak run $D/gpu-deadlock.yaml --out $W/run > $W/soak_run.
 tail -5 $W/soak_run.log
 kill $SIDE 2>/dev/null; wait $SIDE 2>/dev/null
 python3 $D/summarize_run.py $W/run $W/side.jsonl $OUT/figures.json
-echo "== pp_nccl on one GPU"; timeout 120 python3 $D/pp_one_gpu.py $W/pp1 $OUT/pp_one_gpu.json; echo rc=$?
+[ -n "${SKIP_PP1:-}" ] || { echo "== pp_nccl on one GPU"; timeout 120 python3 $D/pp_one_gpu.py $W/pp1 $OUT/pp_one_gpu.json; echo rc=$?; }
 echo "== pytest tests/gpu"
 timeout 240 python3 -m pytest tests/gpu -q -p no:cacheprovider -rs 2>&1 | tail -25
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
