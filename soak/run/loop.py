@@ -130,7 +130,12 @@ class SoakRun:
 
     # -- fan-in ----------------------------------------------------------------
     def _on_sample(self, sample: Sample) -> None:
-        self._recent.append(sample)
+        recent = self._recent
+        recent.append(sample)
+        # Keep only the responder's window (by time; the count bound is a backstop).
+        horizon = sample.ts - self.config.response.evidence.samples_window
+        while recent and recent[0].ts < horizon:
+            recent.popleft()
         self.detector.observe(sample)
         self.sinks.on_sample(sample)
 
