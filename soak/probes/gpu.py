@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from soak.clock import Clock
-from soak.errors import GpuUnavailable, ProbeError
+from soak.errors import GpuUnavailable, ProbeError, ProbeTimeout
 from soak.metric_names import DCGM_FIELDS
 from soak.samples import GpuReading, GpuSample, GpuSource
 
@@ -262,7 +262,8 @@ class NvmlGpuSource:
         return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in wanted]
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the worker thread; ProbeTimeout-like ProbeError past the deadline."""
+        """Run ``fn`` on the worker thread: ProbeTimeout past the deadline, ProbeError
+        while an earlier call is still stuck (nothing is queued behind it)."""
         assert self._worker is not None
         if self._pending is not None and not self._pending.done():
             raise ProbeError(f"an NVML call is still blocked (deadline {self.deadline_s:g}s); not queueing another")
@@ -271,8 +272,6 @@ class NvmlGpuSource:
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.deadline_s)
         except asyncio.TimeoutError as exc:
-            from soak.errors import ProbeTimeout
-
             raise ProbeTimeout(f"NVML call ran past its {self.deadline_s:g}s deadline") from exc
 
     async def read(self) -> GpuSample:
