@@ -81,3 +81,15 @@ def test_real_three_rank_dump_names_the_last_rank_behind():
     assert pp.stuck_seq == 55
     assert [(r.rank, r.last_enqueued, r.last_completed) for r in pp.rows] == [(0, 55, 54), (1, 55, 54), (2, 54, 54)]
     assert "rank 2 never enqueued collective 55" in pp.note
+
+
+def test_the_log_watcher_parses_the_real_watchdog_timeout_line():
+    from soak.probes.logwatch import parse_log_line
+
+    matches = [m for line in (REAL / "nccl_timeout" / "watchdog.log").read_text().splitlines()
+               if (m := parse_log_line(line)) is not None]
+    timeout = next(m for m in matches if m.signature == "nccl_watchdog_timeout")
+    assert {k: timeout.fields[k] for k in ("seq", "op_type", "numel_in", "timeout_ms", "ran_for_ms")} == {
+        "seq": 13, "op_type": "BROADCAST", "numel_in": 6, "timeout_ms": 3000, "ran_for_ms": 3082}
+    failure = next(m for m in matches if m.signature == "nccl_watchdog_failure")
+    assert failure.fields["pg_name"] == "pp_broadcast" and failure.fields["seq"] == 13
