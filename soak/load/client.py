@@ -279,6 +279,12 @@ class StreamingClient:
         usage = obj.get("usage")
         if usage:
             state.usage = usage
+            # A content chunk carries one token, or several under speculative
+            # decoding: chunks are only a lower bound until the usage chunk
+            # gives the exact count (or every chunk does, with continuous_usage_stats).
+            completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+            if isinstance(completion, int) and completion > progress.tokens:
+                progress.tokens = completion
 
     def _record(
         self,

@@ -5,6 +5,11 @@ The streaming client updates a ``StreamProgress`` per request as chunks arrive
 ``snapshot(now)`` on its own schedule. A stream silent for long while the GPUs
 read busy is the hang's client-side face.
 
+``tokens`` counts content chunks while a stream runs (a lower bound: with
+speculative decoding a chunk carries several tokens) and becomes the server's
+exact ``usage.completion_tokens`` once the usage chunk arrives, so finished
+requests add exact counts to the totals.
+
 Memory is bounded by the number of in-flight streams: a stream's entry goes
 when it ends; only totals are kept.
 """

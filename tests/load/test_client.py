@@ -58,7 +58,9 @@ async def behaviour(request: web.Request) -> web.StreamResponse:
         if mode == "malformed" and i == 2:
             await response.write(b"data: {not json\n\n")
     await response.write(chunk(finish="stop"))
-    usage = {"prompt_tokens": 120, "completion_tokens": 5, "total_tokens": 125, "prompt_tokens_details": {"cached_tokens": 96}}
+    # "spec": five chunks carrying 17 tokens, as speculative decoding sends them.
+    completion = 17 if mode == "spec" else 5
+    usage = {"prompt_tokens": 120, "completion_tokens": completion, "total_tokens": 120 + completion, "prompt_tokens_details": {"cached_tokens": 96}}
     await response.write(chunk(usage=usage))
     if mode != "no_done":
         await response.write(b"data: [DONE]\n\n")
@@ -171,3 +173,11 @@ async def test_outer_cancellation_propagates(server_url, make_client) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_progress_counts_the_servers_tokens_not_chunks(server_url, make_client) -> None:
+    client = await make_client(server_url)
+    record = await client.send(turn("spec"), request_id="r1")
+    assert record.outcome == "ok" and record.output_tokens == 17
+    snapshot = client._tracker.snapshot(0.0)
+    assert snapshot.tokens_total == 17 and snapshot.requests_done == 1
