@@ -32,8 +32,9 @@ _PG = re.compile(
 )
 _WATCHDOG_FAILURE = re.compile(r"failure detected by watchdog at work sequence id: (?P<seq>\d+)")
 _PG_STATUS = re.compile(
-    r"last enqueued work: (?P<last_enqueued>-?\d+), last started work: (?P<last_started>-?\d+), "
-    r"last completed work: (?P<last_completed>-?\d+)"
+    # torch 2.11 prints no "last started work" unless TORCH_NCCL_ENABLE_TIMING is set
+    r"last enqueued work: (?P<last_enqueued>-?\d+),(?: last started work: (?P<last_started>-?\d+),)?"
+    r" last completed work: (?P<last_completed>-?\d+)"
 )
 _WATCHDOG_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>[^)]*\)?[^)]*)\)")
 _RANK = re.compile(r"\[Rank (?P<rank>\d+)\]")
@@ -77,7 +78,7 @@ def parse_log_line(line: str) -> LogMatch | None:
         fields["rank"] = int(pg.group("rank"))
     status = _PG_STATUS.search(line)
     if status:
-        fields.update({k: int(v) for k, v in status.groupdict().items()})
+        fields.update({k: int(v) for k, v in status.groupdict().items() if v is not None})
 
     timeout = _WATCHDOG_TIMEOUT.search(line)
     if timeout:

@@ -8,31 +8,22 @@ multiproc executor); a worker's ``(Worker_PP3 pid=1234)`` prefix is kept as
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-_WORKER = re.compile(r"\((?P<worker>Worker[\w]*) pid=(?P<pid>\d+)\)")
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("watchdog_failure", re.compile(
-        r"\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg_guid>[^\s(\]]+)(?:\((?P<pg_desc>[^)]*)\))? Rank (?P<rank>\d+)\]"
-        r"\s+failure detected by watchdog at work sequence id: (?P<seq>\d+)")),
-    ("pg_status", re.compile(
-        r"(?:\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg_guid>[^\s(\]]+)(?:\((?P<pg_desc>[^)]*)\))? Rank (?P<rank>\d+)\] )?"
-        r"PG status: last enqueued work: (?P<last_enqueued>-?\d+),(?: last started work: (?P<last_started>-?\d+),)?"
-        r" last completed work: (?P<last_completed>-?\d+)")),
-    ("collective_timeout", re.compile(
-        r"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\("
-        r"SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel_in>\d+))?(?:, NumelOut=(?P<numel_out>\d+))?"
-        r"(?:, Timeout\(ms\)=(?P<timeout_ms>\d+))?\)(?: ran for (?P<ran_ms>\d+) milliseconds before timing out)?")),
-    ("shm_broadcast_wait", re.compile(
-        r"No available shared memory broadcast block found in (?P<seconds>\d+) seconds")),
-    ("rpc_timeout", re.compile(r"RPC call to (?P<method>\w+) timed out")),
-    ("engine_dead", re.compile(r"EngineDeadError|EngineCore encountered an issue")),
-)
-_PG_STATUS = dict(_PATTERNS)["pg_status"]
-_INT_FIELDS = {"pg_id", "rank", "seq", "last_enqueued", "last_started", "last_completed", "numel_in",
-               "numel_out", "timeout_ms", "ran_ms", "seconds", "pid"}
+from soak.probes.logwatch import parse_log_line
+
+# The line parser is the log probe's (one set of patterns for the live watcher
+# and the report); the report keeps its own short names for signatures and fields.
+_SIGNATURES = {
+    "nccl_watchdog_failure": "watchdog_failure",
+    "nccl_pg_status": "pg_status",
+    "nccl_watchdog_timeout": "collective_timeout",
+    "shm_broadcast_wait": "shm_broadcast_wait",
+    "sample_tokens_timeout": "rpc_timeout",
+    "engine_dead": "engine_dead",
+}
+_FIELDS = {"pg_name": "pg_desc", "op_type": "op", "ran_for_ms": "ran_ms", "wait_s": "seconds"}
 
 
 @dataclass(frozen=True)
@@ -44,22 +35,13 @@ class WatchdogLine:
 
 
 def parse_line(line: str, *, ts: float | None = None) -> WatchdogLine | None:
-    for signature, pattern in _PATTERNS:
-        m = pattern.search(line)
-        if m is None:
-            continue
-        fields: dict[str, Any] = {k: v for k, v in m.groupdict().items() if v is not None}
-        if signature == "watchdog_failure":  # torch >= 2.6 puts the PG status on the same line
-            status = _PG_STATUS.search(line, m.end())
-            if status:
-                fields.update({k: v for k, v in status.groupdict().items() if v is not None and k not in fields})
-        w = _WORKER.search(line)
-        if w:
-            fields.update(w.groupdict())
-        for key in _INT_FIELDS & fields.keys():
-            fields[key] = int(fields[key])
-        return WatchdogLine(signature, line.rstrip("\n"), fields, ts)
-    return None
+    match = parse_log_line(line)
+    if match is None:
+        return None
+    fields = {_FIELDS.get(k, k): v for k, v in match.fields.items()}
+    if isinstance(fields.get("seconds"), float) and fields["seconds"].is_integer():
+        fields["seconds"] = int(fields["seconds"])
+    return WatchdogLine(_SIGNATURES.get(match.signature, match.signature), line.rstrip("\n"), fields, ts)
 
 
 def parse_lines(lines: Iterable[str]) -> list[WatchdogLine]:
