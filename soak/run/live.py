@@ -214,7 +214,7 @@ class LiveView:
     def on_incident(self, incident: Any) -> None:
         self.state.incidents += 1
         if self.mode == "plain":
-            self._print(f"soak: incident {incident.number}: {incident.kind} ({incident.rule}): {incident.summary}")
+            self._print(f"soak: incident {incident.number}: {incident.summary}")
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
         if type in ("restart_started", "load_stopped", "draining"):
