@@ -120,9 +120,14 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
         f"(generation counter, KV usage, prefix-cache queries, client bytes all flat)",
         f"threshold {threshold:.1f}s: {basis}",
     )
+    return _against_threshold(name, elapsed, threshold, cfg.suspect_fraction, since, reasons, evidence)
+
+
+def _against_threshold(name, elapsed, threshold, suspect_fraction, since, reasons, evidence) -> RuleStatus:
+    """Fired past the threshold, pending past its suspect fraction, else clear."""
     if elapsed >= threshold:
         state = RuleState.FIRED
-    elif elapsed >= threshold * cfg.suspect_fraction:
+    elif elapsed >= threshold * suspect_fraction:
         state = RuleState.PENDING
     else:
         return RuleStatus(name, RuleState.CLEAR, elapsed_s=_round(elapsed), threshold_s=threshold, evidence=evidence)
@@ -164,13 +169,7 @@ def client_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleSt
         f"threshold {threshold:.1f}s: longest healthy gap {learned:.1f}s x {cfg.safety_factor:g}, "
         f"clamped to [{cfg.floor:g}s, {cfg.ceiling:g}s]",
     )
-    if elapsed >= threshold:
-        state = RuleState.FIRED
-    elif elapsed >= threshold * cfg.suspect_fraction:
-        state = RuleState.PENDING
-    else:
-        return RuleStatus(name, RuleState.CLEAR, elapsed_s=_round(elapsed), threshold_s=threshold, evidence=evidence)
-    return RuleStatus(name, state, IncidentKind.HANG, since, _round(elapsed), threshold, reasons, evidence)
+    return _against_threshold(name, elapsed, threshold, cfg.suspect_fraction, since, reasons, evidence)
 
 
 def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:

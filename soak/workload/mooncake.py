@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
 from soak.errors import WorkloadError
+from soak.workload.jsonl import iter_json_objects
 from soak.workload.config import MooncakeTraceConfig
 from soak.workload.corpus import Corpus
 from soak.workload.plan import Plan, PlannedTurn, cached_whole_blocks, closed_loop_turns, service_time_s, summarize
@@ -48,47 +49,27 @@ def parse_mooncake_rows(path: str | Path, *, block_tokens: int = 512, limit: int
     """Read and check the rows; a bad one is a ``WorkloadError`` naming its line."""
     path = Path(path)
     rows: list[MooncakeRow] = []
-    try:
-        handle = path.open("r", encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise WorkloadError("no such file", path=path) from exc
-    except OSError as exc:
-        raise WorkloadError(f"cannot read: {exc}", path=path) from exc
-    with handle:
-        try:
-            for number, text in enumerate(handle, start=1):
-                if limit is not None and len(rows) >= limit:
-                    break
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadError(f"invalid JSON: {exc.msg}", path=path, line=number) from exc
-                if not isinstance(row, dict):
-                    raise WorkloadError("a row must be a JSON object", path=path, line=number)
-                if "hash_ids" not in row:
-                    raise WorkloadError("the row has no hash_ids", path=path, line=number)
-                hash_ids = row["hash_ids"]
-                if not isinstance(hash_ids, list) or not hash_ids or not all(
-                    isinstance(h, int) and not isinstance(h, bool) for h in hash_ids
-                ):
-                    raise WorkloadError("hash_ids must be a non-empty list of integers", path=path, line=number)
-                timestamp = row.get("timestamp", 0)
-                if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or timestamp < 0:
-                    raise WorkloadError(f"timestamp must be milliseconds >= 0, got {timestamp!r}", path=path, line=number)
-                input_length = _int_field(row, "input_length", path=path, line=number, minimum=1)
-                output_length = _int_field(row, "output_length", path=path, line=number, minimum=0)
-                if len(hash_ids) != math.ceil(input_length / block_tokens):
-                    raise WorkloadError(
-                        f"{len(hash_ids)} hash_ids do not cover input_length {input_length} "
-                        f"in {block_tokens}-token blocks (expected {math.ceil(input_length / block_tokens)})",
-                        path=path,
-                        line=number,
-                    )
-                rows.append(MooncakeRow(number, float(timestamp), input_length, output_length, tuple(hash_ids)))
-        except UnicodeDecodeError as exc:
-            raise WorkloadError(f"not UTF-8 text: {exc}", path=path) from exc
+    for number, row in iter_json_objects(path, limit=limit, noun="row"):
+        if "hash_ids" not in row:
+            raise WorkloadError("the row has no hash_ids", path=path, line=number)
+        hash_ids = row["hash_ids"]
+        if not isinstance(hash_ids, list) or not hash_ids or not all(
+            isinstance(h, int) and not isinstance(h, bool) for h in hash_ids
+        ):
+            raise WorkloadError("hash_ids must be a non-empty list of integers", path=path, line=number)
+        timestamp = row.get("timestamp", 0)
+        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or timestamp < 0:
+            raise WorkloadError(f"timestamp must be milliseconds >= 0, got {timestamp!r}", path=path, line=number)
+        input_length = _int_field(row, "input_length", path=path, line=number, minimum=1)
+        output_length = _int_field(row, "output_length", path=path, line=number, minimum=0)
+        if len(hash_ids) != math.ceil(input_length / block_tokens):
+            raise WorkloadError(
+                f"{len(hash_ids)} hash_ids do not cover input_length {input_length} "
+                f"in {block_tokens}-token blocks (expected {math.ceil(input_length / block_tokens)})",
+                path=path,
+                line=number,
+            )
+        rows.append(MooncakeRow(number, float(timestamp), input_length, output_length, tuple(hash_ids)))
     if not rows:
         raise WorkloadError("the trace has no rows", path=path, line=1)
     return rows

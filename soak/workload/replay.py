@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from soak.errors import WorkloadError
+from soak.workload.jsonl import iter_json_objects
 from soak.workload.config import ReplayJsonlConfig
 from soak.workload.distributions import sample
 from soak.workload.plan import Plan, PlannedTurn, closed_loop_turns, service_time_s, summarize
@@ -50,85 +51,65 @@ def parse_replay_lines(config: ReplayJsonlConfig, *, model: str) -> list[ReplayL
     interned: dict[bytes, bytes] = {}
     out: list[ReplayLine] = []
     origin: float | None = None
-    try:
-        handle = path.open("r", encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise WorkloadError("no such file", path=path, field="path") from exc
-    except OSError as exc:
-        raise WorkloadError(f"cannot read: {exc}", path=path) from exc
-    with handle:
-        try:
-            for number, text in enumerate(handle, start=1):
-                if config.limit is not None and len(out) >= config.limit:
-                    break
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadError(f"invalid JSON: {exc.msg}", path=path, line=number) from exc
-                if not isinstance(obj, dict):
-                    raise WorkloadError("a line must be a JSON object", path=path, line=number)
-                inner = obj.get("body", obj.get("request"))
-                if inner is not None and not isinstance(inner, dict):
-                    raise WorkloadError("body must be a JSON object", path=path, line=number)
-                request = dict(inner if inner is not None else obj)
-                if inner is None:
-                    for key in _META_KEYS:
-                        request.pop(key, None)
-                session_id = obj.get("session_id")
-                if session_id is not None and not isinstance(session_id, (str, int)):
-                    raise WorkloadError("session_id must be a string", path=path, line=number)
-                timestamp = obj.get("timestamp")
-                if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, (int, float))):
-                    raise WorkloadError(f"timestamp must be a number, got {timestamp!r}", path=path, line=number)
-                if timestamp is None and config.replay == "timestamps":
-                    raise WorkloadError("no timestamp (replay: timestamps needs one on every line)", path=path, line=number)
-                if timestamp is not None:
-                    origin = timestamp if origin is None else origin
-                    timestamp = (timestamp - origin) * unit
-                max_tokens = config.max_tokens_override or request.get("max_tokens") or request.get("max_completion_tokens") or config.default_max_tokens
-                if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-                    raise WorkloadError(f"max_tokens must be a positive integer, got {max_tokens!r}", path=path, line=number)
-                for key in _DROPPED:
-                    request.pop(key, None)
-                head = b'{"model":' + _dumps(model) + b',"stream":true,"stream_options":{"include_usage":true}'
-                if "messages" in request:
-                    messages = request.pop("messages")
-                    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-                        raise WorkloadError("messages must be a non-empty list of objects", path=path, line=number)
-                    rest = _dumps(request)[1:-1]
-                    pieces = [head, b"," + rest if rest else b"", b',"messages":[']
-                    for index, message in enumerate(messages):
-                        serialized = _dumps(message)
-                        pieces.append(b"," if index else b"")
-                        pieces.append(interned.setdefault(serialized, serialized))
-                    pieces.append(b"]")
-                    keep = {"messages": messages, "tools": request.get("tools")}
-                    route = CHAT_PATH
-                elif "prompt" in request:
-                    prompt = request["prompt"]
-                    if not isinstance(prompt, str):
-                        raise WorkloadError("prompt must be a string", path=path, line=number)
-                    serialized = _dumps(request)[1:-1]
-                    pieces = [head, b",", interned.setdefault(serialized, serialized)]
-                    keep = {"prompt": prompt}
-                    route = COMPLETIONS_PATH
-                else:
-                    raise WorkloadError("a request needs messages (chat) or prompt (completions)", path=path, line=number)
-                out.append(
-                    ReplayLine(
-                        line=number,
-                        session_id=str(session_id) if session_id is not None else None,
-                        timestamp=timestamp,
-                        path=route,
-                        pieces=tuple(p for p in pieces if p),
-                        max_tokens=max_tokens,
-                        request=keep if config.count_tokens else None,
-                    )
-                )
-        except UnicodeDecodeError as exc:
-            raise WorkloadError(f"not UTF-8 text: {exc}", path=path) from exc
+    for number, obj in iter_json_objects(path, limit=config.limit, noun="line", field="path"):
+        inner = obj.get("body", obj.get("request"))
+        if inner is not None and not isinstance(inner, dict):
+            raise WorkloadError("body must be a JSON object", path=path, line=number)
+        request = dict(inner if inner is not None else obj)
+        if inner is None:
+            for key in _META_KEYS:
+                request.pop(key, None)
+        session_id = obj.get("session_id")
+        if session_id is not None and not isinstance(session_id, (str, int)):
+            raise WorkloadError("session_id must be a string", path=path, line=number)
+        timestamp = obj.get("timestamp")
+        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, (int, float))):
+            raise WorkloadError(f"timestamp must be a number, got {timestamp!r}", path=path, line=number)
+        if timestamp is None and config.replay == "timestamps":
+            raise WorkloadError("no timestamp (replay: timestamps needs one on every line)", path=path, line=number)
+        if timestamp is not None:
+            origin = timestamp if origin is None else origin
+            timestamp = (timestamp - origin) * unit
+        max_tokens = config.max_tokens_override or request.get("max_tokens") or request.get("max_completion_tokens") or config.default_max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise WorkloadError(f"max_tokens must be a positive integer, got {max_tokens!r}", path=path, line=number)
+        for key in _DROPPED:
+            request.pop(key, None)
+        head = b'{"model":' + _dumps(model) + b',"stream":true,"stream_options":{"include_usage":true}'
+        if "messages" in request:
+            messages = request.pop("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise WorkloadError("messages must be a non-empty list of objects", path=path, line=number)
+            rest = _dumps(request)[1:-1]
+            pieces = [head, b"," + rest if rest else b"", b',"messages":[']
+            for index, message in enumerate(messages):
+                serialized = _dumps(message)
+                pieces.append(b"," if index else b"")
+                pieces.append(interned.setdefault(serialized, serialized))
+            pieces.append(b"]")
+            keep = {"messages": messages, "tools": request.get("tools")}
+            route = CHAT_PATH
+        elif "prompt" in request:
+            prompt = request["prompt"]
+            if not isinstance(prompt, str):
+                raise WorkloadError("prompt must be a string", path=path, line=number)
+            serialized = _dumps(request)[1:-1]
+            pieces = [head, b",", interned.setdefault(serialized, serialized)]
+            keep = {"prompt": prompt}
+            route = COMPLETIONS_PATH
+        else:
+            raise WorkloadError("a request needs messages (chat) or prompt (completions)", path=path, line=number)
+        out.append(
+            ReplayLine(
+                line=number,
+                session_id=str(session_id) if session_id is not None else None,
+                timestamp=timestamp,
+                path=route,
+                pieces=tuple(p for p in pieces if p),
+                max_tokens=max_tokens,
+                request=keep if config.count_tokens else None,
+            )
+        )
     if not out:
         raise WorkloadError("the file has no requests", path=path, line=1)
     return out
