@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -83,6 +83,9 @@ class SimServer:
         self.dead = False  # engine dead: /health 503, requests fail
         self.metrics_stalled = False
         self.pause_until: float | None = None  # sim time of the end of a healthy pause
+        # Called when the engine resumes after a pause, before any paused request
+        # moves on, so the fault reads ended by the time its requests finish.
+        self.on_pause_end: Callable[[], None] | None = None
         self.started_wall = self.clock.now()
         self._mono0 = self.clock.monotonic()
         self._last_end = 0.0
@@ -162,6 +165,8 @@ class SimServer:
                 self.set_activity(Activity.PAUSE)
                 await self.sleep_sim(self.pause_until - self.sim_now())
                 self.pause_until = None
+                if self.on_pause_end is not None:
+                    self.on_pause_end()
                 continue
             now = max(self._last_end, self.sim_now())
             result = self.engine.step(now)

@@ -177,6 +177,7 @@ class FaultController:
             self._spawn(self._crash(armed, spec))
         elif isinstance(spec, SlowFault):
             server.pause_until = server.sim_now() + spec.pause
+            server.on_pause_end = lambda: self._finish(armed)
             server.wake()
             self._spawn(self._end_after(armed, spec.pause))
         elif isinstance(spec, MetricsStallFault):
@@ -186,8 +187,12 @@ class FaultController:
 
     async def _end_after(self, armed: _Armed, seconds: float) -> None:
         await self.server.sleep_sim(seconds)
-        armed.active = False
-        armed.ended_at = self.server.clock.now()
+        self._finish(armed)
+
+    def _finish(self, armed: _Armed) -> None:
+        if armed.active:
+            armed.active = False
+            armed.ended_at = self.server.clock.now()
 
     async def _end_metrics_stall(self, armed: _Armed, seconds: float) -> None:
         await self._end_after(armed, seconds)

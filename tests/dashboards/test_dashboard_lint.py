@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import copy
 
 from soak.export.dashboard import build_dashboard
@@ -107,7 +109,10 @@ def test_every_vllm_and_dcgm_name_queried_is_one_facts_md_lists():
 
     from soak.export.lint import REPO_ROOT
 
-    facts = (REPO_ROOT.parent / "shared" / "design" / "FACTS.md").read_text(encoding="utf-8")
+    facts_path = REPO_ROOT.parent / "shared" / "design" / "FACTS.md"
+    if not facts_path.exists():
+        pytest.skip("../shared/design/FACTS.md is absent (a user's own clone)")
+    facts = facts_path.read_text(encoding="utf-8")
     listed = set(re.findall(r"vllm:[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+", facts))
     rules = load_rules()
     used = set()
