@@ -18,7 +18,8 @@ edges only ever sees these classes.
     │   ├── ConnectionReset
     │   ├── HTTPStatusError        carries .status and the server's message
     │   ├── MalformedStream        the SSE stream broke the protocol
-    │   └── RequestTimeout         carries .phase: connect | first_token | stall | total
+    │   ├── RequestTimeout         carries .phase: connect | first_token | stall | total
+    │   └── RequestAborted         the harness cut it short (drain over, target killed or restarted)
     ├── ProbeError                 one sample could not be taken; the probe goes on
     │   ├── ProbeTimeout           a call ran past its deadline (a wedged driver)
     │   └── MetricsUnavailable
@@ -119,6 +120,13 @@ class HTTPStatusError(TransportError):
 
 class MalformedStream(TransportError):
     outcome = "malformed_stream"
+
+
+class RequestAborted(TransportError):
+    """The harness cut the request short: the drain ran out, or the target is
+    being killed or restarted. Not the server's fault as such."""
+
+    outcome = "aborted"
 
 
 class RequestTimeout(TransportError):

@@ -26,6 +26,7 @@ from soak.errors import (
     ConnectRefused,
     HTTPStatusError,
     MalformedStream,
+    RequestAborted,
     RequestTimeout,
     TransportError,
 )
@@ -35,13 +36,6 @@ from soak.load.sse import SSEDecoder
 from soak.samples import RequestRecord
 
 _ERROR_BODY_LIMIT = 2048
-
-
-class RequestAborted(TransportError):
-    """The harness cut the request short: the drain ran out, or the target is
-    being killed or restarted. Not the server's fault as such."""
-
-    outcome = "aborted"
 
 
 class TurnLike(Protocol):
