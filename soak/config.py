@@ -13,9 +13,9 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError
 
-from soak.configbase import Duration, StrictModel
+from soak.configbase import Duration, StrictModel, parse_duration
 from soak.detect.config import DetectorConfig
-from soak.errors import ConfigError
+from soak.errors import ArgumentError, ConfigError
 from soak.export.config import ExporterConfig
 from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
@@ -107,6 +107,16 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", path=path) from exc
+
+
+def duration_flag(text: str | None) -> float | None:
+    """Seconds from a ``--duration`` argument (``66m``), None when not given."""
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ArgumentError(f"--duration: {exc}") from None
 
 
 def load_run_config(path: str | Path, *, duration: float | None = None) -> RunConfig:

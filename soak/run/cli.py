@@ -31,18 +31,10 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     import asyncio
     import sys
 
-    from soak.config import load_run_config
-    from soak.configbase import parse_duration
-    from soak.errors import ArgumentError
+    from soak.config import duration_flag, load_run_config
     from soak.run.wiring import build_soak_run
 
-    override = None
-    if duration is not None:
-        try:
-            override = parse_duration(duration)
-        except ValueError as exc:
-            raise ArgumentError(f"--duration: {exc}") from None
-    config = load_run_config(config_path, duration=override)
+    config = load_run_config(config_path, duration=duration_flag(duration))
     soak_run = build_soak_run(config, config_path=Path(config_path), out=out, view_mode=view)
     outcome = asyncio.run(soak_run.run())
     summary = outcome.summary

@@ -26,19 +26,11 @@ def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:
     import asyncio
     import json
 
-    from soak.config import load_run_config
-    from soak.configbase import parse_duration
-    from soak.errors import ArgumentError
+    from soak.config import duration_flag, load_run_config
     from soak.run.config import server_layout
     from soak.run.wiring import workload_factory
 
-    override = None
-    if duration is not None:
-        try:
-            override = parse_duration(duration)
-        except ValueError as exc:
-            raise ArgumentError(f"--duration: {exc}") from None
-    config = load_run_config(config_path, duration=override)
+    config = load_run_config(config_path, duration=duration_flag(duration))
     layout = server_layout(config.target)
     workload = workload_factory(config, config_path=Path(config_path), block_size=layout["block_size"])(None)
 

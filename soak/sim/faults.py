@@ -67,6 +67,11 @@ def parse_fault(data: Any) -> FaultConfig:
         raise ValueError(f"{where}: {first['msg']}") from exc
 
 
+def _prefixed(who: str, pid: int, lines: tuple[str, ...]) -> str:
+    """A traceback as vLLM's workers print it: every line carries ``(who pid=N)``."""
+    return "".join(f"({who} pid={pid}) {line}\n" for line in lines)
+
+
 class _Armed:
     def __init__(self, spec: FaultConfig, due_at: float | None) -> None:
         self.spec = spec
@@ -286,32 +291,26 @@ class FaultController:
         core = self._engine_core_pid()
         log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
         log.raw(
-            "".join(
-                f"(EngineCore_DP0 pid={core}) {line}\n"
-                for line in (
-                    "Traceback (most recent call last):",
-                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
-                    "    engine_core.run_busy_loop()",
-                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", line 262, in get_response',
-                    '    raise TimeoutError(f"RPC call to {method} timed out.") from e',
-                    "TimeoutError: RPC call to sample_tokens timed out.",
-                )
-            )
+            _prefixed("EngineCore_DP0", core, (
+                "Traceback (most recent call last):",
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
+                "    engine_core.run_busy_loop()",
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", line 262, in get_response',
+                '    raise TimeoutError(f"RPC call to {method} timed out.") from e',
+                "TimeoutError: RPC call to sample_tokens timed out.",
+            ))
         )
 
     def _engine_dead(self) -> None:
         server = self.server
         server.log.error("async_llm.py:480", "AsyncLLM output_handler failed.")
         server.log.raw(
-            "".join(
-                f"(APIServer pid={server.log.pid}) {line}\n"
-                for line in (
-                    "Traceback (most recent call last):",
-                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 439, in output_handler',
-                    "    outputs = await engine_core.get_output_async()",
-                    f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}",
-                )
-            )
+            _prefixed("APIServer", server.log.pid, (
+                "Traceback (most recent call last):",
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 439, in output_handler',
+                "    outputs = await engine_core.get_output_async()",
+                f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}",
+            ))
         )
         server.dead = True
         server.end_all_streams()
@@ -321,15 +320,12 @@ class FaultController:
         core = self._engine_core_pid()
         server.log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
         server.log.raw(
-            "".join(
-                f"(EngineCore_DP0 pid={core}) {line}\n"
-                for line in (
-                    "Traceback (most recent call last):",
-                    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
-                    "    engine_core.run_busy_loop()",
-                    "RuntimeError: CUDA error: an illegal memory access was encountered",
-                )
-            )
+            _prefixed("EngineCore_DP0", core, (
+                "Traceback (most recent call last):",
+                '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
+                "    engine_core.run_busy_loop()",
+                "RuntimeError: CUDA error: an illegal memory access was encountered",
+            ))
         )
         server.set_activity(Activity.DEAD)
         if server.tree is not None:

@@ -28,7 +28,7 @@ from soak.errors import WorkloadError
 from soak.workload.config import SyntheticAgenticConfig, dist_bounds
 from soak.workload.corpus import Corpus
 from soak.workload.distributions import sample, sample_int
-from soak.workload.plan import Plan, PlannedTurn, cached_whole_blocks, closed_loop_turns, service_time_s, summarize
+from soak.workload.plan import Plan, PlannedTurn, cached_whole_blocks, closed_loop_turns, summarize
 from soak.workload.types import CHAT_PATH, Arrival, TurnRequest, json_string_bytes, stream_tail
 
 TOOLS: list[dict[str, Any]] = [
@@ -272,9 +272,7 @@ class SyntheticAgenticWorkload:
             shape,
             concurrency=concurrency,
             duration_s=duration_s,
-            service=lambda t: service_time_s(
-                t, prefill_tokens_per_s=service.prefill_tokens_per_s, decode_tokens_per_s=service.decode_tokens_per_s
-            ),
+            service=service.time_s,
         )
         return summarize(
             turns,

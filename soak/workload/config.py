@@ -195,6 +195,11 @@ class ServiceAssumptions(StrictModel):
     prefill_tokens_per_s: float = Field(default=8000.0, gt=0)
     decode_tokens_per_s: float = Field(default=25.0, gt=0)
 
+    def time_s(self, turn: Any) -> float:
+        """Seconds a planned turn keeps its slot: the uncached prefill, then the decode."""
+        uncached = turn.prompt_tokens - turn.cached_tokens
+        return uncached / self.prefill_tokens_per_s + turn.output_tokens / self.decode_tokens_per_s
+
 
 # ---------------------------------------------------------------------------
 # workload kinds

@@ -23,7 +23,7 @@ from soak.errors import WorkloadError
 from soak.workload.jsonl import iter_json_objects
 from soak.workload.config import MooncakeTraceConfig
 from soak.workload.corpus import Corpus
-from soak.workload.plan import Plan, PlannedTurn, cached_whole_blocks, closed_loop_turns, service_time_s, summarize
+from soak.workload.plan import Plan, PlannedTurn, cached_whole_blocks, closed_loop_turns, summarize
 from soak.workload.types import COMPLETIONS_PATH, Arrival, TurnRequest, json_string_bytes, stream_tail
 
 
@@ -250,9 +250,7 @@ class MooncakeWorkload:
                 lambda i: [turns_all[i]] if i < len(turns_all) else None,
                 concurrency=concurrency,
                 duration_s=duration_s if duration_s is not None else float("inf"),
-                service=lambda t: service_time_s(
-                    t, prefill_tokens_per_s=service.prefill_tokens_per_s, decode_tokens_per_s=service.decode_tokens_per_s
-                ),
+                service=service.time_s,
             )
             assumptions = [
                 f"closed loop; prefill {service.prefill_tokens_per_s:g} uncached tokens/s, decode {service.decode_tokens_per_s:g} tokens/s",

@@ -142,10 +142,6 @@ def summarize(
     )
 
 
-def service_time_s(turn: PlannedTurn, *, prefill_tokens_per_s: float, decode_tokens_per_s: float) -> float:
-    return (turn.prompt_tokens - turn.cached_tokens) / prefill_tokens_per_s + turn.output_tokens / decode_tokens_per_s
-
-
 MAX_PLANNED_TURNS = 2_000_000
 
 

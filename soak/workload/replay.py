@@ -23,7 +23,7 @@ from soak.errors import WorkloadError
 from soak.workload.jsonl import iter_json_objects
 from soak.workload.config import ReplayJsonlConfig
 from soak.workload.distributions import sample
-from soak.workload.plan import Plan, PlannedTurn, closed_loop_turns, service_time_s, summarize
+from soak.workload.plan import Plan, PlannedTurn, closed_loop_turns, summarize
 from soak.workload.types import CHAT_PATH, COMPLETIONS_PATH, Arrival, TurnRequest
 
 _META_KEYS = ("session_id", "timestamp")
@@ -192,9 +192,7 @@ class JsonlReplayWorkload:
                 lambda i: [turns_all[j] for j in self._sessions[i][1]] if i < len(self._sessions) else None,
                 concurrency=concurrency,
                 duration_s=duration_s if duration_s is not None else float("inf"),
-                service=lambda t: service_time_s(
-                    t, prefill_tokens_per_s=service.prefill_tokens_per_s, decode_tokens_per_s=service.decode_tokens_per_s
-                ),
+                service=service.time_s,
             )
             assumptions = [
                 f"closed loop; prefill {service.prefill_tokens_per_s:g} tokens/s, decode {service.decode_tokens_per_s:g} tokens/s"
