@@ -12,7 +12,10 @@ edges only ever sees these classes.
     ├── EnvironmentProblem         exit 3: something the config asks for is missing
     │   ├── TargetNotReady         the server never answered /health and /v1/models
     │   ├── PortInUse
-    │   └── GpuUnavailable         no NVML, no GPU, or the driver does not answer
+    │   ├── GpuUnavailable         no NVML, no GPU, or the driver does not answer
+    │   └── TargetMismatch         the target is not what the config says (the attached
+    │                              PID does not serve the URL, the launch port is taken)
+    ├── HarnessFault               exit 4: the harness itself failed (its own I/O, a bug)
     ├── TransportError             one request failed; recorded, the soak goes on
     │   ├── ConnectRefused
     │   ├── ConnectionReset
@@ -93,6 +96,18 @@ class PortInUse(EnvironmentProblem):
 
 class GpuUnavailable(EnvironmentProblem):
     pass
+
+
+class TargetMismatch(EnvironmentProblem):
+    """The process the config names is not the one that serves the URL (or a
+    launch would collide with a server already there). Refused before any kill."""
+
+
+class HarnessFault(SoakError):
+    """The harness failed on its own: an I/O error writing the run directory (disk
+    full, read-only), or a bug. ``str()`` is the one line the CLI prints."""
+
+    exit_code = 4
 
 
 class TransportError(SoakError):

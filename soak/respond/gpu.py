@@ -21,7 +21,10 @@ from soak.samples import GpuSample, GpuSource
 
 @dataclass(frozen=True)
 class GpuRelease:
-    released: bool
+    # True: the GPU source showed the server's GPUs free. False: still held when
+    # the wait ran out. None: the source cannot tell (no source, no reading, the
+    # server's GPUs unknown): never taken as free.
+    released: bool | None
     free_at: float | None      # the run clock's time the GPUs were seen free
     free_after_s: float | None  # from the start of the wait (the SIGKILL)
     last: GpuSample | None
@@ -48,11 +51,15 @@ def still_held(
     baselines: Mapping[int, float],
     default_baseline: float | None = None,
     previous: GpuSample | None = None,
+    scope: Collection[int] | None = None,
 ) -> list[str]:
-    """Why the GPUs are not free yet: one reason per GPU; empty when free."""
+    """Why the GPUs are not free yet: one reason per GPU (of ``scope``, default
+    all); empty when free."""
     reasons = []
     before = {g.index: g for g in previous.gpus} if previous is not None else {}
     for gpu in sample.gpus:
+        if scope is not None and gpu.index not in scope:
+            continue
         held = sorted(set(gpu.pids) & set(target_pids))
         if held:
             reasons.append(f"gpu {gpu.index} lists target pids {held}")
@@ -104,17 +111,24 @@ async def wait_gpus_free(
     default_baseline: float | None = None,
     read_timeout_s: float = 3.0,
     source_hint: Any = None,
+    before: GpuSample | None = None,
 ) -> GpuRelease:
-    """Poll the GPU source until no GPU lists a target PID and memory is back.
+    """Poll the GPU source until the hung server's GPUs list no target PID and
+    their memory is back.
 
-    The simulator's GPUs live in the simulated server, so once it is killed its
-    source cannot answer; for ``source_hint == GpuSource.SIM`` a failing read
-    after the kill counts as free once every target PID is gone (noted).
+    The server's GPUs are those that listed a target PID in ``before`` (the
+    reading taken before the kill); with a memory baseline for every GPU, all
+    GPUs are checked. Released is only ever True on the source's own word: when
+    it cannot answer (the simulator's GPUs die with the simulated server) or
+    never showed which GPUs were the server's, it is None with the reason, never
+    "every PID I killed is gone".
     """
     start_mono = clock.monotonic()
     if read is None:
-        return GpuRelease(False, None, None, None, ("no GPU source: release not confirmed",))
+        return GpuRelease(None, None, None, None, ("no GPU source: release not confirmed",))
     baselines = dict(baselines or {})
+    target = set(target_pids)
+    server_gpus = {g.index for g in before.gpus if set(g.pids) & target} if before is not None else set()
     last: GpuSample | None = None
     last_reasons: list[str] = []
     last_error: str | None = None
@@ -122,9 +136,19 @@ async def wait_gpus_free(
         sample, error = await read_gpus(read, min(read_timeout_s, max(timeout_s, 0.1)))
         now_mono = clock.monotonic()
         if error is None and sample is not None:
+            all_known = bool(sample.gpus) and all(
+                g.index in baselines or default_baseline is not None for g in sample.gpus
+            )
+            scope: set[int] | None = None if all_known else server_gpus
+            if not all_known and not server_gpus:
+                note = (
+                    "the GPU source listed no process of the target before the kill and no memory baseline "
+                    "is known, so which GPUs were the server's cannot be told: release not confirmed"
+                )
+                return GpuRelease(None, None, None, sample, (note,))
             last_reasons = still_held(
-                sample, target_pids, tolerance_mib=tolerance_mib, baselines=baselines,
-                default_baseline=default_baseline, previous=last
+                sample, target, tolerance_mib=tolerance_mib, baselines=baselines,
+                default_baseline=default_baseline, previous=last, scope=scope,
             )
             last = sample
             if not last_reasons:
@@ -133,12 +157,11 @@ async def wait_gpus_free(
             last_error = error
             source = sample.source if sample is not None else source_hint
             if source == GpuSource.SIM and pids_gone():
+                # The simulated GPUs lived in the simulated server: no one is left to ask.
                 return GpuRelease(
-                    True,
-                    clock.now(),
-                    now_mono - start_mono,
-                    last,
-                    (f"simulator GPU source gone with the server ({error}); released = every target pid gone",),
+                    None, None, None, last,
+                    (f"the simulator's GPU source went with the server ({error}): release not confirmed "
+                     "by the GPU source (every target PID is gone)",),
                 )
         if now_mono - start_mono >= timeout_s:
             break
@@ -147,4 +170,6 @@ async def wait_gpus_free(
     notes += last_reasons
     if last_error:
         notes.append(last_error)
+    if last is None:
+        return GpuRelease(None, None, None, None, tuple(notes + ["the GPU source never answered after the kill"]))
     return GpuRelease(False, None, None, last, tuple(notes))

@@ -23,7 +23,8 @@ class IncidentRecord:
     onset_at: float
     detected_at: float
     killed_pids: tuple[int, ...]
-    gpus_released: bool
+    # None: the GPU source could not confirm either way (the reason is in notes).
+    gpus_released: bool | None
     gpu_free_s: float | None
     evidence: str
     summary: str

@@ -79,11 +79,17 @@ class Responder:
         self._inflight: set[asyncio.Future] = set()
         self._closed = False
         self._lock = asyncio.Lock()
+        self._root_lost: str | None = None
 
     # --- tree tracking over the run ---------------------------------------------
 
     def root_pid(self) -> int | None:
         pid = self._target.root_pid
+        identity = getattr(self._target, "identity", None)
+        if pid is not None and identity is not None and identity.pid == pid and not identity.alive():
+            # The process checked at start is gone; its number may be a stranger's now.
+            self._root_lost = f"root pid {pid} is no longer the process checked at start (gone or reused): not adopted"
+            return None
         if pid is None and self._config.find_root_by_port:
             port = _loopback_port(self._target.base_url)
             if port is not None:
@@ -181,6 +187,8 @@ class Responder:
         await asyncio.to_thread(self.tree.snapshot, root_pid)
         if root_pid is not None and self.tree.root is None:
             notes.append(f"root pid {root_pid} is protected or gone: not adopted")
+        if self._root_lost:
+            notes.append(self._root_lost)
         gpu_sample, gpu_error = (None, "no GPU source")
         if self._read_gpus is not None:
             gpu_sample, gpu_error = await read_gpus(self._read_gpus, cfg.evidence.gpu_timeout)
@@ -233,6 +241,7 @@ class Responder:
             default_baseline=cfg.gpu_memory_baseline_mib,
             read_timeout_s=cfg.evidence.gpu_timeout,
             source_hint=gpu_sample.source if gpu_sample is not None else None,
+            before=gpu_sample if gpu_error is None else None,
         )
         notes.extend(release.notes)
         gpu_free_s = release.free_at - killed_at if release.free_at is not None else None
@@ -458,6 +467,8 @@ def _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, res
         text += f", {len(result.survivors)} survived"
     if release.released:
         text += f"; GPUs free {gpu_free_s:.2f}s after the kill" if gpu_free_s is not None else "; GPUs free"
+    elif release.released is None:
+        text += "; GPU release not confirmed by the GPU source"
     else:
-        text += "; GPUs not confirmed free"
+        text += "; GPUs still held"
     return text

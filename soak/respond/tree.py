@@ -163,6 +163,8 @@ class ProcessTree:
     def _adopt_root(self, root_pid: int | None, protected: frozenset[int], now: float) -> None:
         if root_pid is None or root_pid in protected:
             return
+        if self._root is not None and self._root.pid == root_pid and same_process(self._root) is None:
+            return  # the root we knew died; a process now holding its number is a stranger
         current = self._known.get(root_pid)
         if current is not None and same_process(current) is not None:
             if self._root is None or self._root.pid != root_pid:

@@ -18,13 +18,16 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import yaml
 
 from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
+from soak.redact import LineRedactor, Redactor
+from soak.respond import identity as ident
 from soak.run.config import AttachedTarget as AttachedTargetConfig
 from soak.run.config import LaunchedTarget, SimulatorTarget
 
@@ -138,7 +141,15 @@ class ProcessTarget:
         flight_recorder_pipe_stem: str | None = None,
         clock: Clock | None = None,
         restart_command: Any = None,
+        redactor: Redactor | None = None,
+        guardian: Any = None,
+        on_log_error: Callable[[BaseException], None] | None = None,
     ) -> None:
+        self._redactor = redactor or Redactor()
+        self._guardian = guardian
+        self._on_log_error = on_log_error
+        self._pump: threading.Thread | None = None
+        self.identity: ident.Identity | None = None
         self._command = list(command)
         self._restart_command = restart_command
         self._what = what
@@ -184,22 +195,37 @@ class ProcessTarget:
             command = self._restart_command(self)
         if self._port_file is not None:
             self._port_file.unlink(missing_ok=True)
+        if self._fixed_url is not None:
+            # A leftover server on the port would answer /health for us: refuse
+            # before anything starts, naming it.
+            await asyncio.to_thread(ident.verify_launch_port, self._fixed_url)
         if self._log is None:
             self._log = open(self.log_path, "ab", buffering=0)  # type: ignore[arg-type]
-        self._log.write(f"--- soak: starting {self._what}: {' '.join(command)}\n".encode())
+        self._write_log(f"--- soak: starting {self._what}: {' '.join(command)}\n".encode())
         env = {**os.environ, **self._env}
+        # The server's output goes through the harness (one line at a time, redacted)
+        # on its way to server.log; a pipe, so nothing the server prints lands unredacted.
+        read_fd, write_fd = os.pipe()
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *command,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=self._log,
+                stdout=write_fd,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 cwd=str(self._cwd) if self._cwd else None,
                 start_new_session=True,
             )
-        except (FileNotFoundError, PermissionError) as exc:
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            os.close(read_fd)
             raise TargetNotReady(f"cannot start {self._what}: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        self._pump = threading.Thread(target=self._pump_output, args=(read_fd,), name="soak-server-log", daemon=True)
+        self._pump.start()
+        if self._guardian is not None:
+            self._guardian.watch(self._proc.pid)
+        self.identity = ident.Identity.of(self._proc.pid)
         self.starts += 1
         self.base_url, self.models = await wait_ready(
             url=self._url_now,
@@ -210,6 +236,49 @@ class ProcessTarget:
             exited=self.returncode,
             what=self._what,
         )
+        # Whoever answered must be ours (a server that came up on the port meanwhile is not).
+        await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
+
+    def _write_log(self, data: bytes) -> None:
+        if self._log is None or not data:
+            return
+        try:
+            self._log.write(self._redactor.bytes(data))
+        except (OSError, ValueError) as exc:
+            if self._on_log_error is not None:
+                self._on_log_error(exc)
+
+    def _pump_output(self, read_fd: int) -> None:
+        lines = LineRedactor(self._redactor)
+        failed = False
+        with open(read_fd, "rb", buffering=0) as pipe:
+            while True:
+                try:
+                    data = pipe.read(65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                out = lines.feed(data)
+                if out and not failed:
+                    failed = not self._write_raw(out)
+            tail = lines.flush()
+            if tail and not failed:
+                self._write_raw(tail)
+
+    def _write_raw(self, data: bytes) -> bool:
+        """Already redacted; a write failure is reported once and the rest drained
+        (the server must never block on a full pipe)."""
+        log = self._log
+        if log is None:
+            return False
+        try:
+            log.write(data)
+            return True
+        except (OSError, ValueError) as exc:
+            if self._on_log_error is not None and not isinstance(exc, ValueError):
+                self._on_log_error(exc)
+            return False
 
     async def restart(self) -> None:
         """Stop what is left of the old server (the responder has usually killed
@@ -252,6 +321,10 @@ class ProcessTarget:
         try:
             await self._stop()
         finally:
+            pump, self._pump = self._pump, None
+            if pump is not None:
+                # The tree is gone, so the pipe reaches EOF; a straggler holding it is not waited for.
+                await asyncio.to_thread(pump.join, 2.0)
             if self._log is not None:
                 self._log.close()
 
@@ -282,6 +355,7 @@ class AttachedTarget:
         self._poll_interval_s = poll_interval_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._clock = clock or SystemClock()
+        self.identity: ident.Identity | None = None
 
     def returncode(self) -> int | None:
         return None
@@ -292,6 +366,8 @@ class AttachedTarget:
 
             if not psutil.pid_exists(self.root_pid):
                 raise TargetNotReady(f"attached target: no process with PID {self.root_pid}")
+            if self.root_pid in ident.protected():
+                await asyncio.to_thread(ident.verify_attached, self.root_pid, self.base_url)  # raises
         self.base_url, self.models = await wait_ready(
             url=lambda: self.base_url,
             timeout_s=self._startup_timeout_s,
@@ -300,6 +376,15 @@ class AttachedTarget:
             clock=self._clock,
             what=f"the attached server at {self.base_url}",
         )
+        if self.root_pid is not None:
+            # The PID must be the one serving the URL (or its ancestor); pinned by start time.
+            identity = await asyncio.to_thread(ident.verify_attached, self.root_pid, self.base_url)
+            if self.identity is not None and self.identity != identity:
+                raise ident.TargetMismatch(
+                    f"target.pid {self.root_pid} is another process than the one checked at start "
+                    "(the server was restarted and its PID reused)"
+                )
+            self.identity = identity
 
     async def restart(self) -> None:
         """Someone else restarts an attached server (systemd, a supervisor): wait for it."""
@@ -348,10 +433,15 @@ def build_target(
     extra_env: Mapping[str, str] | None = None,
     flight_recorder_pipe_stem: str | None = None,
     clock: Clock | None = None,
+    redactor: Redactor | None = None,
+    guardian: Any = None,
+    on_log_error: Callable[[BaseException], None] | None = None,
 ) -> Target:
     """The target the config names. ``extra_env`` (flight recorder, ownership
-    marker) goes to a server the harness starts."""
+    marker) goes to a server the harness starts; its output is redacted by
+    ``redactor`` on its way to server.log, and ``guardian`` is told its PID."""
     api_key = api_key_from_env(config.api_key_env, environ)
+    owned = {"redactor": redactor, "guardian": guardian, "on_log_error": on_log_error}
     if isinstance(config, SimulatorTarget):
         return ProcessTarget(
             command=sim_command(config, run_dir),
@@ -366,6 +456,7 @@ def build_target(
             api_key=api_key,
             flight_recorder_pipe_stem=flight_recorder_pipe_stem,
             clock=clock,
+            **owned,
         )
     if isinstance(config, LaunchedTarget):
         return ProcessTarget(
@@ -381,6 +472,7 @@ def build_target(
             api_key=api_key,
             flight_recorder_pipe_stem=flight_recorder_pipe_stem,
             clock=clock,
+            **owned,
         )
     return AttachedTarget(
         base_url=config.base_url,

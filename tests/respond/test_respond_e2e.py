@@ -79,7 +79,9 @@ def check_incident(run_dir: Path, incident: dict[str, Any], number: int) -> None
         assert key in incident, key
     assert incident["kind"] == "hang" and incident["rule"] == "pp_tail_stall"
     assert incident["onset_at"] <= incident["detected_at"]
-    assert incident["gpus_released"] is True
+    # The simulator's GPUs die with the simulated server: its GPU source cannot
+    # confirm the release, and "every PID I killed is gone" is never taken for it.
+    assert incident["gpus_released"] is None
     assert incident["evidence"] == f"incidents/{number}"
     bundle = run_dir / incident["evidence"]
     for name in ("incident.json", "samples.jsonl", "gpus.json", "processes.json", "metrics.txt",

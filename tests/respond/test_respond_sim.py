@@ -62,7 +62,9 @@ async def test_responder_kills_the_simulated_tree_after_pp_deadlock(tmp_path, si
     assert {pid for pid in tree if is_alive(pid)} == set()
     assert tree <= set(record.killed_pids)
     assert is_alive(decoy)
-    assert record.gpus_released and record.gpu_free_s is not None
+    # The simulated GPUs went with the simulated server: not confirmed, never "free".
+    assert record.gpus_released is None and record.gpu_free_s is None
+    assert any("not confirmed" in n for n in record.notes), record.notes
     bundle = tmp_path / "run" / "incidents" / "1"
     for name in ("incident.json", "samples.jsonl", "gpus.json", "metrics.txt", "log_tail.txt", "watchdog.json"):
         assert (bundle / name).exists(), name

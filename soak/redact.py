@@ -1,0 +1,261 @@
+"""The one redactor every file of the run directory passes through.
+
+A secret reaches the harness in a few ways: the API key's environment variable
+(``target.api_key_env``), a launch command's ``--api-key K`` or ``--hf-token=T``,
+the environment of the harness or of the launched server (``HF_TOKEN``), and the
+server's own output echoing any of them (vLLM prints its non-default args). So
+the redactor knows two things:
+
+- **values**: every secret it was told or has learned, replaced wherever it
+  appears (also in its JSON-escaped spelling);
+- **shapes**: ``--<name> VALUE``, ``--<name>=VALUE``, ``name=VALUE``,
+  ``"name": "VALUE"``, ``Bearer VALUE``, where the last word of ``name`` is a
+  secret word (key, token, secret, password, auth, credential...). Any flag
+  whose name ends that way, not a fixed list; ``--max-num-batched-tokens`` and
+  ``TOKENIZERS_PARALLELISM`` are not secret-looking (the last word decides).
+
+Values found by shape are learned, so a key seen once in an argv is hidden
+everywhere after. The writers (run store, evidence bundle, server-log pump,
+report) call ``text()`` on what they are about to write; ``scrub_tree()`` is the
+last pass over the directory at the end of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+REDACTED = "***"
+
+# The last word of a name decides: exact words, and words ending in these.
+_EXACT = {
+    "key", "keys", "apikey", "token", "secret", "secrets", "password", "passwd",
+    "passphrase", "auth", "authorization", "credential", "credentials", "pat", "cookie",
+}
+_ENDINGS = ("apikey", "token", "secret", "password", "passwd", "passphrase", "credential", "credentials")
+# Values too common to be treated as a secret everywhere (they would blank the record).
+_TRIVIAL = {"", "true", "false", "yes", "no", "none", "null", "0", "1", "on", "off"}
+MIN_SECRET_LEN = 4
+# What follows a secret-looking name but is not the secret (the scheme before it).
+_NOT_VALUES = {REDACTED, "Bearer", "Basic"}
+
+_WORD_SPLIT = re.compile(r"[-_.\s]+")
+
+
+def secret_name(name: str) -> bool:
+    """``--api-key``, ``hf_token``, ``PGPASSWORD``, ``X-Auth``: the last word is a secret word."""
+    words = [w for w in _WORD_SPLIT.split(name.strip().lstrip("-").lower()) if w]
+    if not words:
+        return False
+    last = words[-1]
+    if last in ("env", "file", "path", "dir", "len", "length", "id", "type", "mode", "name", "count", "size"):
+        return False
+    return last in _EXACT or last.endswith(_ENDINGS)
+
+
+# --flag VALUE, --flag=VALUE, and the JSON/Python list spelling "--flag", "VALUE".
+_FLAG = re.compile(
+    r"""(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+|["']\s*,\s*["'])(?P<value>[^\s"',\]\}]+)"""
+)
+# name=VALUE, name: VALUE, "name": "VALUE", 'name': ['VALUE'] (env dumps, vLLM's args line, JSON).
+_PAIR = re.compile(
+    r"""(?P<name>(?<![\w-])[A-Za-z_][\w.-]*)(?P<sep>["']?\s*[:=]\s*\[?\s*["']?)(?P<value>[^\s"',\]\}]+)"""
+)
+_BEARER = re.compile(r"(?P<scheme>\bBearer)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
+
+
+class Redactor:
+    """Thread-safe: the server-log pump runs on its own thread."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._values: tuple[str, ...] = ()
+        self._learn_many(secrets)
+
+    # --- what is secret ------------------------------------------------------------
+    @classmethod
+    def for_run(
+        cls,
+        *,
+        environ: Mapping[str, str],
+        api_key_env: str | None = None,
+        command: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> "Redactor":
+        found: list[str] = []
+        if api_key_env and environ.get(api_key_env):
+            found.append(environ[api_key_env])
+        for source in (environ, env or {}):
+            found += [v for k, v in source.items() if secret_name(k)]
+        found += argv_secrets(command)
+        return cls(found)
+
+    def learn(self, value: str | None) -> None:
+        if value:
+            self._learn_many([value])
+
+    def _learn_many(self, values: Iterable[str]) -> None:
+        new = []
+        for value in values:
+            if not isinstance(value, str):
+                continue
+            value = value.strip().strip("'\"")
+            if len(value) < MIN_SECRET_LEN or value.lower() in _TRIVIAL or value == REDACTED:
+                continue
+            new.append(value)
+            escaped = json.dumps(value)[1:-1]
+            if escaped != value:
+                new.append(escaped)
+        if not new:
+            return
+        with self._lock:
+            merged = set(self._values) | set(new)
+            # Longest first: a secret containing another is replaced whole.
+            self._values = tuple(sorted(merged, key=len, reverse=True))
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return self._values
+
+    # --- hiding it -----------------------------------------------------------------
+    def text(self, text: str) -> str:
+        if not text:
+            return text
+        for value in self._values:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        if "Bearer" in text:
+            text = _BEARER.sub(self._bearer, text)
+        if "-" in text:
+            text = _FLAG.sub(self._flag, text)
+        if ":" in text or "=" in text:
+            text = _PAIR.sub(self._pair, text)
+        return text
+
+    def bytes(self, data: bytes) -> bytes:
+        return self.text(data.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        return [self.text(a) for a in redact_argv(args, self)]
+
+    def _hide(self, match: re.Match, name_group: str) -> str:
+        value = match.group("value")
+        if value in _NOT_VALUES or value.startswith("-") or not secret_name(match.group(name_group)):
+            return match.group(0)
+        self.learn(value)
+        return match.group(0)[: match.start("value") - match.start(0)] + REDACTED
+
+    def _flag(self, match: re.Match) -> str:
+        return self._hide(match, "flag")
+
+    def _pair(self, match: re.Match) -> str:
+        return self._hide(match, "name")
+
+    def _bearer(self, match: re.Match) -> str:
+        if match.group("value") == REDACTED:
+            return match.group(0)
+        self.learn(match.group("value"))
+        return f"{match.group('scheme')}{match.group('sep')}{REDACTED}"
+
+    # --- the last pass ---------------------------------------------------------------
+    def scrub_file(self, path: Path) -> bool:
+        """Rewrite ``path`` if a known secret value is in it; True when it was."""
+        values = [v.encode("utf-8", errors="surrogateescape") for v in self._values]
+        if not values:
+            return False
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return False
+        if not any(v in data for v in values):
+            return False
+        for value in values:
+            data = data.replace(value, REDACTED.encode())
+        tmp = path.with_name(f".{path.name}.redact")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return True
+
+    def scrub_tree(self, root: Path) -> list[Path]:
+        """Every file under ``root`` that still held a known secret, now rewritten."""
+        done = []
+        for path in sorted(Path(root).rglob("*")):
+            if path.is_file() and not path.is_symlink() and self.scrub_file(path):
+                done.append(path)
+        return done
+
+
+def argv_secrets(args: Sequence[str]) -> list[str]:
+    """The values of secret-looking flags in an argument list."""
+    out = []
+    args = list(args)
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        flag, eq, value = arg.partition("=")
+        if not secret_name(flag):
+            continue
+        if eq:
+            out.append(value)
+        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out.append(args[i + 1])
+    return out
+
+
+def redact_argv(args: Sequence[str], redactor: Redactor | None = None) -> list[str]:
+    """An argument list with the value of every secret-looking flag as ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("-"):
+                if redactor is not None:
+                    redactor.learn(arg)
+                out.append(REDACTED)
+                continue
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and secret_name(flag):
+            if eq:
+                if redactor is not None:
+                    redactor.learn(value)
+                out.append(f"{flag}={REDACTED}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+class LineRedactor:
+    """Redacts a byte stream by line (a secret split across two reads is whole
+    once its line is). A line longer than ``max_line`` is cut at its last space
+    (secrets have none) and the rest carried over."""
+
+    def __init__(self, redactor: Redactor, *, max_line: int = 1 << 20) -> None:
+        self._redactor = redactor
+        self._max = max_line
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        self._buf += data
+        cut = self._buf.rfind(b"\n")
+        out = b""
+        if cut >= 0:
+            out = bytes(self._buf[: cut + 1])
+            del self._buf[: cut + 1]
+        if len(self._buf) > self._max:
+            space = max(self._buf.rfind(b" ", 0, self._max), self._buf.rfind(b"\t", 0, self._max))
+            at = space + 1 if space > 0 else self._max
+            out += bytes(self._buf[:at])
+            del self._buf[:at]
+        return self._redactor.bytes(out) if out else b""
+
+    def flush(self) -> bytes:
+        out, self._buf = bytes(self._buf), bytearray()
+        return self._redactor.bytes(out) if out else b""

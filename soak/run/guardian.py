@@ -1,0 +1,269 @@
+"""The guardian: a small process that outlives the harness and takes the server
+it launched down with it.
+
+A harness killed with SIGKILL (the OOM killer, a CI job's hard timeout) runs no
+cleanup; the server it launched lives in its own session and would keep the GPUs.
+So before the first launch the harness starts ``python -m soak.run.guardian``
+in a session of its own, holding the read end of a pipe whose only write end is
+in the harness. The harness sends one JSON line per launched root
+(``{"watch": pid, "create_time": t}``); the guardian walks the descendants of
+every root and of every process it has already seen, every ``--interval``
+seconds, and keeps each one with its start time (a worker that calls
+``setsid()`` or whose parent dies is still in the record). When the pipe reads
+EOF without a ``{"done": true}`` first (the harness died), or its parent is
+gone, it SIGSTOPs and then SIGKILLs every recorded process that still has its
+recorded start time, plus children forked meanwhile and any process carrying
+the run's ownership marker in its environment, and exits.
+
+Why a process and not only ``PR_SET_PDEATHSIG``: the death signal reaches only
+the direct child (the API server), fires when the parent *thread* exits, and is
+cleared by the child's own exec of a setuid binary; the engine core and the
+workers below it would reparent and live on (vllm#55510). A subreaper would
+collect those orphans only while the subreaper is alive, and the harness is the
+one that died. The guardian records the tree from outside and needs nothing of
+the server's cooperation. It uses only the standard library and psutil, and it
+never signals PID 0 or 1, itself, or any of its own ancestors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import IO, Any
+
+_SAME_START_S = 0.05
+
+
+class Record:
+    """pid -> create_time of every process seen in the guarded trees."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, float] = {}
+
+    def add(self, pid: int, create_time: float | None = None) -> None:
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            actual = proc.create_time()
+        except psutil.Error:
+            return
+        if create_time is not None and abs(actual - create_time) > _SAME_START_S:
+            return  # the PID is someone else's already
+        self.known[pid] = actual
+
+    def same(self, pid: int) -> Any:
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - self.known[pid]) > _SAME_START_S:
+                return None
+            return proc
+        except (psutil.Error, KeyError):
+            return None
+
+    def walk(self, protected: set[int]) -> None:
+        """Add the children of every live known process; forget nothing (a dead
+        record is harmless: its start time no longer matches anyone)."""
+        import psutil
+
+        frontier = [pid for pid in list(self.known) if self.same(pid) is not None]
+        seen = set(frontier)
+        while frontier:
+            proc = self.same(frontier.pop())
+            if proc is None:
+                continue
+            try:
+                children = proc.children()
+            except psutil.Error:
+                continue
+            for child in children:
+                if child.pid in seen or child.pid in protected:
+                    continue
+                try:
+                    self.known.setdefault(child.pid, child.create_time())
+                except psutil.Error:
+                    continue
+                seen.add(child.pid)
+                frontier.append(child.pid)
+
+
+def _protected() -> set[int]:
+    import psutil
+
+    me = psutil.Process()
+    pids = {0, 1, me.pid}
+    try:
+        pids.update(p.pid for p in me.parents())
+    except psutil.Error:
+        pass
+    return pids
+
+
+def kill_all(record: Record, marker: tuple[str, str] | None) -> list[int]:
+    import psutil
+
+    protected = _protected()
+    record.walk(protected)
+    if marker is not None:
+        for proc in psutil.process_iter():
+            if proc.pid in protected or proc.pid in record.known:
+                continue
+            try:
+                if proc.environ().get(marker[0]) == marker[1]:
+                    record.known[proc.pid] = proc.create_time()
+            except psutil.Error:
+                continue
+    frozen = []
+    for _ in range(5):  # freeze, then pick up what was forked before the freeze
+        for pid in list(record.known):
+            if pid in protected or pid in frozen:
+                continue
+            proc = record.same(pid)
+            if proc is None:
+                continue
+            try:
+                proc.suspend()
+                frozen.append(pid)
+            except psutil.Error:
+                pass
+        before = len(record.known)
+        record.walk(protected)
+        if len(record.known) == before:
+            break
+    killed = []
+    for pid in frozen:
+        proc = record.same(pid)
+        if proc is None:
+            continue
+        try:
+            proc.kill()
+            killed.append(pid)
+        except psutil.Error:
+            pass
+    return killed
+
+
+def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str, str] | None,
+          log: IO[str] | None = None) -> int:
+    record = Record()
+    buf = b""
+    fd = stream.fileno()
+    while True:
+        ready, _, _ = select.select([fd], [], [], interval)
+        if ready:
+            data = os.read(fd, 65536)
+            if not data:
+                break  # EOF: the harness is gone (or closed without saying done)
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("done"):
+                    return 0
+                if isinstance(msg.get("watch"), int):
+                    record.add(msg["watch"], msg.get("create_time"))
+        if os.getppid() != parent:
+            break  # reparented: the harness died without its pipe closing (inherited fd)
+        record.walk(_protected())
+    killed = kill_all(record, marker)
+    if log is not None:
+        print(f"soak guardian: harness {parent} gone; SIGKILL to {len(killed)} processes: {killed}",
+              file=log, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m soak.run.guardian")
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--marker", default=None, help="NAME=VALUE: the ownership marker in the server's env")
+    args = parser.parse_args(argv)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C to the terminal is the harness's to handle
+    marker = tuple(args.marker.split("=", 1)) if args.marker and "=" in args.marker else None
+    return serve(sys.stdin.buffer, parent=args.parent, interval=args.interval, marker=marker,  # type: ignore[arg-type]
+                 log=sys.stderr)
+
+
+class Guardian:
+    """The harness's side: ``start()``, ``watch(pid)`` per launched root, ``close()``."""
+
+    def __init__(self, *, marker: tuple[str, str] | None = None, interval_s: float = 0.2,
+                 log_path: str | None = None) -> None:
+        self._marker = marker
+        self._interval = interval_s
+        self._log_path = log_path
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
+        cmd = [sys.executable, "-m", "soak.run.guardian", "--parent", str(os.getpid()),
+               "--interval", str(self._interval)]
+        if self._marker is not None:
+            cmd += ["--marker", f"{self._marker[0]}={self._marker[1]}"]
+        log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
+                start_new_session=True,  # a kill of the harness's process group spares it
+                close_fds=True,
+            )
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+
+    def watch(self, pid: int) -> None:
+        import psutil
+
+        try:
+            create_time = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return
+        self._send({"watch": pid, "create_time": create_time})
+
+    def _send(self, msg: dict) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdin.closed:
+            return
+        try:
+            proc.stdin.write((json.dumps(msg) + "\n").encode())
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def close(self) -> None:
+        """The harness stopped its servers itself: the guardian leaves without killing."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.write(b'{"done": true}\n')
+                proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
