@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError
 
-from soak.configbase import Duration, StrictModel, parse_duration
+from soak.configbase import Duration, StrictModel, load_yaml, parse_duration
 from soak.detect.config import DetectorConfig
 from soak.errors import ArgumentError, ConfigError
 from soak.export.config import ExporterConfig
@@ -101,7 +101,7 @@ def read_yaml(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", path=path) from exc
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise ConfigError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
@@ -123,8 +123,12 @@ def load_run_config(path: str | Path, *, duration: float | None = None) -> RunCo
     """Read, validate and check a run config; ``duration`` (seconds, from
     ``--duration``) overrides the file's. Every failure is one ``ConfigError``."""
     data = read_yaml(path)
-    if data is None:
-        data = {}
+    if data is None or data == {}:
+        # An empty file is a mistake (a wrong path, a truncated copy), not a request
+        # for a default soak: say so instead of running one.
+        raise ConfigError(
+            "the config is empty: nothing to run (start from workloads/demo.yaml)", path=path, line=1
+        )
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=path)
     if duration is not None:

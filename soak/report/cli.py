@@ -18,17 +18,38 @@ def main(args: argparse.Namespace) -> int:
 
 
 def report(run_dir: Path, *, confidence: float) -> int:
-    from soak.errors import ArgumentError
-    from soak.report.render import write_report
+    """Renders whatever the directory holds; a damaged one (torn lines, a missing
+    or unreadable summary, a run that never started) still renders, and what
+    cannot be done is one line and exit 4, never a traceback."""
+    import os
+
+    from soak.errors import ArgumentError, HarnessFault, SoakError
+    from soak.redact import Redactor
+    from soak.report.render import ended_because, write_report
 
     if not 0 < confidence < 1:
         raise ArgumentError(f"--confidence must be between 0 and 1, got {confidence}")
-    written = write_report(run_dir, confidence=confidence)
+    try:
+        written = write_report(run_dir, confidence=confidence)
+    except SoakError:
+        raise
+    except OSError as exc:
+        raise HarnessFault(f"{run_dir}: cannot write the report: {exc.strerror or exc}") from exc
+    except Exception as exc:  # a record damaged in a way no reader foresaw
+        raise HarnessFault(f"{run_dir}: cannot render the report: {type(exc).__name__}: {exc}") from exc
+    # The same redactor as the run's, from this environment: a key never reaches the report.
+    redactor = Redactor.for_run(environ=os.environ)
+    for path in (written.html, written.junit, written.summary):
+        if path is not None:
+            redactor.scrub_file(path)
     model = written.model
     line = f"{model.name}: {model.verdict}" + (" (cut off)" if model.cut_off else "")
     if model.mtbf is not None:
         line += f"; {model.mtbf.sentence()}"
     print(line)
+    why = ended_because(written.html.parent, model.summary)
+    if why:
+        print(why)
     print(f"wrote {written.html}")
     print(f"wrote {written.junit}")
     return 0

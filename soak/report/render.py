@@ -190,6 +190,9 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
     for leftover in by_number.values():  # evidence on disk the summary does not list (a cut-off run)
         views.append(_incident_view(leftover, run))
     notes = [f"{name}: {n} unreadable line{'s' if n > 1 else ''} skipped" for name, n in run.bad_lines.items()]
+    why = ended_because(run.path, summary)
+    if why:
+        notes.insert(0, why)
     if cut_off:
         notes.insert(0, "This run was cut off: no run_ended event was recorded (the harness or host died). "
                         "The verdict and figures are from what was recorded up to then.")
@@ -407,6 +410,24 @@ def _summary_value(key: str, value: Any) -> str:
         return "<br>".join(f"<b>{_e(k)}</b> {_e(_compact(v))}" if isinstance(v, Mapping) else f"{_e(k)}={_e(_compact(v))}"
                            for k, v in value.items() if v is not None)
     return _e(_compact(value))
+
+
+def ended_because(run_dir: Path, summary: Mapping[str, Any]) -> str | None:
+    """One line: why the run ended, from run_ended's reason and harness_error.txt."""
+    parts = []
+    reason = summary.get("stop_reason")
+    if isinstance(reason, str) and reason:
+        parts.append(f"The run ended: {reason}")
+    fault = Path(run_dir) / "harness_error.txt"
+    try:
+        first = fault.read_text(encoding="utf-8", errors="replace").splitlines()[:1]
+    except OSError:
+        first = []
+    if first and (not reason or first[0].split(": ", 1)[-1] not in str(reason)):
+        parts.append(f"{first[0]} (traceback in harness_error.txt)")
+    elif first:
+        parts.append("traceback in harness_error.txt")
+    return "; ".join(parts) or None
 
 
 def render_html(model: ReportModel) -> str:

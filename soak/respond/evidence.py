@@ -47,11 +47,18 @@ def plain(value: Any) -> Any:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -59,12 +66,25 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 class Bundle:
-    """One incident's directory and the outcome of every step that fills it."""
+    """One incident's directory and the outcome of every step that fills it.
 
-    def __init__(self, directory: Path) -> None:
+    Every file goes through ``write_bytes``/``write_json``, which pass the run's
+    redactor (``soak.redact``): command lines, log tails and py-spy dumps carry
+    what the server was given."""
+
+    def __init__(self, directory: Path, *, redactor: Any = None) -> None:
         self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.redactor = redactor
         self.steps: dict[str, dict[str, Any]] = {}
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def write_bytes(self, path: Path, data: bytes) -> None:
+        if self.redactor is not None:
+            data = self.redactor.bytes(data)
+        write_atomic(path, data)
+
+    def write_json(self, path: Path, obj: Any) -> None:
+        self.write_bytes(path, (json.dumps(plain(obj), indent=2, sort_keys=False) + "\n").encode())
 
     def notes(self) -> list[str]:
         return [f"{name}: {s['note']}" for name, s in self.steps.items() if s.get("note")]
@@ -101,7 +121,7 @@ class Bundle:
 
 def write_samples(bundle: Bundle, samples: Sequence[Sample], *, since: float) -> int:
     lines = [json.dumps(to_json(s)) for s in samples if s.ts >= since]
-    write_atomic(bundle.dir / "samples.jsonl", ("\n".join(lines) + ("\n" if lines else "")).encode())
+    bundle.write_bytes(bundle.dir / "samples.jsonl", ("\n".join(lines) + ("\n" if lines else "")).encode())
     return len(lines)
 
 
@@ -177,7 +197,8 @@ def find_py_spy(command: str) -> str | None:
     return str(beside) if os.access(beside, os.X_OK) else None
 
 
-async def py_spy_dump(exe: str, pid: int, *, native: bool, timeout_s: float, dest: Path) -> tuple[bool, str | None]:
+async def py_spy_dump(exe: str, pid: int, *, native: bool, timeout_s: float, dest: Path,
+                      redact: Callable[[bytes], bytes] | None = None) -> tuple[bool, str | None]:
     """``py-spy dump --pid P`` into ``dest``; (ok, note)."""
     args = [exe, "dump", "--pid", str(pid)]
     if native:
@@ -193,6 +214,8 @@ async def py_spy_dump(exe: str, pid: int, *, native: bool, timeout_s: float, des
         await proc.wait()
         dest.write_bytes(b"")
         raise
+    if redact is not None:
+        out = redact(out)
     write_atomic(dest, out)
     if proc.returncode != 0:
         first = out.decode(errors="replace").strip().splitlines()

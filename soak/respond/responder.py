@@ -63,7 +63,11 @@ class Responder:
         recent_samples: Callable[[], Sequence[Sample]],
         ownership_token: str | None = None,
         flight_recorder_paths: FlightRecorderPaths | None = None,
+        redactor: Any = None,
+        on_write_error: Callable[[BaseException], None] | None = None,
     ) -> None:
+        self._redactor = redactor
+        self._on_write_error = on_write_error
         self._config = config
         self._run_dir = Path(run_dir)
         self._target = target
@@ -154,7 +158,12 @@ class Responder:
     async def _handle(self, decision: Any, number: int) -> IncidentRecord:
         cfg = self._config
         rel = f"incidents/{number}"
-        bundle = ev.Bundle(self._run_dir / rel)
+        try:
+            bundle = ev.Bundle(self._run_dir / rel, redactor=self._redactor)
+        except OSError as exc:  # no room for the bundle: the kill still happens
+            self._write_failed(exc)
+            bundle = ev.Bundle.__new__(ev.Bundle)
+            bundle.dir, bundle.redactor, bundle.steps = self._run_dir / rel, self._redactor, {}
         kind = getattr(getattr(decision, "kind", None), "value", getattr(decision, "kind", "unknown"))
         rule = str(getattr(decision, "rule", "unknown"))
         onset_at = float(getattr(decision, "onset_at", self._clock.now()))
@@ -177,7 +186,7 @@ class Responder:
                 "log_path": str(self._target.log_path) if self._target.log_path else None,
             },
         }
-        ev.write_json(bundle.dir / "incident.json", header)
+        self._save(bundle, header)
         notes: list[str] = []
 
         # The tree now, and who on the GPUs is ours.
@@ -207,7 +216,7 @@ class Responder:
             bundle.record("evidence", ok=True, elapsed_s=0.0, note="disabled by config")
         header["steps"] = bundle.steps
         header["status"] = "killing"
-        ev.write_json(bundle.dir / "incident.json", header)
+        self._save(bundle, header)
 
         # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
         fresh = await asyncio.to_thread(self.tree.snapshot, self.root_pid())
@@ -248,7 +257,10 @@ class Responder:
         if gpu_free_s is not None and gpu_free_s < 0:
             gpu_free_s = 0.0
         if release.last is not None:
-            ev.write_json(bundle.dir / "gpus_after.json", release.last)
+            try:
+                bundle.write_json(bundle.dir / "gpus_after.json", release.last)
+            except OSError as exc:
+                self._write_failed(exc)
 
         all_notes = tuple(bundle.notes() + notes)
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
@@ -273,8 +285,19 @@ class Responder:
         header["status"] = "done"
         header["steps"] = bundle.steps
         header["record"] = record.to_json()
-        ev.write_json(bundle.dir / "incident.json", header)
+        self._save(bundle, header)
         return record
+
+    def _save(self, bundle: ev.Bundle, header: dict) -> None:
+        """incident.json, rewritten whole; a failed write (disk full) never stops the kill."""
+        try:
+            bundle.write_json(bundle.dir / "incident.json", header)
+        except OSError as exc:
+            self._write_failed(exc)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        if self._on_write_error is not None:
+            self._on_write_error(exc)
 
     def _claim_gpu_processes(self, sample: GpuSample | None) -> set[int]:
         """Add the GPU processes that belong to the target; return those that do not."""
@@ -314,21 +337,21 @@ class Responder:
                 bundle.record("gpus", ok=True, elapsed_s=0.0, note="no GPU source")
                 return
             if gpu_sample is None:
-                ev.write_json(bundle.dir / "gpus.json", {"error": gpu_error})
+                bundle.write_json(bundle.dir / "gpus.json", {"error": gpu_error})
                 raise RuntimeError(gpu_error or "no GPU reading")
-            ev.write_json(bundle.dir / "gpus.json", gpu_sample)
+            bundle.write_json(bundle.dir / "gpus.json", gpu_sample)
             if gpu_error:
                 raise RuntimeError(gpu_error)
 
         async def processes_step() -> None:
-            ev.write_json(
+            bundle.write_json(
                 bundle.dir / "processes.json",
                 {"root": self.tree.root.to_json() if self.tree.root else None, "processes": [m.to_json() for m in members]},
             )
 
         async def metrics_step() -> None:
             text = await ev.fetch_metrics(self._target.base_url, cfg.metrics_timeout)
-            ev.write_atomic(bundle.dir / "metrics.txt", text.encode())
+            bundle.write_bytes(bundle.dir / "metrics.txt", text.encode())
 
         log_tail: dict[str, str] = {}
 
@@ -339,7 +362,7 @@ class Responder:
                 return
             text = await asyncio.to_thread(ev.read_tail, Path(path), cfg.log_tail_bytes)
             log_tail["text"] = text
-            ev.write_atomic(bundle.dir / "log_tail.txt", text.encode())
+            bundle.write_bytes(bundle.dir / "log_tail.txt", text.encode())
 
         async def py_spy_step() -> None:
             if not cfg.py_spy:
@@ -358,6 +381,7 @@ class Responder:
                         ok, note = await ev.py_spy_dump(
                             exe, pid, native=cfg.py_spy_native, timeout_s=left(cfg.py_spy_timeout),
                             dest=bundle.dir / f"py-spy-{pid}.txt",
+                            redact=self._redactor.bytes if self._redactor is not None else None,
                         )
                     except asyncio.TimeoutError:
                         ok, note = False, "timed out"
@@ -396,7 +420,7 @@ class Responder:
                 except Exception as exc:
                     summary_note = f"summary failed: {type(exc).__name__}: {exc}"
                 if summary is not None:
-                    ev.write_json(bundle.dir / "flight_recorder_summary.json", summary)
+                    bundle.write_json(bundle.dir / "flight_recorder_summary.json", summary)
                 elif summary_note is None:
                     summary_note = "no flight-recorder reader (soak/report/flight_recorder.py) to summarise with"
             missing = len(written) - len(dumps) if len(dumps) < len(written) else 0
@@ -435,7 +459,7 @@ class Responder:
 
 
 def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
-    ev.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
+    bundle.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
 
 
 def _reader(gpu_source: Any) -> Callable[[], Awaitable[GpuSample]] | None:

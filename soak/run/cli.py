@@ -21,21 +21,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="overrides the config's duration, e.g. 90s, 66m, 1h30m")
     parser.add_argument("--view", choices=("auto", "rich", "plain", "off"), default=None,
                         help="live view: rich status on a terminal, plain lines otherwise (default: the config's, auto)")
+    parser.add_argument("--exporter-port", metavar="PORT", type=_port, default=None,
+                        help="the harness's Prometheus port (overrides exporter.port; 0 picks a free one, "
+                             "named in the start line)")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
+    return value
 
 
 def main(args: argparse.Namespace) -> int:
-    return run(args.config, out=args.out, duration=args.duration, view=args.view)
+    return run(args.config, out=args.out, duration=args.duration, view=args.view,
+               exporter_port=args.exporter_port)
 
 
-def run(config_path: Path, *, out: Path | None, duration: str | None, view: str | None) -> int:
+def run(config_path: Path, *, out: Path | None, duration: str | None, view: str | None,
+        exporter_port: int | None = None) -> int:
     import asyncio
     import sys
 
     from soak.config import duration_flag, load_run_config
+    from soak.errors import HarnessFault, SoakError
     from soak.run.wiring import build_soak_run
 
     config = load_run_config(config_path, duration=duration_flag(duration))
-    soak_run = build_soak_run(config, config_path=Path(config_path), out=out, view_mode=view)
+    try:
+        soak_run = build_soak_run(config, config_path=Path(config_path), out=out, view_mode=view,
+                                  exporter_port=exporter_port)
+    except (SoakError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # a bug before anything started: one line, exit 4
+        raise HarnessFault(f"harness fault before the run started: {type(exc).__name__}: {exc}") from exc
     outcome = asyncio.run(soak_run.run())
     summary = outcome.summary
     requests = summary.get("requests", {})

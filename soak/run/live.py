@@ -156,8 +156,12 @@ class LiveView:
         refresh_s: float = 1.0,
         plain_interval_s: float = 30.0,
         stream: TextIO | None = None,
+        exporter_url: str | None = None,
+        console: Any = None,
     ) -> None:
         self._stream = stream or sys.stdout
+        self._exporter_url = exporter_url
+        self._console = console
         if mode == "auto":
             mode = "rich" if self._stream.isatty() else "plain"
         self.mode = mode
@@ -173,15 +177,19 @@ class LiveView:
         self.state.phase = "running"
         if self.mode == "off":
             return
+        start_line = f"soak: run {info.run_id} against {info.target_kind} at {info.base_url}, writing {info.run_dir}"
+        if self._exporter_url:
+            start_line += f"; metrics on {self._exporter_url}"
         if self.mode == "rich":
             from rich.console import Console
             from rich.live import Live
 
-            console = Console(file=self._stream)
+            console = self._console or Console(file=self._stream)
             self._live = Live(self.state.table(self._clock.now()), console=console, auto_refresh=False, transient=False)
             self._live.start()
+            self._say(start_line)
         else:
-            self._print(f"soak: run {info.run_id} against {info.target_kind} at {info.base_url}, writing {info.run_dir}")
+            self._print(start_line)
         self._task = asyncio.get_running_loop().create_task(self._refresh(), name="soak-live-view")
 
     async def _refresh(self) -> None:
@@ -195,6 +203,17 @@ class LiveView:
             self._live.update(self.state.table(now), refresh=True)
         elif self.mode == "plain":
             self._print(self.state.line(now))
+
+    def _say(self, text: str) -> None:
+        """A line that stays: above the live table on a terminal, a plain line otherwise."""
+        if self._live is not None:
+            try:
+                # markup off: run directories and reasons may hold [brackets]
+                self._live.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            except (OSError, ValueError):
+                pass
+        elif self.mode == "plain":
+            self._print(text)
 
     def _print(self, text: str) -> None:
         try:
@@ -213,8 +232,7 @@ class LiveView:
 
     def on_incident(self, incident: Any) -> None:
         self.state.incidents += 1
-        if self.mode == "plain":
-            self._print(f"soak: incident {incident.number}: {incident.summary}")
+        self._say(f"soak: incident {incident.number}: {incident.summary}")
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
         if type in ("restart_started", "load_stopped", "draining"):

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig
-from soak.errors import ConfigError, EnvironmentProblem, SoakError, TargetNotReady, UsageError
+from soak.errors import ConfigError, EnvironmentProblem, HarnessFault, SoakError, TargetNotReady, UsageError
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
@@ -36,6 +38,7 @@ from soak.store.summary import summarize
 
 # The responder's "last minutes" come from here; bounded whatever the run's length.
 RECENT_SAMPLES_MAX = 20_000
+HARNESS_ERROR = "harness_error.txt"
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,16 @@ class SoakRun:
         install_signal_handlers: bool = True,
         render_report: bool = True,
         config_path: Path | None = None,
+        redactor: Any = None,
+        guardian: Any = None,
     ) -> None:
         self._config_path = config_path
+        self.redactor = redactor
+        self._guardian = guardian
+        # The harness's own failure (a write that failed, a bug): ends the run, exit 4.
+        self._fault: BaseException | None = None
+        self._fault_lock = threading.Lock()
+        self._sink_errors: set[tuple[str, str]] = set()
         self.config = config
         self.run_id = run_id
         self.run_dir = Path(run_dir)
@@ -96,7 +107,7 @@ class SoakRun:
         self.target = target
         self.store = store
         self.clock = clock or SystemClock()
-        self.sinks = FanOut([store, *sinks])
+        self.sinks = FanOut([store, *sinks], on_error=self._sink_error)
         self._redacted_config = redacted_config
         self._api_key = api_key
         self._detector_factory = detector_factory
@@ -127,6 +138,61 @@ class SoakRun:
         self._interrupted = False
         self._closed = False
         self._outcome: RunOutcome | None = None
+        self._main_loop: asyncio.AbstractEventLoop | None = None
+        self._fault_cancel = False
+        self._fault_where = ""
+        self._traceback: str | None = None
+
+    # -- the harness's own failures ------------------------------------------------
+    def _sink_error(self, sink: object, method: str, exc: BaseException) -> None:
+        """A sink raised. The run store failing means the record is being lost (a
+        full disk, a read-only mount): that ends the run as a harness fault. The
+        live view or the exporter failing costs a line once, not the run."""
+        if sink is self.store or isinstance(exc, OSError) and sink is self.store:
+            self.fault(exc, where=f"writing the run directory ({method})")
+            return
+        key = (type(sink).__name__, method)
+        if key not in self._sink_errors:
+            self._sink_errors.add(key)
+            import sys
+
+            print(f"soak: {type(sink).__name__}.{method} failed: {type(exc).__name__}: {exc} (the run goes on)",
+                  file=sys.stderr)
+
+    def fault(self, exc: BaseException, *, where: str) -> None:
+        """The harness failed on its own (called from any thread): stop the load,
+        end in order (server stopped, what was written kept), exit 4."""
+        with self._fault_lock:
+            if self._fault is not None:
+                return
+            self._fault = exc
+            self._fault_where = where
+        reason = f"harness fault while {where}: {type(exc).__name__}: {exc}"
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            self._stop_for_fault(reason)
+        elif self._main_loop is not None:
+            self._main_loop.call_soon_threadsafe(self._stop_for_fault, reason)
+
+    def _set_fault(self, exc: BaseException, where: str) -> None:
+        with self._fault_lock:
+            if self._fault is None:
+                self._fault, self._fault_where = exc, where
+
+    def _stop_for_fault(self, reason: str) -> None:
+        if self._stop_reason is None or not self._stop_reason.startswith("harness fault"):
+            self._stop_reason = reason
+        if self.generator is not None:
+            self.generator.stop(reason)
+            if self.client is not None:
+                self.client.abort_in_flight(reason)
+        elif (self._main_task is not None and not self._main_task.done()
+              and self._main_task is not asyncio.current_task()):
+            self._fault_cancel = True
+            self._main_task.cancel()
 
     # -- fan-in ----------------------------------------------------------------
     def _on_sample(self, sample: Sample) -> None:
@@ -179,15 +245,18 @@ class SoakRun:
 
     # -- the run ---------------------------------------------------------------
     async def run(self) -> RunOutcome:
-        """Run to the end and return the outcome; exit-3 problems re-raise after
-        the record is written, so the CLI prints their one line."""
+        """Run to the end and return the outcome; exit-3 and exit-2 problems
+        re-raise after the record is written, so the CLI prints their one line;
+        a harness fault raises ``HarnessFault`` (exit 4) once the server is
+        stopped and the record closed, the traceback in harness_error.txt."""
         self._main_task = asyncio.current_task()
+        self._main_loop = asyncio.get_running_loop()
         installed = self._install()
         problem: BaseException | None = None
         try:
             await self._run()
         except asyncio.CancelledError:
-            if not self._interrupted:
+            if not (self._interrupted or self._fault_cancel):
                 raise
             current = asyncio.current_task()
             if current is not None:
@@ -201,21 +270,58 @@ class SoakRun:
                 exc = type(exc)(exc.message, path=self._config_path, field=exc.field, line=exc.line)
             problem = exc
             self._stop_reason = f"bad config: {exc}"
-        except BaseException as exc:
+        except Exception as exc:
             problem = exc
-            self._stop_reason = f"harness error: {type(exc).__name__}: {exc}"
+            self._traceback = traceback.format_exc()
+            self._set_fault(exc, "running the soak")
+            self._stop_reason = f"harness fault: {type(exc).__name__}: {exc}"
         finally:
             loop = asyncio.get_running_loop()
             for sig in installed:
                 loop.remove_signal_handler(sig)
-        outcome = await self._finish(problem)
-        if problem is not None:
+        try:
+            outcome = await self._finish(problem)
+        except Exception as exc:  # the end itself failed: still one line, exit 4
+            self._traceback = self._traceback or traceback.format_exc()
+            self._set_fault(exc, "ending the run")
+            await self._stop_parts_quietly()
+            raise HarnessFault(self._fault_line()) from exc
+        if isinstance(problem, (EnvironmentProblem, UsageError)):
             raise problem
+        if outcome.exit_code == 4:
+            raise HarnessFault(self._fault_line()) from self._fault
         return outcome
+
+    def _fault_line(self) -> str:
+        exc = self._fault
+        what = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
+        where = f" while {self._fault_where}" if self._fault_where else ""
+        saved = self.run_dir / HARNESS_ERROR
+        tail = f"; traceback in {saved}" if saved.exists() else ""
+        return f"harness fault{where}: {what}; the server was stopped{tail}"
+
+    def _save_traceback(self) -> None:
+        exc = self._fault
+        if exc is None:
+            return
+        text = self._traceback or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        header = f"soak harness fault while {self._fault_where}: {type(exc).__name__}: {exc}\n\n"
+        try:
+            self.store.write_text(HARNESS_ERROR, header + text)
+        except OSError:
+            pass  # not writable: the one line on stderr is all there is
+
+    async def _stop_parts_quietly(self) -> None:
+        try:
+            await self._stop_parts()
+        except Exception:
+            pass
 
     async def _run(self) -> None:
         config = self.config
         self.store.write_config(self._redacted_config)
+        if self._guardian is not None:
+            self._guardian.start()  # before the server exists: a SIGKILLed harness takes it along
         self.event("run_created", run_id=self.run_id, target=config.target.kind)
         if self.target.base_url:
             # The URL is known before start (launched, attached): check the GPU
@@ -405,22 +511,41 @@ class SoakRun:
             exit_code, verdict = 3, "aborted"
         elif isinstance(problem, UsageError):
             exit_code, verdict = 2, "aborted"
-        elif problem is not None:
-            exit_code, verdict = 1, "aborted"
+        elif self._failed and not self._interrupted:
+            exit_code, verdict = 1, "fail"  # an incident outranks a harness fault
+        elif self._fault is not None or problem is not None:
+            exit_code, verdict = 4, "aborted"
         elif self._interrupted:
             exit_code, verdict = 130, ("fail" if self._failed else "aborted")
-        elif self._failed:
-            exit_code, verdict = 1, "fail"
         else:
             exit_code, verdict = 0, "pass"
         reason = self._stop_reason or "finished"
+        if self._fault is not None:
+            self._save_traceback()
+            if not reason.startswith("harness fault"):
+                reason = f"{reason}; harness fault while {self._fault_where}: {type(self._fault).__name__}: {self._fault}"
         self.event("run_ended", verdict=verdict, reason=reason, exit_code=exit_code,
                    incidents=self._incidents, restarts=self.restarts)
-        summary = summarize(self.run_dir)
-        self.store.write_summary(summary)
+        try:
+            summary = summarize(self.run_dir)
+        except Exception as exc:  # a damaged record still ends the run in order
+            self.fault(exc, where="summarizing the run")
+            summary = {"verdict": verdict, "stop_reason": reason}
+        try:
+            self.store.write_summary(summary)
+        except OSError as exc:
+            self.fault(exc, where="writing summary.json")
+            if exit_code in (0, 130):
+                exit_code, verdict = 4, "aborted"
         if self._render_report:
             await self._report()
         self.sinks.close()
+        if self.redactor is not None:
+            try:
+                # The last pass: nothing the run wrote keeps a known secret.
+                await asyncio.to_thread(self.redactor.scrub_tree, self.run_dir)
+            except OSError:
+                pass
         self._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
         return self._outcome
 
@@ -435,24 +560,35 @@ class SoakRun:
             self.event("report_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _stop_parts(self) -> None:
+        """Every part stopped, each on its own: one that fails (a harness fault)
+        never keeps the server running."""
+
+        async def step(what: str, make: Callable[[], Any]) -> None:
+            try:
+                await make()
+            except Exception as exc:
+                self._set_fault(exc, f"stopping {what}")
+
         if self._watch_task is not None:
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
         if self._scheduler is not None:
-            await self._scheduler.close()
+            await step("the probes", self._scheduler.close)
         if self.responder is not None and hasattr(self.responder, "aclose"):
-            await self.responder.aclose()
+            await step("the responder", self.responder.aclose)
         if self.client is not None:
-            await self.client.aclose()
+            await step("the client", self.client.aclose)
         if self.gpu_source is not None and hasattr(self.gpu_source, "aclose"):
             try:
                 await self.gpu_source.aclose()
             except Exception:
                 pass
         if self.probe_session is not None:
-            await self.probe_session.close()
+            await step("the probe session", self.probe_session.close)
         started = time.monotonic()
-        await self.target.aclose()
+        await step("the target", self.target.aclose)
+        if self._guardian is not None:
+            await step("the guardian", lambda: asyncio.to_thread(self._guardian.close))
         self.event("target_stopped", stop_s=round(time.monotonic() - started, 3))
 
     async def aclose(self) -> None:

@@ -12,7 +12,8 @@ from typing import Any, Mapping, TextIO
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig, redacted_config
-from soak.errors import ArgumentError, PortInUse
+from soak.errors import ArgumentError, HarnessFault, PortInUse
+from soak.redact import Redactor
 from soak.run.config import server_layout
 from soak.run.live import LiveView
 from soak.run.loop import SoakRun
@@ -27,11 +28,20 @@ def new_run_id(name: str, now: float) -> str:
 
 
 def prepare_run_dir(out: Path | None, run_id: str) -> Path:
-    """``--out DIR`` is the run directory itself (new or empty); default ``runs/<run id>``."""
+    """``--out DIR`` is the run directory itself (new or empty); default ``runs/<run id>``.
+    A directory that cannot be made or written (read-only, full) is the harness's
+    own I/O failure: ``HarnessFault``, exit 4, before anything starts."""
     run_dir = Path(out) if out is not None else Path("runs") / run_id
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise ArgumentError(f"--out {run_dir}: exists and is not an empty directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+            raise ArgumentError(f"--out {run_dir}: exists and is not an empty directory")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".soak-write-test"
+        with open(probe, "wb") as fh:
+            fh.write(b"x")
+        probe.unlink()
+    except OSError as exc:
+        raise HarnessFault(f"run directory {run_dir}: cannot write it: {exc.strerror or exc}") from exc
     return run_dir
 
 
@@ -73,6 +83,8 @@ def build_soak_run(
     environ: Mapping[str, str] | None = None,
     clock: Clock | None = None,
     stream: TextIO | None = None,
+    exporter_port: int | None = None,
+    guard: bool | None = None,
 ) -> SoakRun:
     environ = dict(os.environ if environ is None else environ)
     clock = clock or SystemClock()
@@ -80,10 +92,27 @@ def build_soak_run(
     make_workload = workload_factory(config, config_path=config_path, block_size=layout["block_size"])
     make_workload(None)  # a bad workload or trace file fails here, before anything starts
     api_key = api_key_from_env(config.target.api_key_env, environ)
+    redactor = Redactor.for_run(
+        environ=environ,
+        api_key_env=config.target.api_key_env,
+        command=getattr(config.target, "command", ()) or (),
+        env=getattr(config.target, "env", None),
+    )
 
+    # What can fail for want of the environment fails before the run directory exists.
+    exporter = _start_exporter(config, clock, exporter_port) if config.exporter.enabled else None
     run_id = new_run_id(config.name, clock.now())
-    run_dir = prepare_run_dir(out, run_id)
-    store = RunStore(run_dir, clock=clock)
+    try:
+        run_dir = prepare_run_dir(out, run_id)
+        store = RunStore(run_dir, clock=clock, redactor=redactor)
+    except OSError as exc:
+        if exporter is not None:
+            exporter.close()
+        raise HarnessFault(f"run directory: cannot write it: {exc.strerror or exc}") from exc
+    except BaseException:
+        if exporter is not None:
+            exporter.close()
+        raise
 
     extra_env: dict[str, str] = {}
     pipe_stem = None
@@ -101,6 +130,18 @@ def build_soak_run(
             pipe_stem = fr_paths.pipe_stem
     else:
         pipe_stem = config.response.evidence.flight_recorder_pipe_stem
+    guardian = None
+    if config.target.kind != "attached" and (guard if guard is not None else True):
+        from soak.respond.flight import ownership_variable
+        from soak.run.guardian import Guardian
+
+        guardian = Guardian(marker=(ownership_variable, run_id))
+    late: dict[str, SoakRun] = {}
+
+    def log_failed(exc: BaseException) -> None:
+        if "run" in late:
+            late["run"].fault(exc, where="writing server.log")
+
     target = build_target(
         config.target,
         run_dir=run_dir,
@@ -108,16 +149,20 @@ def build_soak_run(
         extra_env=extra_env,
         flight_recorder_pipe_stem=pipe_stem,
         clock=clock,
+        redactor=redactor,
+        guardian=guardian,
+        on_log_error=log_failed,
     )
 
     sinks: list[Any] = []
     view = config.view
     sinks.append(
         LiveView(clock=clock, mode=view_mode or view.mode, refresh_s=view.refresh,
-                 plain_interval_s=view.plain_interval, stream=stream)
+                 plain_interval_s=view.plain_interval, stream=stream,
+                 exporter_url=exporter.url if exporter is not None and exporter.port else None)
     )
-    if config.exporter.enabled:
-        sinks.append(_start_exporter(config, clock))
+    if exporter is not None:
+        sinks.append(exporter)
 
     from soak.detect.detector import Detector
     from soak.detect.types import Topology
@@ -159,6 +204,8 @@ def build_soak_run(
             recent_samples=run.recent_samples,
             ownership_token=run_id if config.target.kind != "attached" else None,
             flight_recorder_paths=fr_paths,
+            redactor=redactor,
+            on_write_error=lambda exc: run.fault(exc, where="writing incident evidence"),
         )
 
     def counter(run: SoakRun) -> Any:
@@ -168,7 +215,9 @@ def build_soak_run(
         return make_counter(tokenizer, target_is_simulator=is_sim, base_url=run.target.base_url,
                             model=run.model or "", config_path=config_path)
 
-    return SoakRun(
+    soak_run = SoakRun(
+        redactor=redactor,
+        guardian=guardian,
         config=config,
         run_id=run_id,
         run_dir=run_dir,
@@ -188,6 +237,8 @@ def build_soak_run(
         block_size=layout["block_size"],
         config_path=config_path,
     )
+    late["run"] = soak_run
+    return soak_run
 
 
 class _Unclosed:
@@ -204,16 +255,26 @@ class _Unclosed:
         pass
 
 
-def _start_exporter(config: RunConfig, clock: Clock) -> Any:
+def _start_exporter(config: RunConfig, clock: Clock, port: int | None = None) -> Any:
+    """The exporter, listening. ``port`` (``--exporter-port``) overrides the config's.
+    A port the operator chose (flag or config) that is taken is exit 3; the
+    default 9464 taken (another soak, another exporter) falls back to a free
+    port, which the start line names."""
     from prometheus_client import CollectorRegistry
 
     from soak.export.exporter import Exporter
 
-    exporter = Exporter(config.exporter, registry=CollectorRegistry(), clock=clock)
+    settings = config.exporter
+    chosen = port is not None or "port" in settings.model_fields_set
+    if port is not None:
+        settings = settings.model_copy(update={"port": port})
+    exporter = Exporter(settings, registry=CollectorRegistry(), clock=clock)
     try:
         exporter.start()
-    except OSError as exc:
-        raise PortInUse(
-            f"exporter: cannot listen on {config.exporter.host}:{config.exporter.port}: {exc.strerror or exc}"
-        ) from exc
+    except (OSError, PortInUse) as exc:
+        if chosen or settings.port == 0:
+            raise PortInUse(f"{exc} (--exporter-port 0 picks a free port)") from exc
+        settings = settings.model_copy(update={"port": 0})
+        exporter = Exporter(settings, registry=CollectorRegistry(), clock=clock)
+        exporter.start()
     return exporter

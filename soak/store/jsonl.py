@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 def _finite(value: Any) -> Any:
@@ -30,20 +30,28 @@ def dumps(obj: Any) -> str:
 class JsonlWriter:
     """One file, opened for append; each ``write`` is one line, flushed at once."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, redact: Callable[[str], str] | None = None) -> None:
         self.path = path
+        self._redact = redact
         self._file = open(path, "a", encoding="utf-8", buffering=1)  # line-buffered: flushed per line
         self.lines = 0
 
     def write(self, obj: Any) -> None:
+        """One line; an I/O error (disk full) is raised to the caller, who decides."""
         if self._file.closed:
             return
-        self._file.write(dumps(obj) + "\n")
+        line = dumps(obj)
+        if self._redact is not None:
+            line = self._redact(line)
+        self._file.write(line + "\n")
         self.lines += 1
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                pass  # what could not be flushed is already reported by the write that failed
 
 
 def read_jsonl(path: Path, *, stats: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:

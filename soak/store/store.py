@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -38,37 +38,57 @@ SUMMARY = "summary.json"
 SERVER_LOG = "server.log"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, *, redact: Callable[[str], str] | None = None) -> None:
     """Write then rename, so a reader never sees half a summary."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n"
+    if redact is not None:
+        text = redact(text)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk keeps the old file whole, never half a new one
+        raise
 
 
 class RunStore:
     """A ``RunSink`` writing the run directory. Its clock is the caller's:
     events carry the ``ts`` they are given, or ``clock.now()``."""
 
-    def __init__(self, run_dir: Path, *, clock: Any) -> None:
+    def __init__(self, run_dir: Path, *, clock: Any, redactor: Any = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._events = JsonlWriter(self.run_dir / EVENTS)
-        self._requests = JsonlWriter(self.run_dir / REQUESTS)
-        self._samples = JsonlWriter(self.run_dir / SAMPLES)
+        # Every byte this store writes passes the run's redactor (soak.redact).
+        self._redact: Callable[[str], str] | None = redactor.text if redactor is not None else None
+        self._events = JsonlWriter(self.run_dir / EVENTS, redact=self._redact)
+        self._requests = JsonlWriter(self.run_dir / REQUESTS, redact=self._redact)
+        self._samples = JsonlWriter(self.run_dir / SAMPLES, redact=self._redact)
         self._detector_state: str | None = None
         self._closed = False
 
     # -- files written once ----------------------------------------------------
     def write_config(self, config: Mapping[str, Any]) -> None:
         text = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True)
-        (self.run_dir / CONFIG).write_text(text, encoding="utf-8")
+        (self.run_dir / CONFIG).write_text(self.redact(text), encoding="utf-8")
 
     def write_plan(self, plan: Mapping[str, Any]) -> None:
-        write_json_atomic(self.run_dir / PLAN, dict(plan))
+        write_json_atomic(self.run_dir / PLAN, dict(plan), redact=self._redact)
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
-        write_json_atomic(self.run_dir / SUMMARY, dict(summary))
+        write_json_atomic(self.run_dir / SUMMARY, dict(summary), redact=self._redact)
+
+    def write_text(self, name: str, text: str) -> Path:
+        """A text file of the run directory (harness_error.txt), redacted, whole or not at all."""
+        path = self.run_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(self.redact(text), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def redact(self, text: str) -> str:
+        return self._redact(text) if self._redact is not None else text
 
     # -- RunSink ---------------------------------------------------------------
     def event(self, type: str, ts: float | None = None, **fields: Any) -> None:

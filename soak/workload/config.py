@@ -413,7 +413,9 @@ def load_workload_file(path: str | Path) -> WorkloadSection:
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"cannot read: {exc}", path=path) from exc
     try:
-        data = yaml.safe_load(text)
+        from soak.configbase import load_yaml
+
+        data = load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise WorkloadError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
