@@ -3,8 +3,10 @@
 Validates the whole config (and builds the workload) before anything starts,
 then runs the soak: starts or attaches to the target, drives the load, samples,
 judges, responds, and records everything in the run directory. Exit status per
-CONTRACTS.md: 0 pass, 1 incident, 2 bad config, 3 target never ready or the
-environment lacks something, 130 interrupted (the results so far are kept).
+CONTRACTS.md: 0 pass, 1 incident, 2 bad config, 3 target never ready, the
+environment lacks something or the target is not what the config says, 4 the
+harness itself failed (traceback in harness_error.txt), 130 interrupted (the
+results so far are kept).
 """
 
 from __future__ import annotations
