@@ -148,7 +148,7 @@ class SoakRun:
         """A sink raised. The run store failing means the record is being lost (a
         full disk, a read-only mount): that ends the run as a harness fault. The
         live view or the exporter failing costs a line once, not the run."""
-        if sink is self.store or isinstance(exc, OSError) and sink is self.store:
+        if sink is self.store:
             self.fault(exc, where=f"writing the run directory ({method})")
             return
         key = (type(sink).__name__, method)

@@ -1,0 +1,105 @@
+"""The redactor every file of the run directory passes (soak/redact.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from soak.redact import LineRedactor, Redactor, redact_argv, secret_name
+
+
+@pytest.mark.parametrize("name", ["--api-key", "--hf-token", "--db-password", "--x-auth", "HF_TOKEN",
+                                  "OPENAI_API_KEY", "PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "client_secret",
+                                  "--my_weird_client_secret", "Authorization"])
+def test_secret_looking_names(name):
+    assert secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["--max-num-batched-tokens", "--tokenizer", "TOKENIZERS_PARALLELISM",
+                                  "api_key_env", "prompt_tokens", "--key-file", "AWS_ACCESS_KEY_ID", "PWD"])
+def test_names_that_only_contain_a_secret_word_are_not_secret(name):
+    assert not secret_name(name)
+
+
+def test_values_are_hidden_in_every_spelling_and_learned_from_shapes():
+    r = Redactor.for_run(environ={"SOAK_KEY": "sk-abc123", "TOKENIZERS_PARALLELISM": "false"},
+                         api_key_env="SOAK_KEY", command=["vllm", "--hf-token=hf_zzz9", "--max-num-batched-tokens", "256"])
+    line = "vllm serve --api-key sk-abc123 --hf-token=hf_zzz9 --max-num-batched-tokens 256 --odd-secret qq77 x"
+    out = r.text(line)
+    assert "sk-abc123" not in out and "hf_zzz9" not in out and "qq77" not in out
+    assert "--max-num-batched-tokens 256" in out and "false" not in r.values
+    # learned from its flag: hidden later where no flag shows it
+    assert r.text("echo qq77") == "echo ***"
+    assert "sk-abc123" not in r.text(json.dumps({"cmdline": ["x", "--api-key", "sk-abc123"]}))
+    assert r.text("non-default args: {'api_key': ['NEWKEY9'], 'max_num_batched_tokens': 256}") == \
+        "non-default args: {'api_key': ['***'], 'max_num_batched_tokens': 256}"
+    assert r.text("Authorization: Bearer tok-9999") == "Authorization: Bearer ***"
+    assert redact_argv(["--api-key", "K1234", "--password=pw", "--flag", "v"]) == \
+        ["--api-key", "***", "--password=***", "--flag", "v"]
+
+
+def test_a_key_split_across_chunks_is_hidden_once_its_line_is_whole():
+    r = Redactor(["sk-SPLITKEY42"])
+    lines = LineRedactor(r)
+    out = lines.feed(b"header ok\nINFO key=sk-SPL") + lines.feed(b"ITKEY42 tail\n") + lines.flush()
+    assert b"sk-SPLITKEY42" not in out and out == b"header ok\nINFO key=*** tail\n"
+
+
+def test_a_huge_line_is_cut_at_a_space_and_never_splits_a_secret():
+    r = Redactor(["sk-LONGLINE77"])
+    lines = LineRedactor(r, max_line=64)
+    data = (b"word " * 20) + b"sk-LONGLINE77 " + (b"more " * 20) + b"\n"
+    out = b"".join(lines.feed(data[i:i + 7]) for i in range(0, len(data), 7)) + lines.flush()
+    assert b"sk-LONGLINE77" not in out and out.count(b"***") == 1
+
+
+def test_scrub_tree_rewrites_only_files_holding_a_secret(tmp_path):
+    r = Redactor(["sk-SCRUB555"])
+    (tmp_path / "a.txt").write_text("x sk-SCRUB555 y")
+    (tmp_path / "b.txt").write_text("clean")
+    assert r.scrub_tree(tmp_path) == [tmp_path / "a.txt"]
+    assert (tmp_path / "a.txt").read_text() == "x *** y"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def test_the_guardian_kills_the_watched_tree_when_its_pipe_closes_and_not_after_done():
+    from soak.run.guardian import Guardian
+
+    kept = subprocess.Popen(["sleep", "60"])
+    doomed = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60; true"])
+    try:
+        calm = Guardian(interval_s=0.05)
+        calm.start()
+        calm.watch(kept.pid)
+        time.sleep(0.3)
+        calm.close()  # the harness stopped its server itself: nothing killed
+        assert _alive(kept.pid)
+
+        guard = Guardian(interval_s=0.05)
+        guard.start()
+        guard.watch(doomed.pid)
+        time.sleep(0.5)  # a walk records the children
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(doomed.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        assert children
+        guard._proc.stdin.close()  # what the harness's death does to the pipe
+        guard._proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in [doomed.pid, *children]):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in [doomed.pid, *children])
+        assert _alive(kept.pid)
+    finally:
+        for p in (kept, doomed):
+            p.kill()
+            p.wait()
