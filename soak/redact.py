@@ -57,14 +57,19 @@ def secret_name(name: str) -> bool:
     return last in _EXACT or last.endswith(_ENDINGS)
 
 
-# --flag VALUE, --flag=VALUE, and the JSON/Python list spelling "--flag", "VALUE".
-_FLAG = re.compile(
-    r"""(?P<flag>(?<![\w-])--?[A-Za-z][\w.-]*)(?P<sep>=|[ \t]+|["']\s*,\s*["'])(?P<value>[^\s"',\]\}]+)"""
+# A secret word right before a separator and a value: ``--api-key K``,
+# ``--hf-token=T``, ``"--api-key", "K"``, ``api_key='K'``, ``"password": "P"``,
+# ``HF_TOKEN=T``. The regex looks for the word only (a literal alternation, cheap on
+# long JSON lines); the whole name is then read backwards and ``secret_name`` decides.
+_SHAPE = re.compile(
+    r"""(?:key|keys|token|secrets?|password|passwd|passphrase|auth|authorization|credentials?|pat|cookie)"""
+    r"""(?P<sep>=|[ \t]+|["']\s*,\s*["']|["']?\s*:\s*\[?\s*["']?|["']?\s*=\s*\[?\s*["']?)"""
+    r"""(?P<value>[^\s"',\]\}]+)"""
 )
-# name=VALUE, name: VALUE, "name": "VALUE", 'name': ['VALUE'] (env dumps, vLLM's args line, JSON).
-_PAIR = re.compile(
-    r"""(?P<name>(?<![\w-])[A-Za-z_][\w.-]*)(?P<sep>["']?\s*[:=]\s*\[?\s*["']?)(?P<value>[^\s"',\]\}]+)"""
-)
+# Matched against the lower-cased text (case-sensitive regexes are several times
+# faster on long JSON lines); IGNORECASE only where lowering changes the length.
+_SHAPE_ANY_CASE = re.compile(_SHAPE.pattern, re.IGNORECASE)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _BEARER = re.compile(r"(?P<scheme>\bBearer)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
 
 
@@ -130,30 +135,38 @@ class Redactor:
                 text = text.replace(value, REDACTED)
         if "Bearer" in text:
             text = _BEARER.sub(self._bearer, text)
-        if "-" in text:
-            text = _FLAG.sub(self._flag, text)
-        if ":" in text or "=" in text:
-            text = _PAIR.sub(self._pair, text)
-        return text
+        return self._shapes(text)
+
+    def _shapes(self, text: str) -> str:
+        out: list[str] = []
+        done = 0
+        lowered = text.lower()
+        matches = _SHAPE.finditer(lowered) if len(lowered) == len(text) else _SHAPE_ANY_CASE.finditer(text)
+        for match in matches:
+            start = match.start()
+            while start > 0 and text[start - 1] in _NAME_CHARS:
+                start -= 1
+            name = text[start:match.start("sep")]
+            value = text[match.start("value"):match.end("value")]
+            sep = match.group("sep")
+            flag_only = not any(c in sep for c in ":=") or "," in sep  # space or list: a flag's value
+            if (value in _NOT_VALUES or value.startswith("-") or not secret_name(name)
+                    or (flag_only and not name.startswith("-")) or start < done):
+                continue
+            self.learn(value)
+            out.append(text[done:match.start("value")])
+            out.append(REDACTED)
+            done = match.end("value")
+        if not out:
+            return text
+        out.append(text[done:])
+        return "".join(out)
 
     def bytes(self, data: bytes) -> bytes:
         return self.text(data.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
 
     def argv(self, args: Sequence[str]) -> list[str]:
         return [self.text(a) for a in redact_argv(args, self)]
-
-    def _hide(self, match: re.Match, name_group: str) -> str:
-        value = match.group("value")
-        if value in _NOT_VALUES or value.startswith("-") or not secret_name(match.group(name_group)):
-            return match.group(0)
-        self.learn(value)
-        return match.group(0)[: match.start("value") - match.start(0)] + REDACTED
-
-    def _flag(self, match: re.Match) -> str:
-        return self._hide(match, "flag")
-
-    def _pair(self, match: re.Match) -> str:
-        return self._hide(match, "name")
 
     def _bearer(self, match: re.Match) -> str:
         if match.group("value") == REDACTED:
