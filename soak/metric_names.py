@@ -182,6 +182,11 @@ DCGM_FIELDS: dict[str, DcgmField] = {
         DcgmField("power_w", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "W"),
         DcgmField("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "MHz"),
         DcgmField("xid_errors", "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "xid"),
+        # A counter that grows whenever a GPU draws power: proof that the exporter collected anew.
+        DcgmField("energy_mj", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "mJ"),
+        # 3.3.x images (the compose file's) export PCIe as NVML throughput in KB/s.
+        DcgmField("pcie_tx_kbs", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "Total number of bytes transmitted through PCIe TX (in KB) via NVML.", "KB/s"),
+        DcgmField("pcie_rx_kbs", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "Total number of bytes received through PCIe RX (in KB) via NVML.", "KB/s"),
         DcgmField("pcie_tx_bytes", "DCGM_FI_PROF_PCIE_TX_BYTES", "PCIe tx bytes (profiling; not on GeForce).", "B/s"),
         DcgmField("pcie_rx_bytes", "DCGM_FI_PROF_PCIE_RX_BYTES", "PCIe rx bytes (profiling; not on GeForce).", "B/s"),
     )

@@ -161,6 +161,16 @@ class SignalTracker:
         if sample.error is not None or not sample.gpus:
             self.gpu_error = sample.error or "no GPUs in the sample"
             return
+        window = self.config.pp_tail_stall.window
+        if sample.fresh_at is not None and sample.ts - sample.fresh_at > window:
+            # A reading older than the window (an exporter collecting every 30 s) is
+            # missing, never a 0% or 100%: a repeated 0%/100% must not grow a tail run.
+            age = sample.ts - sample.fresh_at
+            self.gpu_error = (f"stale GPU readings: {age:.1f}s old, older than the {window:g}s window "
+                              f"(the {sample.source.value} source refreshes too slowly)")
+            self.tail_run = None
+            self.gpu_levels = {}
+            return
         self.gpu_error = None
         self.gpu_ts = sample.ts
         readings = {g.index: g for g in sample.gpus}

@@ -30,7 +30,7 @@ from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
 from soak.run.sinks import FanOut, RunInfo, RunSink
 from soak.run.target import Target
-from soak.samples import RequestRecord, Sample
+from soak.samples import GpuSample, RequestRecord, Sample
 from soak.store.store import RunStore
 from soak.store.summary import summarize
 
@@ -116,6 +116,9 @@ class SoakRun:
         self.responder: Any = None
         self.gpu_source: Any = None
         self.version_profile: Any = None  # soak.versions.VllmProfile once GET /version was read
+        from soak.probes.gpu import GpuFreshness
+
+        self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
         self.probe_session: Any = None
         self._scheduler: Any = None
         self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
@@ -139,6 +142,10 @@ class SoakRun:
             recent.popleft()
         self.detector.observe(sample)
         self.sinks.on_sample(sample)
+        if isinstance(sample, GpuSample):
+            change = self._gpu_freshness.observe(sample)
+            if change is not None:
+                self.event(change.pop("type"), **change)
 
     def _on_record(self, record: RequestRecord) -> None:
         self.sinks.on_request(record)

@@ -266,6 +266,18 @@ class SimServer:
         activity = Activity.DEAD if self.dead and not self.frozen else self.activity
         return gpu_readings(self.config, activity, self.worker_pids(), held)
 
+    def energy_mj(self, gpus) -> list[float]:
+        """DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: each GPU's power integrated over wall time."""
+        now = self.clock.monotonic()
+        last = getattr(self, "_energy_at", None)
+        totals = getattr(self, "_energy", None) or [0.0] * len(gpus)
+        if last is not None:
+            for g in gpus:
+                if g.index < len(totals):
+                    totals[g.index] += g.power_w * (now - last) * 1000.0
+        self._energy, self._energy_at = totals, now
+        return list(totals)
+
     def state(self) -> dict[str, Any]:
         return {
             "gpus": [g.to_json() for g in self.gpus()],
@@ -620,7 +632,9 @@ async def handle_sim_state(request: web.Request) -> web.Response:
 
 async def handle_sim_dcgm(request: web.Request) -> web.Response:
     server = _server(request)
-    return web.Response(text=dcgm_text(server.gpus(), hostname=server.config.hostname), content_type="text/plain")
+    gpus = server.gpus()
+    return web.Response(text=dcgm_text(gpus, hostname=server.config.hostname, energy_mj=server.energy_mj(gpus)),
+                        content_type="text/plain")
 
 
 async def handle_sim_fault(request: web.Request) -> web.Response:
