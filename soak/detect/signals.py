@@ -183,8 +183,11 @@ class SignalTracker:
         series_tail = [g.util_samples or (g.util_pct,) for g in tail]
         series_up = [g.util_samples or (g.util_pct,) for g in upstream]
         n = min(len(s) for s in series_tail + series_up)
+        # A repeated collection is one point in time (when it was collected), not a
+        # new one each read: its 0%/100% must not stretch into a window.
+        taken = sample.fresh_at if sample.fresh_at is not None else sample.ts
         for k in range(n):
-            t = sample.ts - (n - 1 - k) * cfg.util_sample_period
+            t = taken - (n - 1 - k) * cfg.util_sample_period
             if t <= self._last_gpu_point:
                 continue
             self._last_gpu_point = t
