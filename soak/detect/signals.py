@@ -26,8 +26,11 @@ from soak.samples import (
 )
 
 # Server counters and gauges that move while the engine makes progress. The
-# engine publishes scheduler stats every step, so KV usage and prefix-cache
-# queries move through a cold chunked prefill while the token counters stand still.
+# engine publishes scheduler stats every step, so KV usage moves through a cold
+# chunked prefill while the token counters stand still; prefix-cache queries
+# move only when a request is admitted and the iteration_tokens_total count only
+# on steps with output (vLLM 0.11.2), so they add evidence but never carry a
+# prefill on their own.
 SERVER_PROGRESS_KEYS: tuple[str, ...] = (
     "generation_tokens",
     "prompt_tokens",
