@@ -41,6 +41,7 @@ class ViewState:
         self.incidents = 0
         self.phase = "starting"
         self.gpu_stale: str | None = None  # the stale-GPU-source message while it lasts
+        self.warnings: list[str] = []  # e.g. a vLLM version soak has no facts for
 
     def on_request(self, record: RequestRecord) -> None:
         if record.outcome == "ok":
@@ -130,6 +131,8 @@ class ViewState:
             table.add_row(f"gpu {gpu.index}", bar)
         if self.gpu_stale:
             table.add_row("gpu source", Text(self.gpu_stale, style="bold yellow"))
+        for warning in self.warnings[-3:]:
+            table.add_row("warning", Text(warning, style="yellow"))
         style = {"healthy": "green", "suspect": "yellow"}.get(self.detector_state, "bold red")
         table.add_row("detector", f"[{style}]{self.detector_state}[/]")
         if self.incidents:
@@ -231,8 +234,10 @@ class LiveView:
                 self._print(f"soak: warning: {self.state.gpu_stale}")
         elif type == "gpu_source_fresh":
             self.state.gpu_stale = None
-        elif type == "warning" and self.mode == "plain":
-            self._print(f"soak: warning: {fields.get('message')}")
+        elif type == "warning":
+            self.state.warnings.append(str(fields.get("message")))
+            if self.mode == "plain":
+                self._print(f"soak: warning: {fields.get('message')}")
 
     def close(self) -> None:
         if self._closed:
