@@ -11,8 +11,10 @@ order when the primary is absent.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Sequence
 
 
 class MetricType(str, Enum):
@@ -180,24 +182,115 @@ DCGM_FIELDS: dict[str, DcgmField] = {
         DcgmField("power_w", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "W"),
         DcgmField("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "MHz"),
         DcgmField("xid_errors", "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "xid"),
+        # A counter that grows whenever a GPU draws power: proof that the exporter collected anew.
+        DcgmField("energy_mj", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "mJ"),
+        # 3.3.x images (the compose file's) export PCIe as NVML throughput in KB/s.
+        DcgmField("pcie_tx_kbs", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "Total number of bytes transmitted through PCIe TX (in KB) via NVML.", "KB/s"),
+        DcgmField("pcie_rx_kbs", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "Total number of bytes received through PCIe RX (in KB) via NVML.", "KB/s"),
         DcgmField("pcie_tx_bytes", "DCGM_FI_PROF_PCIE_TX_BYTES", "PCIe tx bytes (profiling; not on GeForce).", "B/s"),
         DcgmField("pcie_rx_bytes", "DCGM_FI_PROF_PCIE_RX_BYTES", "PCIe rx bytes (profiling; not on GeForce).", "B/s"),
     )
 }
 
 
-# vLLM's process titles (setproctitle, prefix VLLM_PROCESS_NAME_PREFIX).
+# vLLM's process titles (setproctitle, ``{prefix}::{name}``, prefix VLLM_PROCESS_NAME_PREFIX).
+# - The API server is untitled when it is the only one (the title stays the command
+#   line, ``vllm serve ...``); with ``--api-server-count`` > 1 each is ``APIServer_<i>``.
+# - The engine core is ``EngineCore`` (``EngineCore_DP<d>`` with data parallelism).
+# - A worker is ``Worker`` plus one ``_<GROUP><rank>`` for each parallel group larger
+#   than one, in the order of WORKER_GROUPS (0.11.2: DP, PP, TP, DCP, EP; 0.33 adds
+#   PCP after PP); 0.33 titles a worker a bare ``Worker`` before the groups exist.
 PROCESS_NAME_PREFIX = "VLLM"
+WORKER_GROUPS: tuple[str, ...] = ("DP", "PP", "PCP", "TP", "DCP", "EP")
 
 
-def api_server_title(prefix: str = PROCESS_NAME_PREFIX) -> str:
-    return f"{prefix}::APIServer"
+class ProcessRole(str, Enum):
+    API_SERVER = "api_server"
+    ENGINE_CORE = "engine_core"
+    WORKER = "worker"
+    OTHER = "other"  # a titled vLLM process soak has no use for (DPCoordinator, ...)
+
+
+@dataclass(frozen=True)
+class ProcessTitle:
+    """A parsed vLLM process title: ``VLLM::Worker_DP0_PP3_TP1`` -> worker, groups {DP: 0, PP: 3, TP: 1}."""
+
+    prefix: str
+    name: str
+    role: ProcessRole
+    groups: tuple[tuple[str, int], ...] = ()
+    index: int | None = None  # APIServer_<i>
+
+    def group(self, name: str) -> int | None:
+        return dict(self.groups).get(name)
+
+    @property
+    def pipeline_stage(self) -> int | None:
+        """The worker's pipeline stage: its PP rank, 0 when the pipeline is one stage
+        (no ``_PP`` part), None for a bare ``Worker`` (groups not set up yet) or a non-worker."""
+        if self.role is not ProcessRole.WORKER or not self.groups:
+            return None
+        return self.group("PP") or 0
+
+
+_TITLE_RE = re.compile(r"(?:^|[\s/])(?P<prefix>[A-Za-z0-9_.-]+)::(?P<name>[A-Za-z]+(?:_[A-Za-z0-9]+)*)(?=$|\s)")
+_GROUP_RE = re.compile(r"^(?P<group>[A-Z]+?)(?P<rank>\d+)$")
+
+
+def parse_process_title(text: str | Sequence[str]) -> ProcessTitle | None:
+    """The vLLM title in a process's title or command line (a string or argv), or None.
+
+    Unknown group names, repeated groups or trailing junk make it None rather than
+    a guess: a misread stage would point the detector at the wrong GPU.
+    """
+    if not isinstance(text, str):
+        text = " ".join(text)
+    match = _TITLE_RE.search(text)
+    if match is None:
+        return None
+    prefix, name = match.group("prefix"), match.group("name")
+    base, *parts = name.split("_")
+    if base == "Worker":
+        groups: list[tuple[str, int]] = []
+        for part in parts:
+            m = _GROUP_RE.match(part)
+            if m is None or m.group("group") not in WORKER_GROUPS or m.group("group") in dict(groups):
+                return None
+            groups.append((m.group("group"), int(m.group("rank"))))
+        order = [WORKER_GROUPS.index(g) for g, _ in groups]
+        if order != sorted(order):
+            return None
+        return ProcessTitle(prefix, name, ProcessRole.WORKER, tuple(groups))
+    if base == "APIServer":
+        if len(parts) > 1 or (parts and not parts[0].isdigit()):
+            return None
+        return ProcessTitle(prefix, name, ProcessRole.API_SERVER, index=int(parts[0]) if parts else None)
+    if base == "EngineCore":
+        groups = []
+        for part in parts:
+            m = _GROUP_RE.match(part)
+            if m is None or m.group("group") != "DP":
+                return None
+            groups.append(("DP", int(m.group("rank"))))
+        return ProcessTitle(prefix, name, ProcessRole.ENGINE_CORE, tuple(groups))
+    return ProcessTitle(prefix, name, ProcessRole.OTHER)
+
+
+def api_server_title(index: int = 0, prefix: str = PROCESS_NAME_PREFIX) -> str:
+    """The title of API server ``index`` when there are several (one API server is untitled)."""
+    return f"{prefix}::APIServer_{index}"
 
 
 def engine_core_title(prefix: str = PROCESS_NAME_PREFIX) -> str:
     return f"{prefix}::EngineCore"
 
 
+def worker_name(*, pp_rank: int | None = None, tp_rank: int | None = None, dp_rank: int | None = None,
+                pcp_rank: int | None = None, dcp_rank: int | None = None, ep_rank: int | None = None) -> str:
+    """vLLM's worker name: ``Worker`` plus the ranks of the groups given (those larger than one)."""
+    ranks = {"DP": dp_rank, "PP": pp_rank, "PCP": pcp_rank, "TP": tp_rank, "DCP": dcp_rank, "EP": ep_rank}
+    return "Worker" + "".join(f"_{g}{r}" for g, r in ranks.items() if r is not None)
+
+
 def worker_title(pp_rank: int, tp_rank: int | None = None, prefix: str = PROCESS_NAME_PREFIX) -> str:
-    title = f"{prefix}::Worker_PP{pp_rank}"
-    return f"{title}_TP{tp_rank}" if tp_rank is not None else title
+    return f"{prefix}::{worker_name(pp_rank=pp_rank, tp_rank=tp_rank)}"

@@ -45,6 +45,10 @@ class GpuSample:
     source: GpuSource
     gpus: tuple[GpuReading, ...]
     error: str | None = None
+    # When the source last produced new readings (unix seconds); None: new as of ``ts``.
+    # An exporter collecting every 30 s repeats its last values in between; a wedged
+    # NVML call gives errors: either way ``ts - fresh_at`` says how old the readings are.
+    fresh_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         return RuleStatus(name, RuleState.INACTIVE, reasons=("one pipeline stage: no tail to stall",))
     if s.gpu_ts is None:
         return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU readings ({s.gpu_error or 'none yet'})",))
+    if s.gpu_error is not None and s.gpu_error.startswith("stale"):
+        return RuleStatus(name, RuleState.INACTIVE, reasons=(s.gpu_error,))
     run = s.tail_run
     if run is None:
         return RuleStatus(name, RuleState.CLEAR, threshold_s=cfg.window, evidence={"thresholds": thresholds})

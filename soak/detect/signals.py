@@ -26,8 +26,11 @@ from soak.samples import (
 )
 
 # Server counters and gauges that move while the engine makes progress. The
-# engine publishes scheduler stats every step, so KV usage and prefix-cache
-# queries move through a cold chunked prefill while the token counters stand still.
+# engine publishes scheduler stats every step, so KV usage moves through a cold
+# chunked prefill while the token counters stand still; prefix-cache queries
+# move only when a request is admitted and the iteration_tokens_total count only
+# on steps with output (vLLM 0.11.2), so they add evidence but never carry a
+# prefill on their own.
 SERVER_PROGRESS_KEYS: tuple[str, ...] = (
     "generation_tokens",
     "prompt_tokens",
@@ -161,6 +164,16 @@ class SignalTracker:
         if sample.error is not None or not sample.gpus:
             self.gpu_error = sample.error or "no GPUs in the sample"
             return
+        window = self.config.pp_tail_stall.window
+        if sample.fresh_at is not None and sample.ts - sample.fresh_at > window:
+            # A reading older than the window (an exporter collecting every 30 s) is
+            # missing, never a 0% or 100%: a repeated 0%/100% must not grow a tail run.
+            age = sample.ts - sample.fresh_at
+            self.gpu_error = (f"stale GPU readings: {age:.1f}s old, older than the {window:g}s window "
+                              f"(the {sample.source.value} source refreshes too slowly)")
+            self.tail_run = None
+            self.gpu_levels = {}
+            return
         self.gpu_error = None
         self.gpu_ts = sample.ts
         readings = {g.index: g for g in sample.gpus}
@@ -173,8 +186,11 @@ class SignalTracker:
         series_tail = [g.util_samples or (g.util_pct,) for g in tail]
         series_up = [g.util_samples or (g.util_pct,) for g in upstream]
         n = min(len(s) for s in series_tail + series_up)
+        # A repeated collection is one point in time (when it was collected), not a
+        # new one each read: its 0%/100% must not stretch into a window.
+        taken = sample.fresh_at if sample.fresh_at is not None else sample.ts
         for k in range(n):
-            t = sample.ts - (n - 1 - k) * cfg.util_sample_period
+            t = taken - (n - 1 - k) * cfg.util_sample_period
             if t <= self._last_gpu_point:
                 continue
             self._last_gpu_point = t

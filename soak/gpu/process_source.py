@@ -26,7 +26,7 @@ work overlaps; on the H200 three spinning stages read 25-100% in successive
 ``mode="share"`` is the plain ``device_util x share``.
 
 Each compute process on the GPU is mapped to its stage by its process title
-(``VLLM::Worker_PP<r>``) or, for soak's own programs, its ``--rank R``. Stage
+(``VLLM::Worker_..._PP<r>_...``, parsed by soak.metric_names.parse_process_title) or, for soak's own programs, its ``--rank R``. Stage
 ``r`` is reported as ``GpuReading(index=r, ...)`` with the stage's PIDs, so the
 detector's per-stage rules and the responder's "GPU free" check work unchanged.
 
@@ -38,16 +38,15 @@ a deadline, and never raises out of ``read()``.
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
+from soak.metric_names import ProcessRole, parse_process_title
 from soak.samples import GpuReading, GpuSample, GpuSource
 
-_TITLE = re.compile(r"::Worker_PP(\d+)(?:_TP\d+)?\b")
 _OWN_PROGRAMS = ("soak.gpu.cuda_worker", "soak.gpu.pp_nccl")
 
 Mode = Literal["device_if_ran", "dedicated", "share"]
@@ -56,13 +55,16 @@ Mode = Literal["device_if_ran", "dedicated", "share"]
 def stage_of(cmdline: Sequence[str]) -> int | None:
     """The pipeline stage a process serves, from its command line, or None.
 
-    ``VLLM::Worker_PP3`` (any prefix, any ``_TP`` suffix) is stage 3, as vLLM
-    titles its workers; soak's own programs say ``--rank 3``.
+    vLLM titles its workers ``VLLM::Worker`` plus a part per parallel group
+    larger than one (``Worker_DP0_PP3_TP1``, ``_PCP``, ``_DCP``, ``_EP``; any
+    prefix): the PP rank is the stage, a worker with no ``_PP`` part serves the
+    one stage 0, and a bare ``Worker`` (0.33, before its groups exist) is not
+    placed yet. soak's own programs say ``--rank 3``.
     """
     text = " ".join(cmdline)
-    match = _TITLE.search(text)
-    if match:
-        return int(match.group(1))
+    title = parse_process_title(text)
+    if title is not None and title.role is ProcessRole.WORKER:
+        return title.pipeline_stage
     if any(program in text for program in _OWN_PROGRAMS):
         for flag, value in zip(cmdline, cmdline[1:]):
             if flag == "--rank" and value.isdigit():
@@ -279,7 +281,7 @@ class NvmlProcessGpuSource:
             for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 mem[proc.pid] = mem.get(proc.pid, 0.0) + (proc.usedGpuMemory or 0) / 2**20
         for pid in mem:
-            if pid not in self._pid_stage:
+            if self._pid_stage.get(pid) is None:  # a bare ``Worker`` gets its groups later: read it again
                 self._pid_stage[pid] = stage_of(self._cmdline_of(pid))
         pid_stage = {pid: stage for pid, stage in self._pid_stage.items() if stage is not None and pid in mem}
         self._stages_seen = max([self._stages_seen, *(stage + 1 for stage in pid_stage.values())])

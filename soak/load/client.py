@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
 
@@ -93,6 +93,8 @@ class StreamingClient:
         sweep_interval_s: float | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        # usage -> cached prompt tokens or None; set by the run once GET /version is known
+        self.usage_cached_tokens: Callable[[Mapping[str, Any]], int | None] | None = None
         self._timeouts = timeouts
         self._tracker = tracker
         self._max_connections = max_connections
@@ -294,8 +296,11 @@ class StreamingClient:
         elapsed = self._clock.monotonic() - t0
         usage = state.usage or {}
         prompt_tokens = usage.get("prompt_tokens")
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if self.usage_cached_tokens is not None:  # version-aware (soak.versions.cached_tokens)
+            cached = self.usage_cached_tokens(usage)
+        else:
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
         output_tokens = usage.get("completion_tokens")
         if not isinstance(output_tokens, int):
             output_tokens = state.chunks

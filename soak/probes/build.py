@@ -54,9 +54,12 @@ def build_probes(
     log_path: str | Path | None = None,
     log_from_start: bool = True,
     progress: ProgressSource | None = None,
+    version_profile: Any = None,
 ) -> list[Probe]:
+    metrics = MetricsProbe(base_url, session=session, clock=clock, interval_s=config.metrics_interval, timeout_s=config.timeout)
+    metrics.version_profile = version_profile  # soak.versions.VllmProfile: no warning for names the version lacks
     probes: list[Probe] = [
-        MetricsProbe(base_url, session=session, clock=clock, interval_s=config.metrics_interval, timeout_s=config.timeout),
+        metrics,
         HealthProbe(base_url, session=session, clock=clock, interval_s=config.health_interval, timeout_s=config.timeout),
     ]
     if gpu_source is not None:

@@ -89,8 +89,8 @@ def parse_dcgm(text: str) -> tuple[GpuReading, ...]:
                 mem_total_mib=used + free if used is not None and free is not None else None,
                 power_w=e.get("power_w"),
                 sm_clock_mhz=e.get("sm_clock_mhz"),
-                pcie_tx_kbs=e["pcie_tx_bytes"] / 1024 if "pcie_tx_bytes" in e else None,
-                pcie_rx_kbs=e["pcie_rx_bytes"] / 1024 if "pcie_rx_bytes" in e else None,
+                pcie_tx_kbs=e["pcie_tx_bytes"] / 1024 if "pcie_tx_bytes" in e else e.get("pcie_tx_kbs"),
+                pcie_rx_kbs=e["pcie_rx_bytes"] / 1024 if "pcie_rx_bytes" in e else e.get("pcie_rx_kbs"),
                 uuid=e.get("uuid"),
             )
         )
@@ -110,23 +110,44 @@ async def _get_text(session, url: str, timeout_s: float) -> str:
         raise ProbeError(f"GET {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
 
 
+def _dcgm_signature(text: str) -> tuple:
+    """What changes whenever dcgm-exporter collects anew: the energy counter if
+    exported (it grows while a GPU draws any power), else every field's value."""
+    families = list(text_string_to_metric_families(text))
+    energy = DCGM_FIELDS["energy_mj"].exposed
+    picked = [f for f in families if f.name == energy] or [f for f in families if f.name in _DCGM_BY_NAME]
+    return tuple(sorted((s.name, tuple(sorted(s.labels.items())), s.value) for f in picked for s in f.samples))
+
+
 class DcgmGpuSource:
+    """A dcgm-exporter URL. The exporter serves its last collection until the next
+    one (every ``-c`` ms, 30 000 by default): the sample's ``fresh_at`` is when the
+    readings last changed, so the detector can tell a 30 s-old reading from a new one."""
+
     def __init__(self, url: str, *, session, clock: Clock, timeout_s: float = 2.0, indices: Sequence[int] | None = None):
         self.url = url
         self._session = session
         self._clock = clock
         self._timeout_s = timeout_s
         self._indices = set(indices) if indices is not None else None
+        self._signature: tuple | None = None
+        self._changed_at: float | None = None
 
     async def read(self) -> GpuSample:
         ts = self._clock.now()
         try:
-            readings = parse_dcgm(await _get_text(self._session, self.url, self._timeout_s))
+            text = await _get_text(self._session, self.url, self._timeout_s)
+            readings = parse_dcgm(text)
+            signature = _dcgm_signature(text)
         except ProbeError as exc:
-            return GpuSample(ts, GpuSource.DCGM, (), error=str(exc))
+            return GpuSample(ts, GpuSource.DCGM, (), error=str(exc), fresh_at=self._changed_at)
+        except (ValueError, TypeError, IndexError) as exc:
+            return GpuSample(ts, GpuSource.DCGM, (), error=f"unparsable dcgm-exporter text: {exc}", fresh_at=self._changed_at)
+        if signature != self._signature or self._changed_at is None:
+            self._signature, self._changed_at = signature, ts
         if self._indices is not None:
             readings = tuple(r for r in readings if r.index in self._indices)
-        return GpuSample(ts, GpuSource.DCGM, readings)
+        return GpuSample(ts, GpuSource.DCGM, readings, fresh_at=self._changed_at)
 
     async def aclose(self) -> None:
         pass
@@ -161,6 +182,52 @@ class SimGpuSource:
 
     async def aclose(self) -> None:
         pass
+
+
+class GpuFreshness:
+    """Notices a GPU source whose readings are older than ``window_s`` (the
+    detector's pp_tail_stall window) and when they are fresh again. Pure:
+    ``observe(sample)`` returns the transition, or None.
+
+    A sample's age is ``ts - fresh_at`` (the source's own account), or, for a
+    failed reading without one, the time since the last good reading.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.stale = False
+        self.max_age_s = 0.0
+        self._last_good: float | None = None
+
+    def age(self, sample: GpuSample) -> float | None:
+        if sample.fresh_at is not None:
+            return max(0.0, sample.ts - sample.fresh_at)
+        if sample.error is None:
+            return 0.0
+        return None if self._last_good is None else max(0.0, sample.ts - self._last_good)
+
+    def observe(self, sample: GpuSample) -> dict[str, Any] | None:
+        age = self.age(sample)
+        if sample.error is None:
+            self._last_good = sample.fresh_at if sample.fresh_at is not None else sample.ts
+        if age is None:
+            return None
+        self.max_age_s = max(self.max_age_s, age)
+        if not self.stale and age > self.window_s:
+            self.stale = True
+            why = (f"last reading failed: {sample.error}" if sample.error
+                   else "the source repeats its last readings (dcgm-exporter's collect interval, -c, is 30 s by default)")
+            return {
+                "type": "gpu_source_stale", "source": sample.source.value, "age_s": round(age, 2),
+                "window_s": self.window_s,
+                "message": (f"GPU source {sample.source.value} is stale: readings {age:.1f}s old, older than the "
+                            f"detector's {self.window_s:g}s window ({why}); GPU rules treat them as missing"),
+            }
+        if self.stale and age <= self.window_s:
+            self.stale = False
+            return {"type": "gpu_source_fresh", "source": sample.source.value, "age_s": round(age, 2),
+                    "message": f"GPU source {sample.source.value} is fresh again"}
+        return None
 
 
 # -- NVML -----------------------------------------------------------------------------
@@ -230,6 +297,7 @@ class NvmlGpuSource:
         self._handles: list[tuple[int, Any]] = []
         self._last_sample_ts: dict[int, int] = {}
         self._closed = False
+        self._last_ok: float | None = None  # the last reading that came back
 
     @property
     def nvml(self):
@@ -283,9 +351,10 @@ class NvmlGpuSource:
                 await self.open()
             readings = await self._call(self._read_all)
         except (ProbeError, GpuUnavailable) as exc:
-            return GpuSample(ts, GpuSource.NVML, (), error=str(exc))
+            return GpuSample(ts, GpuSource.NVML, (), error=str(exc), fresh_at=self._last_ok)
         except Exception as exc:  # NVMLError_GpuIsLost and friends, translated here
-            return GpuSample(ts, GpuSource.NVML, (), error=f"NVML: {type(exc).__name__}: {exc}")
+            return GpuSample(ts, GpuSource.NVML, (), error=f"NVML: {type(exc).__name__}: {exc}", fresh_at=self._last_ok)
+        self._last_ok = ts
         return GpuSample(ts, GpuSource.NVML, readings)
 
     def _optional(self, fn: Callable[[], Any]) -> Any:

@@ -26,7 +26,13 @@ class LogMatch:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-_WORKER = re.compile(r"\((?P<worker>[A-Za-z]+_[A-Za-z0-9_]+) pid=(?P<pid>\d+)\)")
+# vLLM 0.11.x colours the ``(Worker_PP3 pid=1234)`` prefix (``\033[1;36m...\033[0;0m``);
+# 0.33's ColoredFormatter colours level and time on a terminal. Every form is stripped
+# before matching: CSI sequences (colours, cursor moves) and stray OSC/escape bytes.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+# A bare ``Worker`` before its parallel groups are set up (0.33), ``Worker_DP0_PP3_TP1``,
+# ``APIServer``, ``EngineCore_DP0``.
+_WORKER = re.compile(r"\((?P<worker>[A-Za-z]+(?:_[A-Za-z0-9_]+)?) pid=(?P<pid>\d+)\)")
 _PG = re.compile(
     r"\[PG ID (?P<pg_id>\d+) PG GUID (?P<pg_guid>[^\s(\]]+)(?:\((?P<pg_name>[^)]*)\))? Rank (?P<rank>\d+)\]"
 )
@@ -41,7 +47,8 @@ _RANK = re.compile(r"\[Rank (?P<rank>\d+)\]")
 _RAN_FOR = re.compile(r"ran for (?P<ran_for_ms>\d+) milliseconds before timing out")
 _WORK_ARG = re.compile(r"(?P<key>[A-Za-z]+(?:\(ms\))?)=(?P<value>[^,]+)")
 _SHM = re.compile(r"No available shared memory broadcast block found in (?P<wait_s>\d+(?:\.\d+)?) seconds?")
-_SAMPLE_TOKENS = re.compile(r"RPC call to (?P<method>sample_tokens) timed out")
+# vLLM 0.11.0 times out only ``execute_model``; 0.11.1+ either that or ``sample_tokens``.
+_RPC_TIMEOUT = re.compile(r"RPC call to (?P<method>sample_tokens|execute_model) timed out")
 _ENGINE_DEAD = re.compile(r"EngineDeadError|EngineCore encountered an issue")
 
 # WorkNCCL(...) argument names -> field names
@@ -62,8 +69,18 @@ def _int_or_str(value: str) -> int | str:
         return value
 
 
+def strip_ansi(line: str) -> str:
+    """``line`` without terminal escape sequences (vLLM colours its log prefixes)."""
+    return _ANSI.sub("", line) if "\x1b" in line else line
+
+
 def parse_log_line(line: str) -> LogMatch | None:
-    """The signature a line carries, or None. Pure."""
+    """The signature a line carries, or None. Pure. ANSI colour codes are ignored.
+
+    ``sample_tokens_timeout`` is the multiproc executor's RPC timeout, whichever
+    method timed out (``fields["method"]``: ``sample_tokens`` or ``execute_model``).
+    """
+    line = strip_ansi(line)
     fields: dict[str, Any] = {}
     worker = _WORKER.search(line)
     if worker:
@@ -103,7 +120,7 @@ def parse_log_line(line: str) -> LogMatch | None:
     if shm:
         fields["wait_s"] = float(shm.group("wait_s"))
         return LogMatch("shm_broadcast_wait", False, fields)
-    rpc = _SAMPLE_TOKENS.search(line)
+    rpc = _RPC_TIMEOUT.search(line)
     if rpc:
         fields["method"] = rpc.group("method")
         return LogMatch("sample_tokens_timeout", True, fields)
@@ -162,7 +179,7 @@ class LogProbe:
         for line in lines:
             match = parse_log_line(line)
             if match is not None:
-                out.append(LogSample(now, match.signature, line, match.fatal, dict(match.fields)))
+                out.append(LogSample(now, match.signature, strip_ansi(line), match.fatal, dict(match.fields)))
         return out
 
     async def aclose(self) -> None:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,6 +20,9 @@ from soak.clock import Clock
 from soak.errors import MetricsUnavailable
 from soak.metric_names import VLLM_METRICS, MetricSpec, MetricType
 from soak.samples import ServerSample
+
+if TYPE_CHECKING:
+    from soak.versions import VllmProfile
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,12 @@ def lookup(spec: MetricSpec, sums: Mapping[str, float]) -> dict[str, float]:
     return {}
 
 
-def parse_metrics(text: str, table: Mapping[str, MetricSpec] = VLLM_METRICS) -> ParsedMetrics:
+def parse_metrics(
+    text: str, table: Mapping[str, MetricSpec] = VLLM_METRICS, *, profile: "VllmProfile | None" = None
+) -> ParsedMetrics:
+    """``missing`` lists the keys the server should expose and does not: with a
+    version ``profile``, only families that version has (0.33 has no
+    ``time_per_output_token_seconds``)."""
     sums = sums_by_sample_name(text)
     values: dict[str, float] = {}
     missing: list[str] = []
@@ -73,7 +81,7 @@ def parse_metrics(text: str, table: Mapping[str, MetricSpec] = VLLM_METRICS) -> 
         found = lookup(spec, sums)
         if found:
             values.update(found)
-        elif not spec.hidden and not spec.spec_decode_only:
+        elif not spec.hidden and not spec.spec_decode_only and (profile is None or profile.exposes(spec.exposed)):
             missing.append(key)
     return ParsedMetrics(values, tuple(missing))
 
@@ -100,6 +108,8 @@ class MetricsProbe:
         self._timeout_s = timeout_s
         self._warn = warn or log.warning
         self._warned: set[str] = set()
+        # Set once the server's GET /version is known (soak.versions.profile_for).
+        self.version_profile: "VllmProfile | None" = None
 
     async def collect(self) -> list[ServerSample]:
         import aiohttp
@@ -112,7 +122,7 @@ class MetricsProbe:
                 body = await resp.text()
                 if resp.status != 200:
                     raise MetricsUnavailable(f"GET {self.url}: HTTP {resp.status}")
-            parsed = parse_metrics(body)
+            parsed = parse_metrics(body, profile=self.version_profile)
         except MetricsUnavailable as exc:
             return [ServerSample(ts, False, error=str(exc), latency_s=time.monotonic() - started)]
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -190,6 +190,11 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
     for leftover in by_number.values():  # evidence on disk the summary does not list (a cut-off run)
         views.append(_incident_view(leftover, run))
     notes = [f"{name}: {n} unreadable line{'s' if n > 1 else ''} skipped" for name, n in run.bad_lines.items()]
+    # a GPU source slower than the detector's window, an uncovered vLLM version
+    for event in run.events:
+        if event.get("type") in ("gpu_source_stale", "warning") and event.get("message"):
+            notes.append(str(event["message"]))
+    notes = list(dict.fromkeys(notes))
     why = ended_because(run.path, summary)
     if why:
         notes.insert(0, why)

@@ -218,9 +218,29 @@ async def py_spy_dump(exe: str, pid: int, *, native: bool, timeout_s: float, des
         out = redact(out)
     write_atomic(dest, out)
     if proc.returncode != 0:
-        first = out.decode(errors="replace").strip().splitlines()
-        return False, f"exit {proc.returncode}: {first[0] if first else ''}"[:300]
+        text = out.decode(errors="replace")
+        first = text.strip().splitlines()
+        note = f"exit {proc.returncode}: {first[0] if first else ''}"[:300]
+        if ptrace_refused(text):
+            note += "; " + PTRACE_HINT
+        return False, note
     return True, None
+
+
+# py-spy reads another process's memory through ptrace: Yama (ptrace_scope 1, the
+# Ubuntu default, allows only descendants; the server is not the harness's child when
+# attached), a container without CAP_SYS_PTRACE, or ptrace_scope 3 refuse it.
+PTRACE_HINT = (
+    "ptrace was refused, so no stack was captured: allow it with "
+    "`sudo sysctl kernel.yama.ptrace_scope=0` (or run soak as root / with CAP_SYS_PTRACE; "
+    "in a container add --cap-add SYS_PTRACE)"
+)
+_PTRACE_REFUSED = ("Operation not permitted", "Permission denied", "EPERM", "ptrace", "os error 1)", "os error 13)")
+
+
+def ptrace_refused(output: str) -> bool:
+    """Whether py-spy's output says the kernel refused to let it read the process."""
+    return any(marker in output for marker in _PTRACE_REFUSED)
 
 
 def flight_recorder_summary(directory: Path) -> Any:

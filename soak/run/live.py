@@ -40,6 +40,8 @@ class ViewState:
         self.detector_state = "healthy"
         self.incidents = 0
         self.phase = "starting"
+        self.gpu_stale: str | None = None  # the stale-GPU-source message while it lasts
+        self.warnings: list[str] = []  # e.g. a vLLM version soak has no facts for
 
     def on_request(self, record: RequestRecord) -> None:
         if record.outcome == "ok":
@@ -102,6 +104,7 @@ class ViewState:
             f"ttft p50 {_s(p50)} p99 {_s(p99)} | context {_k(self.context_tokens)} | "
             f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
+            + (" | GPU READINGS STALE" if self.gpu_stale else "")
         )
 
     def table(self, now: float) -> Any:
@@ -126,6 +129,10 @@ class ViewState:
             bar.append("·" * (20 - filled), style="dim")
             bar.append(f" {gpu.util_pct:5.1f}%")
             table.add_row(f"gpu {gpu.index}", bar)
+        if self.gpu_stale:
+            table.add_row("gpu source", Text(self.gpu_stale, style="bold yellow"))
+        for warning in self.warnings[-3:]:
+            table.add_row("warning", Text(warning, style="yellow"))
         style = {"healthy": "green", "suspect": "yellow"}.get(self.detector_state, "bold red")
         table.add_row("detector", f"[{style}]{self.detector_state}[/]")
         if self.incidents:
@@ -239,6 +246,16 @@ class LiveView:
             self.state.phase = {"restart_started": "restarting", "load_stopped": "stopped", "draining": "draining"}[type]
         elif type == "restart_done":
             self.state.phase = "running"
+        elif type == "gpu_source_stale":
+            self.state.gpu_stale = str(fields.get("message") or "GPU readings are stale")
+            if self.mode == "plain":
+                self._print(f"soak: warning: {self.state.gpu_stale}")
+        elif type == "gpu_source_fresh":
+            self.state.gpu_stale = None
+        elif type == "warning":
+            self.state.warnings.append(str(fields.get("message")))
+            if self.mode == "plain":
+                self._print(f"soak: warning: {fields.get('message')}")
 
     def close(self) -> None:
         if self._closed:

@@ -32,7 +32,7 @@ from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
 from soak.run.sinks import FanOut, RunInfo, RunSink
 from soak.run.target import Target
-from soak.samples import RequestRecord, Sample
+from soak.samples import GpuSample, RequestRecord, Sample
 from soak.store.store import RunStore
 from soak.store.summary import summarize
 
@@ -126,6 +126,10 @@ class SoakRun:
         self.detector: Any = NullDetector()
         self.responder: Any = None
         self.gpu_source: Any = None
+        self.version_profile: Any = None  # soak.versions.VllmProfile once GET /version was read
+        from soak.probes.gpu import GpuFreshness
+
+        self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
         self.probe_session: Any = None
         self._scheduler: Any = None
         self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
@@ -204,6 +208,10 @@ class SoakRun:
             recent.popleft()
         self.detector.observe(sample)
         self.sinks.on_sample(sample)
+        if isinstance(sample, GpuSample):
+            change = self._gpu_freshness.observe(sample)
+            if change is not None:
+                self.event(change.pop("type"), **change)
 
     def _on_record(self, record: RequestRecord) -> None:
         self.sinks.on_request(record)
@@ -331,6 +339,7 @@ class SoakRun:
         await self.target.start()
         self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
+        await self._read_server_version()
         # The model the requests name: the config's, else the first the server lists.
         self.model = getattr(config.target, "model", None) or (self.target.models[0] if self.target.models else None)
         self.workload = self._workload_factory(self.model)
@@ -388,6 +397,7 @@ class SoakRun:
             api_key=self._api_key,
             clock=self.clock,
         )
+        self.client.usage_cached_tokens = self._cached_tokens_reader()
         await self.client.start()
         self._start_probes()
         self.generator = LoadGenerator(
@@ -418,6 +428,42 @@ class SoakRun:
         )
         if self._stop_reason is None:
             self._stop_reason = result.stop_reason
+
+    async def _read_server_version(self) -> None:
+        """GET /version: the run adapts to the server's vLLM version (soak.versions)."""
+        import aiohttp
+
+        from soak.versions import profile_for, version_from_body
+
+        if self.probe_session is None:
+            self.probe_session = aiohttp.ClientSession()
+        version = None
+        try:
+            url = self.target.base_url.rstrip("/") + "/version"
+            async with self.probe_session.get(url, timeout=aiohttp.ClientTimeout(total=self.config.probes.timeout)) as resp:
+                if resp.status == 200:
+                    version = version_from_body(await resp.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            version = None
+        self.version_profile = profile_for(version)
+        self.event("server_version", **self.version_profile.to_json())
+        if self.version_profile.warning:
+            self.event("warning", message=self.version_profile.warning)
+
+    def _cached_tokens_reader(self):
+        """How a usage object's cached tokens read on this server (a missing field
+        is 0 on vLLM 0.11.x when --enable-prompt-tokens-details is known on)."""
+        from soak.versions import cached_tokens
+
+        target = self.config.target
+        enabled = None
+        sim = getattr(target, "sim", None)
+        if sim is not None:
+            enabled = bool(getattr(sim, "enable_prompt_tokens_details", False))
+        elif isinstance(getattr(target, "command", None), list):
+            enabled = "--enable-prompt-tokens-details" in target.command or None
+        profile = getattr(self, "version_profile", None)
+        return lambda usage: cached_tokens(usage, profile=profile, details_enabled=enabled)
 
     async def _open_gpu_source(self) -> None:
         import aiohttp

@@ -190,6 +190,7 @@ def build_soak_run(
             log_path=run.target.log_path,
             log_from_start=run.restarts == 0,
             progress=run.tracker,
+            version_profile=run.version_profile,
         )
 
     def responder(run: SoakRun) -> Any:

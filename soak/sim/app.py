@@ -30,7 +30,7 @@ from soak.sim.logs import SimLog
 from soak.sim.metrics import SimMetrics
 from soak.sim.prefix_cache import block_hashes
 
-VLLM_VERSION = "0.11.2"
+VLLM_VERSION = "0.11.2"  # the default SimConfig.vllm_version
 SIM_KEY = web.AppKey("sim", object)
 _STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -72,7 +72,7 @@ class SimServer:
 
         self.config = config
         self.clock = clock or SystemClock()
-        self.log = log or SimLog(clock=self.clock, pid=os.getpid())
+        self.log = log or SimLog(clock=self.clock, pid=os.getpid(), ansi=config.profile.ansi_log_prefix)
         self.metrics = SimMetrics(config)
         self.engine = Engine(config, observer=self.metrics)
         self.tree = tree  # soak.sim.proctree.ProcessTree or None
@@ -144,6 +144,19 @@ class SimServer:
     def request_exit(self, code: int) -> None:
         self.exit_code = code
         self.stop_event.set()
+
+    async def shutdown_after_engine_death(self, *, delay: float, code: int, orphans: bool) -> None:
+        """vLLM's API server checks every 5 s whether the engine died and then shuts
+        itself down (/health goes from 503 to connection refused), unless
+        VLLM_KEEP_ALIVE_ON_ENGINE_DEATH is set. ``orphans``: hung workers ignore
+        the shutdown and linger, reparented, until killed."""
+        if self.config.keep_alive_on_engine_death:
+            return
+        await self.sleep_sim(delay)
+        self.log.info("launcher.py:143", "Engine is dead: shutting down the API server (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH unset).")
+        if orphans and self.tree is not None:
+            self.tree.leave_orphans()
+        self.request_exit(code)
 
     def set_activity(self, activity: Activity) -> None:
         if activity is self.activity:
@@ -252,6 +265,18 @@ class SimServer:
         held = self.tree.workers_alive() if self.tree is not None else [not self.dead] * self.config.pp_size
         activity = Activity.DEAD if self.dead and not self.frozen else self.activity
         return gpu_readings(self.config, activity, self.worker_pids(), held)
+
+    def energy_mj(self, gpus) -> list[float]:
+        """DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: each GPU's power integrated over wall time."""
+        now = self.clock.monotonic()
+        last = getattr(self, "_energy_at", None)
+        totals = getattr(self, "_energy", None) or [0.0] * len(gpus)
+        if last is not None:
+            for g in gpus:
+                if g.index < len(totals):
+                    totals[g.index] += g.power_w * (now - last) * 1000.0
+        self._energy, self._energy_at = totals, now
+        return list(totals)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -398,15 +423,18 @@ def _completion_prompt(body: dict) -> list[str]:
 
 
 def _usage(server: SimServer, req: SimRequest) -> dict:
+    """vLLM's UsageInfo as serialized (unset fields left out). 0.11.x writes
+    ``prompt_tokens_details`` only with --enable-prompt-tokens-details and only
+    when some token was cached; 0.33 writes it whenever the flag is on."""
     usage: dict[str, Any] = {
         "prompt_tokens": req.prompt_tokens,
         "total_tokens": req.prompt_tokens + req.output_tokens,
         "completion_tokens": req.output_tokens,
     }
-    if server.config.enable_prompt_tokens_details:
+    if server.config.enable_prompt_tokens_details and (
+        req.cached_tokens > 0 or not server.config.profile.cached_tokens_omitted_when_zero
+    ):
         usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
-    else:
-        usage["prompt_tokens_details"] = None
     return usage
 
 
@@ -416,7 +444,7 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_version(request: web.Request) -> web.Response:
-    return web.json_response({"version": VLLM_VERSION})
+    return web.json_response({"version": _server(request).config.vllm_version})
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -501,7 +529,13 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         pieces = tokenizer.pieces(_chat_prompt(body)) if chat_form else _completion_prompt(body)
         max_tokens = _int_field(body, "max_completion_tokens" if chat_form and "max_completion_tokens" in body else "max_tokens", None, 1)
         min_tokens = _int_field(body, "min_tokens", 0) or 0
-        stream_opts = body.get("stream_options") or {}
+        stream_opts = body.get("stream_options")
+        # StreamOptions.include_usage defaults to true in 0.11.2 and false in 0.33,
+        # when stream_options is given at all; without it there is no usage chunk.
+        if isinstance(stream_opts, dict):
+            include_usage = bool(stream_opts.get("include_usage", server.config.profile.include_usage_default))
+        else:
+            stream_opts, include_usage = {}, False
         stream = server.new_request(
             prompt_pieces=pieces,
             max_tokens=max_tokens,
@@ -515,8 +549,8 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         if body.get("stream"):
             return await _stream_response(
                 request, server, stream, model, chat_form,
-                include_usage=bool(stream_opts.get("include_usage")),
-                continuous_usage=bool(stream_opts.get("include_usage") and stream_opts.get("continuous_usage_stats")),
+                include_usage=include_usage,
+                continuous_usage=bool(include_usage and stream_opts.get("continuous_usage_stats")),
             )
         return await _full_response(server, stream, model, chat_form)
     finally:
@@ -598,7 +632,9 @@ async def handle_sim_state(request: web.Request) -> web.Response:
 
 async def handle_sim_dcgm(request: web.Request) -> web.Response:
     server = _server(request)
-    return web.Response(text=dcgm_text(server.gpus(), hostname=server.config.hostname), content_type="text/plain")
+    gpus = server.gpus()
+    return web.Response(text=dcgm_text(gpus, hostname=server.config.hostname, energy_mj=server.energy_mj(gpus)),
+                        content_type="text/plain")
 
 
 async def handle_sim_fault(request: web.Request) -> web.Response:

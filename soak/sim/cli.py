@@ -37,7 +37,7 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--spec-acceptance", "spec_acceptance", float, "probability a draft token is accepted (default 0.7)"),
     ("--stage-time", "stage_time", str, "fixed time of one stage per step, simulated seconds (default 0.002)"),
     ("--stage-time-per-token", "stage_time_per_token", float, "extra stage time per scheduled token (default 6e-6)"),
-    ("--startup-delay", "startup_delay", str, "/health answers 503 this long after start (default 0)"),
+    ("--startup-delay", "startup_delay", str, "loading time: connections are refused this long after start (default 0)"),
     ("--default-output-tokens", "default_output_tokens", int, "EOS after this many tokens when max_tokens is absent (default 256)"),
     ("--decode-util-pct", "decode_util_pct", float, "GPU utilization during decode steps (default 60)"),
     ("--gpu-mem-total-mib", "gpu_mem_total_mib", int, "simulated GPU memory (default 24576)"),
@@ -47,6 +47,9 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--log-stats-interval", "log_stats_interval", str, "period of the 'Avg prompt throughput' line; 0 turns it off (default 10s)"),
     ("--worker-backend", "worker_backend", str, "cpu (python -m soak.sim.worker) or cuda (python -m soak.gpu.cuda_worker)"),
     ("--worker-own-session", "worker_own_session", int, "this worker rank calls setsid (kill-path tests)"),
+    ("--vllm-version", "vllm_version", str, "behave as this vLLM version: 0.11.2 (default) or 0.33.0"),
+    ("--engine-death-shutdown", "engine_death_shutdown", str,
+     "the API server exits this long after EngineDeadError (default 5s) unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"),
 ]
 
 
@@ -116,6 +119,9 @@ def build_config(args: argparse.Namespace):
     for key, value in vars(args).items():
         if key.startswith("sim_") and value is not None:
             data[key[4:]] = value
+    keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "")
+    if keep_alive.strip() not in ("", "0") and "keep_alive_on_engine_death" not in data:
+        data["keep_alive_on_engine_death"] = True  # as vLLM reads it: any value but 0
     if args.fault:
         data["faults"] = list(data.get("faults", [])) + [parse_fault_flag(f) for f in args.fault]
     for i, fault in enumerate(data.get("faults", []) or []):

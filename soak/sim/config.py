@@ -34,6 +34,8 @@ class PpDeadlockFault(FaultTrigger):
     watchdog_timeout: Duration = 60.0  # the NCCL process group's timeout
     execute_timeout: Duration = 300.0  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
     seq_id: int = 40427
+    # The RPC whose timeout is logged; None: the version's (0.11.2 execute_model, 0.33 sample_tokens).
+    rpc_method: Optional[Literal["execute_model", "sample_tokens"]] = None
 
 
 class AllIdleDeadlockFault(FaultTrigger):
@@ -43,7 +45,9 @@ class AllIdleDeadlockFault(FaultTrigger):
 
 class CrashFault(FaultTrigger):
     kind: Literal["crash"] = "crash"
-    exit_delay: Duration = 1.0  # /health answers 503 this long before the API server exits
+    # /health answers 503 this long before the API server exits; None: the server's
+    # engine_death_shutdown (vLLM's 5 s watchdog)
+    exit_delay: Optional[Duration] = None
     exit_code: int = 1
 
 
@@ -77,7 +81,13 @@ FaultConfig = Annotated[
 ]
 
 
+SIM_VLLM_VERSIONS = ("0.11.2", "0.33.0")
+
+
 class SimConfig(StrictModel):
+    # The vLLM version the simulator behaves as (soak/upstream/vllm-<V>.json): names,
+    # finish reasons, include_usage default, cached-token field, log colours, RPC line.
+    vllm_version: Literal["0.11.2", "0.33.0"] = "0.11.2"
     model: str = "deepseek-v4-flash"
     pp_size: int = Field(default=8, ge=1, le=64)
     time_scale: float = Field(default=1.0, gt=0)
@@ -93,7 +103,9 @@ class SimConfig(StrictModel):
     # timing: a step takes pp_size * (stage_time + stage_time_per_token * tokens)
     stage_time: Duration = 0.002
     stage_time_per_token: float = Field(default=6e-6, ge=0)
-    startup_delay: Duration = 0.0  # /health answers 503 (loading) this long after start
+    # Loading time: `soak sim` refuses connections this long (vLLM binds its port
+    # once loaded); in-process, /health answers 503 meanwhile.
+    startup_delay: Duration = 0.0
     default_output_tokens: int = Field(default=256, ge=1)  # EOS point when max_tokens is absent
     # GPUs (defaults: an RTX 3090 holding its share of the model and the KV cache)
     gpu_mem_total_mib: int = 24576
@@ -104,6 +116,11 @@ class SimConfig(StrictModel):
     hostname: str = "sim-host"
     # server behaviour
     enable_prompt_tokens_details: bool = True
+    # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: without it the API server shuts itself down
+    # engine_death_shutdown after EngineDeadError (vLLM checks every 5 s); hung workers
+    # are left behind as orphans.
+    keep_alive_on_engine_death: bool = False
+    engine_death_shutdown: Duration = 5.0
     show_hidden_metrics_for_version: Optional[str] = None
     log_stats_interval: Duration = 10.0
     process_name_prefix: str = "VLLM"
@@ -122,3 +139,10 @@ class SimConfig(StrictModel):
     @property
     def spec_decode(self) -> bool:
         return self.num_speculative_tokens > 0
+
+    @property
+    def profile(self):
+        """The upstream facts of ``vllm_version`` (soak.versions.VllmProfile)."""
+        from soak.versions import profile_for
+
+        return profile_for(self.vllm_version)

@@ -33,7 +33,10 @@ import time
 
 def _log(message: str, level: str = "INFO") -> None:
     stamp = time.strftime("%m-%d %H:%M:%S")
-    sys.stdout.write(f"(EngineCore_DP0 pid={os.getpid()}) {level} {stamp} [core.py:1] {message}\n")
+    who = f"(EngineCore_DP0 pid={os.getpid()})"
+    if os.environ.get("SOAK_SIM_LOG_COLOR") == "1":  # as vLLM 0.11.x colours the prefix
+        who = f"\033[1;36m{who}\033[0;0m"
+    sys.stdout.write(f"{who} {level} {stamp} [core.py:1] {message}\n")
     sys.stdout.flush()
 
 

@@ -14,11 +14,14 @@ What each does (log lines as FACTS.md, intervals scaled by time_scale):
   shm-broadcast message every ``ringbuffer_warning_interval``; after
   ``watchdog_timeout`` each spinning rank prints PyTorch's watchdog lines;
   after ``execute_timeout`` the engine core prints ``TimeoutError: RPC call to
-  sample_tokens timed out.`` and the API server ``EngineDeadError``; /health
-  then answers 503, but the processes stay until SIGKILL.
+  execute_model timed out.`` (``sample_tokens`` as 0.33) and the API server
+  ``EngineDeadError``; /health then answers 503 and about 5 s later the API
+  server shuts itself down (connection refused) unless
+  ``keep_alive_on_engine_death``; the hung engine core's workers linger as orphans.
 - ``all_idle_deadlock``: no more steps, every GPU 0%, shm message every interval.
 - ``crash``: the engine core dies, EngineDeadError, /health 503, and after
-  ``exit_delay`` the API server exits with ``exit_code``.
+  ``exit_delay`` (default: the server's ``engine_death_shutdown``, 5 s) the API
+  server exits with ``exit_code``, unless ``keep_alive_on_engine_death``.
 - ``slow``: one healthy pause of ``pause`` (every stage busy, no tokens).
 - ``metrics_stall``: /metrics stops answering (for ``duration``, or for good).
 """
@@ -67,9 +70,9 @@ def parse_fault(data: Any) -> FaultConfig:
         raise ValueError(f"{where}: {first['msg']}") from exc
 
 
-def _prefixed(who: str, pid: int, lines: tuple[str, ...]) -> str:
+def _prefixed(log, who: str, pid: int, lines: tuple[str, ...]) -> str:
     """A traceback as vLLM's workers print it: every line carries ``(who pid=N)``."""
-    return "".join(f"({who} pid={pid}) {line}\n" for line in lines)
+    return "".join(f"{log.prefix(who, pid)}{line}\n" for line in lines)
 
 
 class _Armed:
@@ -251,8 +254,9 @@ class FaultController:
             elif what == "watchdog":
                 self._log_watchdog(spec)
             else:
-                self._log_rpc_timeout()
+                self._log_rpc_timeout(spec.rpc_method or ("execute_model" if server.config.vllm_version.startswith("0.11") else "sample_tokens"))
                 self._engine_dead()
+                await server.shutdown_after_engine_death(delay=server.config.engine_death_shutdown, code=0, orphans=True)
 
     def _log_shm(self, interval: float) -> None:
         self.server.log.info(
@@ -286,18 +290,18 @@ class FaultController:
                 pid=pid,
             )
 
-    def _log_rpc_timeout(self) -> None:
+    def _log_rpc_timeout(self, method: str) -> None:
         log = self.server.log
         core = self._engine_core_pid()
         log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
         log.raw(
-            _prefixed("EngineCore_DP0", core, (
+            _prefixed(self.server.log, "EngineCore_DP0", core, (
                 "Traceback (most recent call last):",
                 '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
                 "    engine_core.run_busy_loop()",
                 '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", line 262, in get_response',
                 '    raise TimeoutError(f"RPC call to {method} timed out.") from e',
-                "TimeoutError: RPC call to sample_tokens timed out.",
+                f"TimeoutError: RPC call to {method} timed out.",
             ))
         )
 
@@ -305,7 +309,7 @@ class FaultController:
         server = self.server
         server.log.error("async_llm.py:480", "AsyncLLM output_handler failed.")
         server.log.raw(
-            _prefixed("APIServer", server.log.pid, (
+            _prefixed(server.log, "APIServer", server.log.pid, (
                 "Traceback (most recent call last):",
                 '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 439, in output_handler',
                 "    outputs = await engine_core.get_output_async()",
@@ -320,7 +324,7 @@ class FaultController:
         core = self._engine_core_pid()
         server.log.error("core.py:710", "EngineCore encountered a fatal error.", who="EngineCore_DP0", pid=core)
         server.log.raw(
-            _prefixed("EngineCore_DP0", core, (
+            _prefixed(self.server.log, "EngineCore_DP0", core, (
                 "Traceback (most recent call last):",
                 '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core',
                 "    engine_core.run_busy_loop()",
@@ -331,5 +335,5 @@ class FaultController:
         if server.tree is not None:
             await server.tree.crash_engine_core()
         self._engine_dead()
-        await server.sleep_sim(spec.exit_delay)
-        server.request_exit(spec.exit_code)
+        delay = spec.exit_delay if spec.exit_delay is not None else server.config.engine_death_shutdown
+        await server.shutdown_after_engine_death(delay=delay, code=spec.exit_code, orphans=False)

@@ -89,8 +89,11 @@ def gpu_readings(
     return out
 
 
-def dcgm_text(gpus: Sequence[SimGpu], *, hostname: str, model_name: str = "NVIDIA GeForce RTX 3090") -> str:
-    """dcgm-exporter's exposition: one gauge family per field, labels gpu, UUID, device, modelName, Hostname."""
+def dcgm_text(gpus: Sequence[SimGpu], *, hostname: str, model_name: str = "NVIDIA GeForce RTX 3090",
+              energy_mj: Sequence[float] | None = None) -> str:
+    """dcgm-exporter's exposition: one gauge family per field, labels gpu, UUID, device, modelName, Hostname
+    (3.3.x; ``hostname`` after 4.5.x). ``energy_mj``: DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION per GPU."""
+    energy = list(energy_mj) if energy_mj is not None else None
     values = {
         "util": lambda g: g.util_pct,
         "mem_used_mib": lambda g: g.mem_used_mib,
@@ -99,6 +102,8 @@ def dcgm_text(gpus: Sequence[SimGpu], *, hostname: str, model_name: str = "NVIDI
         "sm_clock_mhz": lambda g: g.sm_clock_mhz,
         "xid_errors": lambda g: 0,
     }
+    if energy is not None:
+        values["energy_mj"] = lambda g: float(round(energy[g.index])) if g.index < len(energy) else 0.0
     lines: list[str] = []
     for key, get in values.items():
         f = DCGM_FIELDS[key]

@@ -13,10 +13,15 @@ from typing import TextIO
 
 from soak.clock import Clock, SystemClock
 
+# vllm/utils: CYAN = "\033[1;36m", RESET = "\033[0;0m"
+CYAN = "\033[1;36m"
+RESET = "\033[0;0m"
+
 
 class SimLog:
-    def __init__(self, *, stream: TextIO | None = None, clock: Clock | None = None, pid: int) -> None:
+    def __init__(self, *, stream: TextIO | None = None, clock: Clock | None = None, pid: int, ansi: bool = False) -> None:
         self._stream = stream if stream is not None else sys.stdout
+        self.ansi = ansi  # vLLM 0.11.x colours the process prefix
         self._clock = clock or SystemClock()
         self.pid = pid
         self.lines_written = 0
@@ -25,9 +30,13 @@ class SimLog:
         return time.strftime("%m-%d %H:%M:%S", time.localtime(self._clock.now()))
 
     def line(self, level: str, where: str, message: str, *, who: str = "APIServer", pid: int | None = None) -> None:
-        prefix = f"({who} pid={pid if pid is not None else self.pid}) "
+        prefix = self.prefix(who, pid if pid is not None else self.pid)
         text = "".join(f"{prefix}{level} {self.stamp()} [{where}] {part}\n" for part in message.split("\n"))
         self.raw(text)
+
+    def prefix(self, who: str, pid: int) -> str:
+        """``(Worker_PP3 pid=1234) ``, cyan as vLLM 0.11.x writes it (``_add_prefix``)."""
+        return f"{CYAN}({who} pid={pid}){RESET} " if self.ansi else f"({who} pid={pid}) "
 
     def raw(self, text: str) -> None:
         try:
@@ -51,4 +60,4 @@ class SimLog:
         now = self._clock.now()
         frac = int((now % 1) * 1e9)
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{frac:09d}"
-        self.raw(f"({who} pid={pid}) [rank{rank}]:[E{stamp} {where}] {message}\n")
+        self.raw(f"{self.prefix(who, pid)}[rank{rank}]:[E{stamp} {where}] {message}\n")

@@ -1,8 +1,9 @@
 """The simulator's /metrics: vLLM 0.11's families, built from soak.metric_names.
 
 One ``CollectorRegistry`` per app. Every series carries ``model_name`` and
-``engine="0"``. Scheduler gauges and the prefix-cache / spec-decode counters
-move every engine step; ``prompt_tokens`` grows by the whole prompt at a
+``engine="0"``. Scheduler gauges and spec-decode counters move every engine
+step; prefix-cache queries when a waiting request is admitted;
+``iteration_tokens_total`` only on steps that emit tokens; ``prompt_tokens`` grows by the whole prompt at a
 request's first token, ``generation_tokens`` by the tokens emitted. While the
 engine is hung nothing calls these, so the values freeze, as on the real server.
 """
@@ -34,8 +35,11 @@ class SimMetrics:
         hidden = show_hidden(config.show_hidden_metrics_for_version)
         self._m: dict[str, object] = {}
         self._families: dict[str, object] = {}
+        exposed = config.profile.metric_families
         for spec in VLLM_METRICS.values():
             if spec.hidden and not hidden:
+                continue
+            if spec.exposed not in exposed:  # e.g. 0.33 has no time_per_output_token_seconds
                 continue
             if spec.spec_decode_only and not config.spec_decode:
                 continue
@@ -50,7 +54,7 @@ class SimMetrics:
         # plain running totals, for the periodic SpecDecoding log line
         self.spec_drafts = self.spec_draft_tokens = 0
         self.spec_accepted_per_pos = [0] * config.num_speculative_tokens
-        for reason in ("stop", "length", "abort"):  # vLLM creates these up front
+        for reason in config.profile.finish_reasons:  # vLLM creates these up front
             self._child("request_success", reason)
         for pos in range(config.num_speculative_tokens if config.spec_decode else 0):
             self._child("spec_decode_num_accepted_tokens_per_pos", str(pos))
@@ -97,7 +101,8 @@ class SimMetrics:
         self._set("gpu_cache_usage_perc", usage)
         emitted = sum(d.new_tokens for d in result.deltas)
         prompt = sum(d.request.prompt_tokens for d in result.deltas if d.first)
-        self._observe("iteration_tokens_total", prompt + emitted)
+        if emitted:  # vLLM observes it from the step's outputs: prefill-only steps leave it alone
+            self._observe("iteration_tokens_total", prompt + emitted)
 
     def on_prefix_query(self, queries: int, hits: int) -> None:
         for key in ("prefix_cache_queries", "gpu_prefix_cache_queries"):

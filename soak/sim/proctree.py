@@ -46,6 +46,7 @@ class ProcessTree:
         self._ready = asyncio.Event()
         self._crashed = False
         self._closed = False
+        self._orphans = False
 
     async def start(self) -> None:
         c = self.config
@@ -54,7 +55,8 @@ class ProcessTree:
                "--worker-backend", c.worker_backend, "--title-prefix", c.process_name_prefix]
         if c.worker_own_session is not None:
             cmd += ["--worker-own-session", str(c.worker_own_session)]
-        self._proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE, pass_fds=(status_w,))
+        env = {**os.environ, "SOAK_SIM_LOG_COLOR": "1" if c.profile.ansi_log_prefix else "0"}
+        self._proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE, pass_fds=(status_w,), env=env)
         os.close(status_w)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
@@ -108,6 +110,11 @@ class ProcessTree:
                     self._send({"rank": rank, "worker": new})
         self._sent = wanted
 
+    def leave_orphans(self) -> None:
+        """The API server is leaving without its hung children: the engine core is
+        killed (vLLM's shutdown gives up on it), hung workers stay, reparented."""
+        self._orphans = True
+
     def ignore_sigterm(self) -> None:
         self._send({"ignore_sigterm": True})
 
@@ -152,7 +159,8 @@ class ProcessTree:
         self._closed = True
         proc = self._proc
         if self.engine_ignores_sigterm:  # hung: nobody would leave on request
-            for pid in self._workers + ([proc.pid] if proc is not None else []):
+            hung = [] if self._orphans else self._workers
+            for pid in hung + ([proc.pid] if proc is not None else []):
                 try:
                     os.kill(pid, 9)
                 except OSError:

@@ -21,11 +21,11 @@ async def _serve(config: SimConfig, *, host: str, port: int, port_file: Path | N
     from aiohttp import web
 
     from soak.errors import PortInUse
-    from soak.sim.app import SIM_KEY, VLLM_VERSION, create_app
+    from soak.sim.app import SIM_KEY, create_app
     from soak.sim.logs import SimLog
 
-    log = SimLog(pid=os.getpid())
-    log.info("api_server.py:1839", f"vLLM API server version {VLLM_VERSION} (soak simulator)")
+    log = SimLog(pid=os.getpid(), ansi=config.profile.ansi_log_prefix)
+    log.info("api_server.py:1839", f"vLLM API server version {config.vllm_version} (soak simulator)")
     log.info("utils.py:233", f"non-default args: {config.model_dump(exclude_defaults=True, mode='json')}")
     app = create_app(config, spawn_processes=spawn_processes, log=log)
     server = app[SIM_KEY]
@@ -33,6 +33,9 @@ async def _serve(config: SimConfig, *, host: str, port: int, port_file: Path | N
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
+        if config.startup_delay > 0:  # loading: vLLM binds its port only once the engine is up
+            log.info("core.py:1", f"simulator: loading for {config.startup_delay:g} simulated seconds")
+            await asyncio.sleep(config.startup_delay / config.time_scale)
         site = web.TCPSite(runner, host, port, reuse_address=True)
         try:
             await site.start()
@@ -63,14 +66,8 @@ async def _serve(config: SimConfig, *, host: str, port: int, port_file: Path | N
 
 
 def serve(config: SimConfig, *, host: str, port: int, port_file: Path | None, spawn_processes: bool, argv=()) -> int:
-    try:
-        from setproctitle import setproctitle
-
-        from soak.metric_names import api_server_title
-
-        setproctitle(api_server_title(config.process_name_prefix))
-    except ImportError:
-        pass
+    # One API server: vLLM leaves its title alone (only with --api-server-count > 1
+    # is each titled VLLM::APIServer_<i>), so the process reads as its command line.
     code = asyncio.run(_serve(config, host=host, port=port, port_file=port_file, spawn_processes=spawn_processes, argv=argv))
     sys.stdout.flush()
     return code

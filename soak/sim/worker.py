@@ -39,7 +39,11 @@ STATES = ("busy", "idle", "spin", "hold", "exit")
 
 def _log(prefix: str, message: str, level: str = "INFO") -> None:
     stamp = time.strftime("%m-%d %H:%M:%S")
-    sys.stdout.write(f"({prefix} pid={os.getpid()}) {level} {stamp} [gpu_worker.py:1] {message}\n")
+    # SOAK_SIM_LOG_COLOR=1 (set by the simulator as vLLM 0.11.x): the prefix in cyan
+    who = f"({prefix} pid={os.getpid()})"
+    if os.environ.get("SOAK_SIM_LOG_COLOR") == "1":
+        who = f"\033[1;36m{who}\033[0;0m"
+    sys.stdout.write(f"{who} {level} {stamp} [gpu_worker.py:1] {message}\n")
     sys.stdout.flush()
 
 

@@ -94,6 +94,10 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     run_ended: dict[str, Any] | None = None
     incidents: list[dict[str, Any]] = []
     restarts = 0
+    # GPU source freshness (gpu_source_stale / _fresh events) and the server's version
+    gpu_source: dict[str, Any] = {"stale": False, "stale_periods": 0, "max_age_s": None, "messages": []}
+    server_version: dict[str, Any] | None = None
+    warnings: list[str] = []
     for event in read_jsonl(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
@@ -113,6 +117,18 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s")})
         elif kind == "restart_done":
             restarts += 1
+        elif kind == "gpu_source_stale":
+            gpu_source["stale"] = True
+            gpu_source["stale_periods"] += 1
+            age = event.get("age_s")
+            if isinstance(age, (int, float)):
+                gpu_source["max_age_s"] = max(age, gpu_source["max_age_s"] or 0.0)
+            if event.get("message") and len(gpu_source["messages"]) < 5:
+                gpu_source["messages"].append(str(event["message"]))
+        elif kind == "server_version":
+            server_version = {k: event.get(k) for k in ("server_version", "basis", "covered", "covered_versions")}
+        elif kind == "warning" and event.get("message") and len(warnings) < 20:
+            warnings.append(str(event["message"]))
 
     ok = failed = warmup = 0
     by_outcome: dict[str, int] = {}
@@ -221,5 +237,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         },
         "incidents": incidents,
         "restarts": restarts,
+        "gpu_source": gpu_source,
+        "server_version": server_version,
+        "warnings": warnings,
         "records": {"samples": samples, **read_stats},
     }

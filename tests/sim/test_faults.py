@@ -69,7 +69,7 @@ async def test_pp_deadlock_stalls_streams_freezes_counters_then_engine_dies(sim_
             assert h.status == 503
     text = log.getvalue()
     assert text.index("No available shared memory broadcast block found in 60 seconds") < text.index(
-        "Watchdog caught collective operation timeout") < text.index("RPC call to sample_tokens timed out") < text.index("EngineDeadError")
+        "Watchdog caught collective operation timeout") < text.index("RPC call to execute_model timed out") < text.index("EngineDeadError")
 
 
 async def test_after_requests_trigger_and_all_idle_deadlock(sim_app):
