@@ -41,9 +41,7 @@ def recorder_env(dump_dir: Path, *, buffer_size: int = 2000) -> dict[str, str]:
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": temp,
         "TORCH_FR_DUMP_TEMP_FILE": temp,
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe,
-        "TORCH_FR_DEBUG_INFO_PIPE_FILE": pipe,
         "TORCH_NCCL_ENABLE_TIMING": "1",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
     }
 
 

@@ -26,7 +26,7 @@ SIGTERM ends nothing, until the watchdog timeout of ``pp_broadcast``
 Flight recorder: the ranks inherit ``TORCH_NCCL_*``/``TORCH_FR_*`` from the
 environment (a launched target gets them from the harness); ``--dump-dir`` sets
 them when absent. NCCL answers its pipe files itself; over gloo each rank
-serves ``<TORCH_FR_DEBUG_INFO_PIPE_FILE><rank>.pipe`` the same way (any byte
+serves ``<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe`` the same way (any byte
 written asks for a dump to ``<TORCH_FR_DUMP_TEMP_FILE><rank>``), so the
 harness's evidence path is exercised on CPU too.
 
@@ -119,7 +119,7 @@ def run_worker(args: argparse.Namespace) -> int:
         dtype = torch.bfloat16
     else:
         device, dtype = torch.device("cpu"), torch.float32
-        stem, prefix = os.environ.get("TORCH_FR_DEBUG_INFO_PIPE_FILE"), os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+        stem, prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
         if stem and prefix:
             threading.Thread(target=_serve_gloo_pipe, args=(rank, stem, prefix), daemon=True).start()
     dist.init_process_group(

@@ -49,11 +49,49 @@ def flight_recorder_env(dump_dir: str | Path, pipe_stem: str) -> dict[str, str]:
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe_stem,
         "TORCH_FR_BUFFER_SIZE": str(TRACE_BUFFER_SIZE),
         "TORCH_FR_DUMP_TEMP_FILE": dump_prefix,
-        "TORCH_FR_DEBUG_INFO_PIPE_FILE": pipe_stem,
-        # 3: the watchdog tears down the process group without killing the
-        # process, so the recorder stays readable after a timeout.
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        # No TORCH_FR_ spelling of the pipe exists (torch 2.9 and 2.14 read only
+        # TORCH_NCCL_DEBUG_INFO_PIPE_FILE), and TORCH_NCCL_ASYNC_ERROR_HANDLING is
+        # left at torch's default (3), which takes a rank down after a watchdog
+        # timeout: the harness asks through the pipe long before that fires.
     }
+
+
+def torch_default_dump_prefix(environ: dict[str, str] | None) -> str | None:
+    """Where a server started without ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` dumps.
+
+    torch 2.9 and 2.14 default to ``$XDG_CACHE_HOME/torch/comm_lib_trace_rank_``
+    (``~/.cache/torch/...``), read in the server's environment, not ours: an
+    attached server's dumps are not under /tmp. ``environ`` is the server's
+    (None when it cannot be read).
+    """
+    if not environ:
+        return None
+    explicit = environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if explicit:
+        return explicit
+    cache = environ.get("XDG_CACHE_HOME") or (
+        os.path.join(environ["HOME"], ".cache") if environ.get("HOME") else None
+    )
+    return os.path.join(cache, "torch", "comm_lib_trace_rank_") if cache else None
+
+
+def attached_flight_recorder_paths(pid: int | None, *, run_dir: Path) -> FlightRecorderPaths:
+    """An attached server's dump prefix and pipe stem, from its own environment.
+
+    Falls back to the run directory's defaults (which then find nothing) when
+    the process's environment cannot be read."""
+    fallback = default_flight_recorder_paths(run_dir)
+    if pid is None:
+        return fallback
+    try:
+        import psutil
+
+        environ = psutil.Process(pid).environ()
+    except Exception:  # gone, or not ours to read: nothing to learn
+        return fallback
+    prefix = torch_default_dump_prefix(environ) or fallback.dump_prefix
+    stem = environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") or fallback.pipe_stem
+    return FlightRecorderPaths(prefix, stem)
 
 
 def ownership_env(token: str) -> dict[str, str]:

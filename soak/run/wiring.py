@@ -129,7 +129,10 @@ def build_soak_run(
             extra_env.update(flight_recorder_env(dump_dir, fr_paths.pipe_stem))
             pipe_stem = fr_paths.pipe_stem
     else:
-        pipe_stem = config.response.evidence.flight_recorder_pipe_stem
+        from soak.respond.flight import attached_flight_recorder_paths
+
+        fr_paths = attached_flight_recorder_paths(getattr(config.target, "pid", None), run_dir=run_dir)
+        pipe_stem = config.response.evidence.flight_recorder_pipe_stem or fr_paths.pipe_stem
     guardian = None
     if config.target.kind != "attached" and (guard if guard is not None else True):
         from soak.respond.flight import ownership_variable

@@ -39,8 +39,11 @@ def test_flight_recorder_env_sets_both_spellings(tmp_path):
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == env["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == env["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
-    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == env["TORCH_FR_DEBUG_INFO_PIPE_FILE"] == str(tmp_path / "pipe_rank_")
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    # torch reads the pipe under its TORCH_NCCL_ name only, and its default
+    # async error handling (3) is left alone: setting it changes nothing.
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == str(tmp_path / "pipe_rank_")
+    assert "TORCH_FR_DEBUG_INFO_PIPE_FILE" not in env
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env
     paths = default_flight_recorder_paths(tmp_path)
     assert paths.dump_prefix.startswith(str(tmp_path.resolve() / "nccl"))
 
@@ -79,3 +82,32 @@ def test_bad_response_settings_are_one_line_naming_the_field(tmp_path):
     path.write_text("response:\n  evidence:\n    py_spyy: true\n")
     with pytest.raises(ConfigError, match=r"response\.evidence\.py_spyy: unknown key"):
         load_run_config(path)
+
+
+def test_an_attached_servers_dumps_are_looked_for_where_torch_writes_them(tmp_path):
+    from soak.respond.flight import torch_default_dump_prefix
+
+    assert torch_default_dump_prefix({"HOME": "/home/u"}) == "/home/u/.cache/torch/comm_lib_trace_rank_"
+    assert torch_default_dump_prefix({"HOME": "/home/u", "XDG_CACHE_HOME": "/c"}) == "/c/torch/comm_lib_trace_rank_"
+    assert torch_default_dump_prefix({"HOME": "/h", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/d/t_"}) == "/d/t_"
+    assert torch_default_dump_prefix(None) is None
+
+
+def test_attached_paths_are_read_from_the_servers_own_environment(tmp_path):
+    import subprocess
+    import sys
+
+    from soak.respond.flight import attached_flight_recorder_paths
+
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "p_"), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        paths = attached_flight_recorder_paths(proc.pid, run_dir=tmp_path / "run")
+        assert paths.dump_prefix == str(tmp_path / "xdg" / "torch" / "comm_lib_trace_rank_")
+        assert paths.pipe_stem == str(tmp_path / "p_")
+    finally:
+        proc.kill()
+        proc.wait()
+    gone = attached_flight_recorder_paths(proc.pid, run_dir=tmp_path / "run")
+    assert gone.dump_prefix.startswith(str((tmp_path / "run").resolve()))
