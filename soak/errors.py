@@ -20,7 +20,8 @@ edges only ever sees these classes.
     │   ├── ConnectRefused
     │   ├── ConnectionReset
     │   ├── HTTPStatusError        carries .status and the server's message
-    │   ├── MalformedStream        the SSE stream broke the protocol
+    │   ├── MalformedStream        the SSE stream broke the protocol, or a chunk cannot be read
+    │   ├── StreamErrorObject      the server put an `error` object in the stream
     │   ├── RequestTimeout         carries .phase: connect | first_token | stall | total
     │   └── RequestAborted         the harness cut it short (drain over, target killed or restarted)
     ├── ProbeError                 one sample could not be taken; the probe goes on
@@ -135,6 +136,13 @@ class HTTPStatusError(TransportError):
 
 class MalformedStream(TransportError):
     outcome = "malformed_stream"
+
+
+class StreamErrorObject(TransportError):
+    """An ``error`` object inside the stream (vLLM sends one for errors after the
+    response began, e.g. a BadRequestError with code 400)."""
+
+    outcome = "error"
 
 
 class RequestAborted(TransportError):

@@ -184,6 +184,14 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     finish_reason: str | None = None
+    # Outcome "aborted" only: what cut it short, "drain" (the end-of-run drain ran
+    # out), "incident" (the harness was about to kill or restart the target) or
+    # "interrupt" (Ctrl-C / SIGTERM to the harness). Not the server's failure.
+    cut_by: str | None = None
+    # Odd but survivable things in the stream (a usage count that is not a count,
+    # a finish_reason that is not a string): how many, and the first few.
+    anomalies: int = 0
+    anomaly_notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return _plain(self)
@@ -191,4 +199,7 @@ class RequestRecord:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "RequestRecord":
         known = cls.__dataclass_fields__  # type: ignore[attr-defined]
-        return cls(**{k: v for k, v in obj.items() if k in known})
+        data = {k: v for k, v in obj.items() if k in known}
+        if isinstance(data.get("anomaly_notes"), list):
+            data["anomaly_notes"] = tuple(data["anomaly_notes"])
+        return cls(**data)

@@ -30,12 +30,16 @@ from soak.errors import (
     RequestTimeout,
     TransportError,
 )
+from soak.load.chunks import ContentTemplate, Usage, interpret, preview
 from soak.load.config import TimeoutsConfig
 from soak.load.progress import ProgressTracker, StreamProgress
-from soak.load.sse import SSEDecoder
+from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
 from soak.samples import RequestRecord
 
 _ERROR_BODY_LIMIT = 2048
+# Causes of a cut request (RequestRecord.cut_by).
+CUT_CAUSES = ("drain", "incident", "interrupt")
+_MAX_ANOMALY_NOTES = 3
 
 
 class TurnLike(Protocol):
@@ -52,26 +56,21 @@ class TurnLike(Protocol):
 class _Stream:
     """What one response taught us; filled in as chunks arrive."""
 
-    __slots__ = ("first_at", "last_at", "gaps", "chunks", "usage", "finish_reason", "done", "status")
+    __slots__ = ("first_at", "last_at", "gaps", "chunks", "usage", "finish_reason", "done", "status",
+                 "anomalies", "anomaly_notes", "template")
 
     def __init__(self) -> None:
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.gaps: list[float] = []
         self.chunks = 0
-        self.usage: dict[str, Any] | None = None
+        self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.status: int | None = None
-
-
-def _has_content(choice: dict[str, Any]) -> bool:
-    delta = choice.get("delta")
-    if delta is not None:
-        return bool(
-            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
-        )
-    return bool(choice.get("text"))
+        self.anomalies = 0
+        self.anomaly_notes: list[str] = []
+        self.template = ContentTemplate()
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -91,10 +90,12 @@ class StreamingClient:
         api_key: str | None = None,
         clock: Clock | None = None,
         sweep_interval_s: float | None = None,
+        max_event_chars: int = DEFAULT_MAX_CHARS,
     ) -> None:
         self._base_url = base_url.rstrip("/")
         # usage -> cached prompt tokens or None; set by the run once GET /version is known
         self.usage_cached_tokens: Callable[[Mapping[str, Any]], int | None] | None = None
+        self._max_event_chars = max_event_chars
         self._timeouts = timeouts
         self._tracker = tracker
         self._max_connections = max_connections
@@ -110,7 +111,7 @@ class StreamingClient:
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._closed = False
-        self._abort_reason: str | None = None
+        self._cuts: dict[int, tuple[str, str]] = {}
 
     async def start(self) -> None:
         if self._session is not None:
@@ -143,15 +144,17 @@ class StreamingClient:
         if self._session is not None:
             await self._session.close()
 
-    def abort_in_flight(self, reason: str) -> int:
+    def abort_in_flight(self, reason: str, *, cut_by: str = "drain") -> int:
         """Cut every in-flight request short; each still yields its record
-        (outcome ``aborted``). Returns how many were cut."""
-        self._abort_reason = reason
+        (outcome ``aborted``, ``cut_by`` one of CUT_CAUSES). Returns how many were cut."""
+        if cut_by not in CUT_CAUSES:
+            raise ValueError(f"unknown cut cause {cut_by!r}, known: {', '.join(CUT_CAUSES)}")
         count = 0
         for stream_id, stream in self._tracker.streams():
             task = self._tasks.get(stream_id)
             if task is not None and stream.timed_out is None:
                 stream.timed_out = "aborted"
+                self._cuts[stream_id] = (reason, cut_by)
                 task.cancel()
                 count += 1
         return count
@@ -190,13 +193,16 @@ class StreamingClient:
         self._tasks[stream_id] = task
         state = _Stream()
         error: TransportError | None = None
+        cut_by: str | None = None
         try:
             await self._stream(request, progress, state)
         except asyncio.CancelledError:
             if progress.timed_out is None or task.uncancel() > 0:
+                self._cuts.pop(stream_id, None)
                 raise
             if progress.timed_out == "aborted":
-                error = RequestAborted(self._abort_reason or "aborted by the harness")
+                reason, cut_by = self._cuts.pop(stream_id, ("aborted by the harness", "drain"))
+                error = RequestAborted(reason)
             else:
                 error = RequestTimeout(progress.timed_out, clock.monotonic() - t0)
         except TransportError as exc:
@@ -212,10 +218,14 @@ class StreamingClient:
             error = MalformedStream(f"bad HTTP response: {exc.message}")
         except aiohttp.ClientError as exc:
             error = TransportError(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            # Whatever the server's bytes make a library (or us) trip on is this
+            # request's outcome, never the soak's end.
+            error = MalformedStream(f"the response could not be read: {type(exc).__name__}: {exc}"[:300])
         finally:
             self._tasks.pop(stream_id, None)
             self._tracker.close(stream_id)
-        return self._record(request, request_id, warmup, started_wall, t0, progress, state, error)
+        return self._record(request, request_id, warmup, started_wall, t0, progress, state, error, cut_by)
 
     async def _stream(self, request: TurnLike, progress: StreamProgress, state: _Stream) -> None:
         assert self._session is not None
@@ -227,16 +237,20 @@ class StreamingClient:
             if response.status >= 400:
                 body = await response.content.read(_ERROR_BODY_LIMIT)
                 raise HTTPStatusError(response.status, _error_message(body))
-            decoder = SSEDecoder()
+            decoder = SSEDecoder(max_chars=self._max_event_chars)
             async for chunk in response.content.iter_any():
                 now = mono()
                 progress.last_byte_at = now
                 progress.bytes += len(chunk)
                 for event in decoder.feed(chunk):
                     self._on_event(event.data, now, progress, state)
+                if decoder.oversized:
+                    raise MalformedStream(f"an SSE line or event longer than {self._max_event_chars} characters")
             for event in decoder.flush():
                 self._on_event(event.data, mono(), progress, state)
         if not state.done:
+            if decoder.oversized:
+                raise MalformedStream(f"an SSE line or event longer than {self._max_event_chars} characters")
             if decoder.malformed_lines:
                 raise MalformedStream(f"{decoder.malformed_lines} line(s) that are not SSE, no [DONE]")
             raise MalformedStream("stream ended before data: [DONE]")
@@ -246,40 +260,42 @@ class StreamingClient:
             state.done = True
             return
         if state.done:
-            raise MalformedStream("data after [DONE]")
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            raise MalformedStream(f"chunk is not JSON: {data[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise MalformedStream(f"chunk is not a JSON object: {data[:80]!r}")
-        if "error" in obj:
-            err = obj["error"]
-            message = err.get("message", err) if isinstance(err, dict) else err
-            raise TransportError(f"server error in stream: {message}")
-        choices = obj.get("choices")
-        if choices:
-            for choice in choices:
-                if _has_content(choice):
-                    if state.first_at is None:
-                        state.first_at = now
-                        progress.first_token_at = now
-                    else:
-                        state.gaps.append(now - state.last_at)  # type: ignore[operator]
-                    state.last_at = now
-                    state.chunks += 1
-                    progress.tokens += 1
-                reason = choice.get("finish_reason")
-                if reason:
-                    state.finish_reason = reason
-        usage = obj.get("usage")
-        if usage:
+            raise MalformedStream(f"data after [DONE]: {preview(data)}")
+        template = state.template
+        chunk = None
+        if template.matches(data):
+            content = 1  # the learned chunk's shape with another plain string: no parse needed
+        else:
+            chunk = interpret(data)
+            content = chunk.content
+            if content and not template.learned:
+                template.learn(data, chunk)
+        if content:
+            if state.first_at is None:
+                state.first_at = now
+                progress.first_token_at = now
+            else:
+                state.gaps.append(now - state.last_at)  # type: ignore[operator]
+            state.last_at = now
+            state.chunks += content
+            progress.tokens += content
+        if chunk is None:
+            return
+        if chunk.finish_reason is not None:
+            state.finish_reason = chunk.finish_reason
+        if chunk.anomalies:
+            state.anomalies += len(chunk.anomalies)
+            room = _MAX_ANOMALY_NOTES - len(state.anomaly_notes)
+            if room > 0:
+                state.anomaly_notes.extend(chunk.anomalies[:room])
+        usage = chunk.usage
+        if usage is not None:
             state.usage = usage
             # A content chunk carries one token, or several under speculative
             # decoding: chunks are only a lower bound until the usage chunk
             # gives the exact count (or every chunk does, with continuous_usage_stats).
-            completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-            if isinstance(completion, int) and completion > progress.tokens:
+            completion = usage.completion_tokens
+            if completion is not None and completion > progress.tokens:
                 progress.tokens = completion
 
     def _record(
@@ -292,17 +308,19 @@ class StreamingClient:
         progress: StreamProgress,
         state: _Stream,
         error: TransportError | None,
+        cut_by: str | None = None,
     ) -> RequestRecord:
         elapsed = self._clock.monotonic() - t0
-        usage = state.usage or {}
-        prompt_tokens = usage.get("prompt_tokens")
-        if self.usage_cached_tokens is not None:  # version-aware (soak.versions.cached_tokens)
-            cached = self.usage_cached_tokens(usage)
-        else:
-            details = usage.get("prompt_tokens_details") or {}
-            cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        output_tokens = usage.get("completion_tokens")
-        if not isinstance(output_tokens, int):
+        usage = state.usage or Usage()
+        prompt_tokens = usage.prompt_tokens
+        cached = usage.cached_tokens
+        if cached is None and state.usage is not None and not usage.cached_unreadable \
+                and self.usage_cached_tokens is not None:
+            # The details were left out: what that means depends on the version
+            # (soak.versions.cached_tokens: 0 on 0.11.x with the flag known on).
+            cached = self.usage_cached_tokens({"prompt_tokens": prompt_tokens})
+        output_tokens = usage.completion_tokens
+        if output_tokens is None:
             output_tokens = state.chunks
         ttft = state.first_at - t0 if state.first_at is not None else None
         itl_mean = itl_p50 = itl_p99 = itl_max = None
@@ -340,6 +358,9 @@ class StreamingClient:
             error=None if error is None else str(error),
             warmup=warmup,
             finish_reason=state.finish_reason,
+            cut_by=cut_by,
+            anomalies=state.anomalies,
+            anomaly_notes=tuple(state.anomaly_notes),
         )
 
 

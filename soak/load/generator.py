@@ -143,7 +143,7 @@ class LoadGenerator:
         done, pending = await asyncio.wait(tasks, timeout=self._config.drain)
         aborted = 0
         if pending:
-            aborted = self._client.abort_in_flight("drain time ran out")
+            aborted = self._client.abort_in_flight("drain time ran out", cut_by="drain")
             # Closed-loop slots sleeping in think time hold no request: end them.
             done2, still = await asyncio.wait(pending, timeout=5.0)
             for task in still:

@@ -234,7 +234,7 @@ class SoakRun:
         if self.generator is not None:
             self.generator.stop(reason)
             if self.client is not None:
-                self.client.abort_in_flight(reason)
+                self.client.abort_in_flight(reason, cut_by="interrupt")
         elif self._main_task is not None:
             self._main_task.cancel()  # still starting: cut the start-up short
 
@@ -516,7 +516,7 @@ class SoakRun:
         self._failed = True
         number = self._incidents
         self.generator.pause()
-        cut = self.client.abort_in_flight(f"incident {number}")
+        cut = self.client.abort_in_flight(f"incident {number}", cut_by="incident")
         self.event("incident_started", number=number, rule=decision.rule,
                    kind=getattr(decision.kind, "value", str(decision.kind)), aborted_requests=cut)
         if self.responder is not None:

@@ -1,0 +1,220 @@
+"""What one SSE event of an OpenAI-style stream says, from any text a server sends.
+
+``interpret(data)`` is pure and total over strings: it returns a ``Chunk`` or
+raises ``MalformedStream`` (the event cannot be read as a completion chunk) or
+``StreamErrorObject`` (the server put an ``error`` object in the stream). No
+other exception leaves it, whatever the bytes: the client records either as the
+request's outcome and the soak goes on.
+
+What is refused and what is tolerated (a demanding reading of vLLM and OpenAI):
+- refused (``malformed_stream``): not JSON, not a JSON object, ``choices`` that
+  is not a list, a choice that is not an object, a ``delta`` that is not an
+  object, a content field (``content``, ``reasoning_content``, ``reasoning``,
+  ``text``) that is not a string, ``tool_calls`` that is not a list. A chunk we
+  cannot read cannot be counted, so the stream is not trusted after it.
+- tolerated, noted as an anomaly on the request: ``usage`` that is not an
+  object, token counts that are not plain non-negative integers below 2**31
+  (numbers as strings, floats, booleans, huge ints), a ``finish_reason`` that is
+  not a string. The count falls back to what the client saw itself.
+- ``null`` anywhere stands for "absent", as OpenAI's own chunks use it.
+
+``ContentTemplate`` is the cheap path for the common chunk (issue 16): after a
+content chunk has been read in full, later chunks that are byte-identical to it
+except for a plain content string (no quote, backslash or control character)
+are the same shape by construction and are counted without ``json.loads``.
+Anything else, odd or not, takes the full path above.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from soak.errors import MalformedStream, StreamErrorObject
+
+# A token count past this is not a count any server produced.
+MAX_COUNT = 2**31 - 1
+_CONTENT_FIELDS = ("content", "reasoning_content", "reasoning")
+_PREVIEW = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    # prompt_tokens_details was there but unreadable: unknown, whatever the version
+    # says about a missing field (soak.versions.cached_tokens reads the absent case).
+    cached_unreadable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    content: int = 0  # choices in this chunk that carry generated output
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    anomalies: tuple[str, ...] = ()
+
+
+def preview(text: str) -> str:
+    return repr(text[:_PREVIEW]) + ("..." if len(text) > _PREVIEW else "")
+
+
+def _count(value: Any, where: str, anomalies: list[str]) -> int | None:
+    if value is None:
+        return None
+    if type(value) is int and 0 <= value <= MAX_COUNT:
+        return value
+    anomalies.append(f"{where} is not a token count: {preview(json.dumps(value) if _dumpable(value) else repr(value))}")
+    return None
+
+
+def _dumpable(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, type(None)))
+
+
+def _usage(value: Any, anomalies: list[str]) -> Usage | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        anomalies.append(f"usage is not an object: {type(value).__name__}")
+        return None
+    details = value.get("prompt_tokens_details")
+    cached = None
+    unreadable = False
+    if isinstance(details, dict):
+        raw = details.get("cached_tokens")
+        cached = _count(raw, "usage.prompt_tokens_details.cached_tokens", anomalies)
+        unreadable = raw is not None and cached is None
+    elif details is not None:
+        anomalies.append("usage.prompt_tokens_details is not an object")
+        unreadable = True
+    return Usage(
+        prompt_tokens=_count(value.get("prompt_tokens"), "usage.prompt_tokens", anomalies),
+        completion_tokens=_count(value.get("completion_tokens"), "usage.completion_tokens", anomalies),
+        cached_tokens=cached,
+        cached_unreadable=unreadable,
+    )
+
+
+def _error_message(err: Any) -> str:
+    if isinstance(err, dict):
+        message = err.get("message")
+        if message is None:
+            message = err
+    else:
+        message = err
+    text = message if isinstance(message, str) else json.dumps(message, default=str)[:400]
+    return text[:200]
+
+
+def _has_content(choice: dict[str, Any], data: str) -> bool:
+    found = False
+    delta = choice.get("delta")
+    if delta is not None:
+        if not isinstance(delta, dict):
+            raise MalformedStream(f"choices[].delta is not an object: {preview(data)}")
+        for name in _CONTENT_FIELDS:
+            value = delta.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise MalformedStream(f"choices[].delta.{name} is not a string: {preview(data)}")
+            found = found or bool(value)
+        calls = delta.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise MalformedStream(f"choices[].delta.tool_calls is not a list: {preview(data)}")
+            found = found or bool(calls)
+    text = choice.get("text")
+    if text is not None:
+        if not isinstance(text, str):
+            raise MalformedStream(f"choices[].text is not a string: {preview(data)}")
+        found = found or bool(text)
+    return found
+
+
+def interpret(data: str) -> Chunk:
+    """One event's data (not ``[DONE]``) as a ``Chunk``; see the module docstring."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the parser's depth
+        raise MalformedStream(f"chunk is not JSON: {preview(data)}") from None
+    if not isinstance(obj, dict):
+        raise MalformedStream(f"chunk is not a JSON object: {preview(data)}")
+    err = obj.get("error")
+    if err is not None:
+        raise StreamErrorObject(f"server error in stream: {_error_message(err)}")
+    anomalies: list[str] = []
+    content = 0
+    finish: str | None = None
+    choices = obj.get("choices")
+    if choices is not None:
+        if not isinstance(choices, list):
+            raise MalformedStream(f"choices is not a list: {preview(data)}")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise MalformedStream(f"a choice is not an object: {preview(data)}")
+            if _has_content(choice, data):
+                content += 1
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                if reason:
+                    finish = reason[:64]
+            elif reason is not None:
+                anomalies.append(f"finish_reason is not a string: {type(reason).__name__}")
+    usage = _usage(obj.get("usage"), anomalies)
+    return Chunk(content=content, finish_reason=finish, usage=usage, anomalies=tuple(anomalies))
+
+
+class ContentTemplate:
+    """The raw text around the content string of the stream's plain content chunk.
+
+    ``learn(data, chunk)`` after a full read; ``matches(data)`` then says, with
+    string operations only, whether ``data`` is that chunk with another plain,
+    non-empty content string: then it is one content choice, no finish reason
+    and no usage, exactly as the full read would have said.
+    """
+
+    __slots__ = ("_prefix", "_suffix", "_min_len")
+
+    def __init__(self) -> None:
+        self._prefix: str | None = None
+        self._suffix = ""
+        self._min_len = 0
+
+    @property
+    def learned(self) -> bool:
+        return self._prefix is not None
+
+    def learn(self, data: str, chunk: Chunk) -> None:
+        if chunk.content != 1 or chunk.finish_reason is not None or chunk.usage is not None or chunk.anomalies:
+            return
+        # The raw text must be built the way a template can be checked: the one
+        # content string, plain (so its raw form is itself), once in the text.
+        for field in ('"content":"', '"text":"', '"content": "', '"text": "'):
+            start = data.find(field)
+            if start < 0 or data.find(field, start + 1) >= 0:
+                continue
+            begin = start + len(field)
+            end = data.find('"', begin)
+            if end <= begin:
+                continue
+            value = data[begin:end]
+            if "\\" in value or not value.isprintable():
+                continue
+            # A later chunk equal to this one but for another plain string here
+            # parses to the same choices, finish reason and usage.
+            self._prefix, self._suffix = data[:begin], data[end:]
+            self._min_len = len(self._prefix) + len(self._suffix) + 1
+            return
+
+    def matches(self, data: str) -> bool:
+        prefix = self._prefix
+        if prefix is None or len(data) < self._min_len:
+            return False
+        if not (data.startswith(prefix) and data.endswith(self._suffix)):
+            return False
+        middle = data[len(prefix) : len(data) - len(self._suffix)]
+        return '"' not in middle and "\\" not in middle and middle.isprintable()
