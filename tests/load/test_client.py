@@ -181,3 +181,77 @@ async def test_progress_counts_the_servers_tokens_not_chunks(server_url, make_cl
     assert record.outcome == "ok" and record.output_tokens == 17
     snapshot = client._tracker.snapshot(0.0)
     assert snapshot.tokens_total == 17 and snapshot.requests_done == 1
+
+
+# -- any bytes on a stream are a recorded outcome -------------------------------
+def _data(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+_OK = _data({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]})
+_DONE = b"data: [DONE]\n\n"
+# name -> (raw body, expected outcome, expected anomalies > 0)
+ODD_BODIES = {
+    "delta_is_a_string": (_OK + _data({"choices": [{"delta": "oops"}]}) + _DONE, "malformed_stream", False),
+    "choices_is_an_object": (_OK + _data({"choices": {"0": 1}}) + _DONE, "malformed_stream", False),
+    "usage_is_a_number": (_OK + _data({"choices": [], "usage": 5}) + _DONE, "ok", True),
+    "null_everywhere": (_OK + _data({"id": None, "choices": [{"delta": None, "finish_reason": None, "text": None}],
+                                     "usage": None, "error": None}) + _DONE, "ok", False),
+    "counts_as_strings": (_OK + _data({"choices": [], "usage": {"prompt_tokens": "10", "completion_tokens": "1"}})
+                          + _DONE, "ok", True),
+    "huge_ints": (_OK + _data({"choices": [], "usage": {"completion_tokens": 10**40}}) + _DONE, "ok", True),
+    "int_with_5000_digits": (_OK + _data(b'{"usage": {"completion_tokens": ' + b"9" * 5000 + b"}}") + _DONE,
+                             "malformed_stream", False),
+    "deep_nesting": (_OK + _data(b"[" * 50_000 + b"]" * 50_000) + _DONE, "malformed_stream", False),
+    "non_utf8_in_a_string": (_data(b'{"choices": [{"delta": {"content": "\xff\xfe\xc3"}}]}') + _DONE, "ok", False),
+    "non_utf8_outside_json": (_OK + b"data: \xff\xfe{]\n\n" + _DONE, "malformed_stream", False),
+    "missing_done": (_OK, "malformed_stream", False),
+    "error_mid_stream": (_OK + _data({"error": {"message": "boom", "type": "BadRequestError", "code": 400}}) + _DONE,
+                         "error", False),
+    "error_not_an_object": (_OK + _data({"error": ["x", {"y": 1}]}) + _DONE, "error", False),
+    "crlf_framing": ((_OK + _DONE).replace(b"\n", b"\r\n"), "ok", False),
+    "cr_framing": ((_OK + _DONE).replace(b"\n", b"\r"), "ok", False),
+    "comments_and_events": (b": hello\n\nevent: delta\nid: 3\nretry: 10\n" + _OK + b": bye\n" + _DONE, "ok", False),
+    "multi_line_data": (b'data: {"choices":\ndata: [{"delta": {"content": "a"}}]}\n\n' + _DONE, "ok", False),
+    "html_not_sse": (b"<html><body>502 Bad Gateway</body></html>", "malformed_stream", False),
+    "data_after_done": (_OK + _DONE + _OK, "malformed_stream", False),
+    "multi_megabyte_content": (_data({"choices": [{"delta": {"content": "x" * 3_000_000}}]}) + _DONE, "ok", False),
+    "endless_line": (b"data: " + b"z" * 20_000_000, "malformed_stream", False),
+}
+
+
+async def odd_body(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    body = ODD_BODIES[request.match_info["name"]][0]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for i in range(0, len(body), 7919):  # odd-sized pieces, as a proxy might forward them
+        await response.write(body[i : i + 7919])
+    await response.write_eof()
+    return response
+
+
+@pytest.fixture
+async def odd_url():
+    app = web.Application()
+    app.router.add_post("/{name}/v1/chat/completions", odd_body)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("name", sorted(ODD_BODIES))
+async def test_odd_stream_bytes_are_a_recorded_outcome(odd_url, make_client, name) -> None:
+    _, outcome, anomalous = ODD_BODIES[name]
+    client = await make_client(odd_url)
+    record = await client.send(Turn(path=f"/{name}/v1/chat/completions", body=b"{}"), request_id="r1")
+    assert record.outcome == outcome, (record.outcome, record.error)
+    assert (record.anomalies > 0) == anomalous, record.anomaly_notes
+    assert record.ended_at >= record.started_at
+    # The client goes on: the next request on the same session is served.
+    again = await client.send(Turn(path="/crlf_framing/v1/chat/completions", body=b"{}"), request_id="r2")
+    assert again.outcome == "ok"
