@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from soak.configbase import Duration, StrictModel, load_yaml, parse_duration
+from soak.criteria.config import CriteriaConfig
 from soak.detect.config import DetectorConfig
 from soak.errors import ArgumentError, ConfigError
 from soak.export.config import ExporterConfig
@@ -34,6 +35,7 @@ class RunConfig(StrictModel):
     load: LoadConfig = LoadConfig()
     probes: ProbesConfig = ProbesConfig()
     detector: DetectorConfig = DetectorConfig()
+    criteria: CriteriaConfig = CriteriaConfig()
     response: ResponseConfig = ResponseConfig()
     exporter: ExporterConfig = ExporterConfig()
     view: ViewConfig = ViewConfig()

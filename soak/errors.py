@@ -13,6 +13,7 @@ edges only ever sees these classes.
     │   ├── TargetNotReady         the server never answered /health and /v1/models
     │   ├── PortInUse
     │   ├── GpuUnavailable         no NVML, no GPU, or the driver does not answer
+    │   ├── WorkloadDoesNotFit     the workload's requests exceed the target's max_model_len
     │   └── TargetMismatch         the target is not what the config says (the attached
     │                              PID does not serve the URL, the launch port is taken)
     ├── HarnessFault               exit 4: the harness itself failed (its own I/O, a bug)
@@ -97,6 +98,12 @@ class PortInUse(EnvironmentProblem):
 
 class GpuUnavailable(EnvironmentProblem):
     pass
+
+
+class WorkloadDoesNotFit(EnvironmentProblem):
+    """The workload is valid and so is the target, but not together: its largest
+    request needs more tokens than the server's ``max_model_len``, so the server
+    would refuse it (HTTP 400). Exit 3: the target is not what the workload needs."""
 
 
 class TargetMismatch(EnvironmentProblem):

@@ -26,15 +26,25 @@ from typing import Any, Callable, Mapping, Sequence
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig
-from soak.errors import ConfigError, EnvironmentProblem, HarnessFault, SoakError, TargetNotReady, UsageError
+from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
+from soak.errors import (
+    ConfigError,
+    EnvironmentProblem,
+    HarnessFault,
+    SoakError,
+    TargetNotReady,
+    UsageError,
+    WorkloadDoesNotFit,
+)
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
 from soak.run.sinks import FanOut, RunInfo, RunSink
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample
-from soak.store.store import RunStore
-from soak.store.summary import summarize
+from soak.store.jsonl import read_jsonl
+from soak.store.store import REQUESTS, RunStore
+from soak.store.summary import disk_incidents, summarize
 
 # The responder's "last minutes" come from here; bounded whatever the run's length.
 RECENT_SAMPLES_MAX = 20_000
@@ -142,6 +152,15 @@ class SoakRun:
         self._interrupted = False
         self._closed = False
         self._outcome: RunOutcome | None = None
+        # The failure criteria, judged live on every detector tick (soak.criteria).
+        self.tally = RequestTally.for_config(config.criteria)
+        self._criteria_reported: set[str] = set()
+        self._incident_idle = asyncio.Event()
+        self._incident_idle.set()
+        # /metrics freshness, for the "metrics_stale" warning (the summary says
+        # which span the server figures cover from samples.jsonl itself).
+        self._metrics_fresh_at: float | None = None
+        self._metrics_stale_since: float | None = None
         self._main_loop: asyncio.AbstractEventLoop | None = None
         self._fault_cancel = False
         self._fault_where = ""
@@ -192,7 +211,8 @@ class SoakRun:
         if self.generator is not None:
             self.generator.stop(reason)
             if self.client is not None:
-                self.client.abort_in_flight(reason)
+                # The harness cut them, not the server: apart from failures.
+                self.client.abort_in_flight(reason, cut_by="interrupt")
         elif (self._main_task is not None and not self._main_task.done()
               and self._main_task is not asyncio.current_task()):
             self._fault_cancel = True
@@ -212,8 +232,32 @@ class SoakRun:
             change = self._gpu_freshness.observe(sample)
             if change is not None:
                 self.event(change.pop("type"), **change)
+        if sample.kind == "server":
+            self._metrics_freshness(sample)
+
+    def _metrics_freshness(self, sample: Any) -> None:
+        from soak.store.summary import SERVER_KEYS
+
+        fresh = sample.ok and any(k in sample.values for k in SERVER_KEYS)
+        if fresh:
+            if self._metrics_stale_since is not None:
+                self.event("metrics_fresh", stale_since=self._metrics_stale_since,
+                           stale_s=round(sample.ts - self._metrics_stale_since, 3))
+                self._metrics_stale_since = None
+            self._metrics_fresh_at = sample.ts
+            return
+        if self._metrics_stale_since is not None:
+            return
+        since = self._metrics_fresh_at
+        stale_after = max(5.0, 3.0 * self.config.probes.metrics_interval)
+        if since is None or sample.ts - since >= stale_after:
+            self._metrics_stale_since = since if since is not None else sample.ts
+            error = sample.error or "the scrape has none of the server counters"
+            self.event("metrics_stale", since=since, error=str(error)[:200],
+                       note="server token totals and the prefix-cache hit ratio cover only the time before")
 
     def _on_record(self, record: RequestRecord) -> None:
+        self.tally.add(record)
         self.sinks.on_request(record)
 
     def recent_samples(self) -> list[Sample]:
@@ -359,6 +403,7 @@ class SoakRun:
             )
             plan = planned.to_json() if hasattr(planned, "to_json") else dict(planned)
             self.store.write_plan(plan)
+            await self._check_fit(plan)
 
         await self._open_gpu_source()
         if self._detector_factory is not None:
@@ -465,6 +510,57 @@ class SoakRun:
         profile = getattr(self, "version_profile", None)
         return lambda usage: cached_tokens(usage, profile=profile, details_enabled=enabled)
 
+    async def _check_fit(self, plan: Mapping[str, Any]) -> None:
+        """Refuse a workload whose largest request cannot fit the target's
+        ``max_model_len`` (vLLM lists it on each model of /v1/models): every such
+        request would be an HTTP 400, so the soak would measure nothing."""
+        largest = plan.get("largest_request") or {}
+        prompt, max_tokens = largest.get("prompt_tokens") or 0, largest.get("max_tokens") or 0
+        if not prompt:
+            return
+        limit = await self._max_model_len()
+        if limit is None:
+            self.event("max_model_len_unknown", note="/v1/models lists no max_model_len: the fit is not checked")
+            return
+        counter = str(plan.get("counter") or "")
+        if prompt + max_tokens <= limit:
+            self.event("workload_fits", max_model_len=limit, largest_prompt=prompt, max_tokens=max_tokens)
+            return
+        if prompt > limit:
+            message = (f"the workload's largest prompt is {prompt:,} tokens, above the target's max_model_len "
+                       f"{limit:,} (from /v1/models)")
+        else:
+            message = (f"the workload's largest request needs {prompt + max_tokens:,} tokens ({prompt:,} prompt + "
+                       f"{max_tokens:,} max_tokens), above the target's max_model_len {limit:,} (from /v1/models)")
+        if not counter.startswith("exact"):
+            # Token counts are an estimate: warn, let the error-rate criterion judge.
+            self.event("workload_may_not_fit", max_model_len=limit, largest_prompt=prompt, max_tokens=max_tokens,
+                       counter=counter, message=message)
+            return
+        raise WorkloadDoesNotFit(message + ": the server would refuse those requests (HTTP 400)")
+
+    async def _max_model_len(self) -> int | None:
+        import aiohttp
+
+        if self.probe_session is None:
+            self.probe_session = aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            async with self.probe_session.get(self.target.base_url.rstrip("/") + "/v1/models", headers=headers,
+                                              timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+            return None
+        models = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(models, list):
+            return None
+        entries = [m for m in models if isinstance(m, dict)]
+        chosen = next((m for m in entries if m.get("id") == self.model), entries[0] if entries else None)
+        limit = chosen.get("max_model_len") if chosen is not None else None
+        return limit if type(limit) is int and limit > 0 else None
+
     async def _open_gpu_source(self) -> None:
         import aiohttp
 
@@ -492,10 +588,23 @@ class SoakRun:
                 except Exception as exc:  # a missed bracket only widens the server-side deltas
                     self.event("metrics_scrape_failed", error=f"{type(exc).__name__}: {exc}")
 
+    def _judge_criteria(self) -> CriteriaDecision:
+        decision = judge(self.config.criteria, self.tally, final=False)
+        for result in decision.results:
+            if result.state in (CriterionState.FAIL, CriterionState.AT_RISK) and result.name not in self._criteria_reported:
+                self._criteria_reported.add(result.name)
+                self.event("criterion_" + result.state.value, criterion=result.name, value=result.value,
+                           threshold=result.threshold, reasons=list(result.reasons))
+        if decision.stop and self.generator is not None and not self.generator.stopping:
+            self._stop_reason = f"criterion no_success: {decision.reasons[0]}"
+            self.generator.stop(self._stop_reason)
+        return decision
+
     async def _watch(self) -> None:
         interval = self.config.detector.interval
         while True:
             await asyncio.sleep(interval)
+            self._judge_criteria()
             assessment = self.detector.assess(self.clock.now())
             self.sinks.on_assessment(assessment)
             for decision in assessment.new_incidents:
@@ -511,6 +620,13 @@ class SoakRun:
                     return
 
     async def _incident(self, decision: Any) -> None:
+        self._incident_idle.clear()
+        try:
+            await self._respond(decision)
+        finally:
+            self._incident_idle.set()
+
+    async def _respond(self, decision: Any) -> None:
         assert self.generator is not None and self.client is not None
         self._incidents += 1
         self._failed = True
@@ -529,7 +645,7 @@ class SoakRun:
 
         can_restart = self.config.target.kind != "attached"
         action = next_action(self.config.response, restarts_done=self.restarts, can_restart=can_restart)
-        if action.action is not Action.RESTART or self._interrupted:
+        if action.action is not Action.RESTART or self._interrupted or self.generator.stopping:
             self._stop_reason = f"incident {number}: {action.reason}"
             self.generator.stop(self._stop_reason)
             return
@@ -553,16 +669,25 @@ class SoakRun:
         if self._outcome is not None:
             return self._outcome
         await self._stop_parts()
+        # What the verdict rests on is read back from disk: an incident whose
+        # response finished after the load (its record never reached the sinks)
+        # still fails the run, and the criteria see every recorded request.
+        try:
+            incidents = max(self._incidents, len(disk_incidents(self.run_dir)))
+        except OSError:  # an unreadable run directory: what the run saw live
+            incidents = self._incidents
+        criteria = self._final_criteria()
+        failed = self._failed or incidents > 0 or not criteria.passed
         if isinstance(problem, EnvironmentProblem):
             exit_code, verdict = 3, "aborted"
         elif isinstance(problem, UsageError):
             exit_code, verdict = 2, "aborted"
-        elif self._failed and not self._interrupted:
-            exit_code, verdict = 1, "fail"  # an incident outranks a harness fault
+        elif failed and not self._interrupted:
+            exit_code, verdict = 1, "fail"  # an incident or a failed criterion outranks a harness fault
         elif self._fault is not None or problem is not None:
             exit_code, verdict = 4, "aborted"
         elif self._interrupted:
-            exit_code, verdict = 130, ("fail" if self._failed else "aborted")
+            exit_code, verdict = 130, ("fail" if failed else "aborted")
         else:
             exit_code, verdict = 0, "pass"
         reason = self._stop_reason or "finished"
@@ -570,8 +695,12 @@ class SoakRun:
             self._save_traceback()
             if not reason.startswith("harness fault"):
                 reason = f"{reason}; harness fault while {self._fault_where}: {type(self._fault).__name__}: {self._fault}"
+        if not isinstance(problem, (EnvironmentProblem, UsageError)) and not criteria.passed \
+                and not reason.startswith("criterion"):
+            reason = "; ".join(criteria.reasons) + f" (load stopped: {reason})"
         self.event("run_ended", verdict=verdict, reason=reason, exit_code=exit_code,
-                   incidents=self._incidents, restarts=self.restarts)
+                   incidents=incidents, restarts=self.restarts,
+                   criteria_failed=[r.name for r in criteria.failed])
         try:
             summary = summarize(self.run_dir)
         except Exception as exc:  # a damaged record still ends the run in order
@@ -595,6 +724,13 @@ class SoakRun:
         self._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
         return self._outcome
 
+    def _final_criteria(self) -> CriteriaDecision:
+        try:
+            tally = RequestTally.of(self.config.criteria, read_jsonl(self.run_dir / REQUESTS))
+        except OSError:
+            tally = self.tally  # the file is gone: what the run saw live
+        return judge(self.config.criteria, tally, final=True)
+
     async def _report(self) -> None:
         try:
             from soak.report.render import write_report
@@ -616,6 +752,14 @@ class SoakRun:
                 self._set_fault(exc, f"stopping {what}")
 
         if self._watch_task is not None:
+            if not self._incident_idle.is_set() and not self._watch_task.done():
+                # A response under way finishes and reaches the sinks (bounded
+                # like the responder's own close): its record belongs in the run.
+                cfg = self.config.response
+                bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 10.0
+                idle = asyncio.ensure_future(self._incident_idle.wait())
+                await asyncio.wait({idle, self._watch_task}, timeout=bound)
+                idle.cancel()
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
         if self._scheduler is not None:

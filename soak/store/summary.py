@@ -16,6 +16,18 @@ Counting rules:
   delta(prefix_cache_hits) / delta(prefix_cache_queries), summing increases
   across counter resets (a restarted server starts again from zero). Never
   hits / prompt_tokens.
+- ``requests.failed`` leaves out requests the harness cut short (outcome
+  ``aborted``): they are ``cut_by_drain``, ``cut_by_incident`` and
+  ``cut_by_interrupt``, and count neither way in the failure criteria.
+
+What the verdict rests on is read from disk, not from what the run loop
+remembered: incidents are the union of the ``incident`` events and the
+responder's ``incidents/N/incident.json`` (an incident racing the end of the
+duration is in the summary even when its event never got written), and the
+failure criteria (``soak.criteria``) are judged on requests.jsonl with the
+run's own ``criteria:`` settings from config.yaml. ``server_metrics`` says
+which span the server-side figures cover when /metrics stalled or stopped
+parsing.
 """
 
 from __future__ import annotations
@@ -24,8 +36,16 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+import json
+
+from soak.criteria.config import CriteriaConfig
+from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge
 from soak.store.jsonl import read_jsonl
-from soak.store.store import EVENTS, REQUESTS, SAMPLES
+from soak.store.store import CONFIG, EVENTS, REQUESTS, SAMPLES
+
+# Server counters the summary derives figures from; a scrape with none of them is stale.
+SERVER_KEYS = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "generation_tokens")
+MAX_STALE_SPANS = 20
 
 INCIDENT_FIELDS = ("kind", "rule", "onset_at", "detected_at", "killed_pids", "gpus_released", "evidence")
 
@@ -130,7 +150,11 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         elif kind == "warning" and event.get("message") and len(warnings) < 20:
             warnings.append(str(event["message"]))
 
-    ok = failed = warmup = 0
+    ok = failed = warmup = measured_requests = 0
+    cut = {cause: 0 for cause in CUT_CAUSES}
+    criteria_config, criteria_note = _criteria_config(run_dir)
+    tally = RequestTally.for_config(criteria_config)
+    stored: list[dict[str, Any]] = []
     by_outcome: dict[str, int] = {}
     prompt_tokens = generated_tokens = cached_tokens = 0
     cached_known = 0
@@ -143,10 +167,14 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     for record in read_jsonl(run_dir / REQUESTS, stats=read_stats):
         outcome = record.get("outcome")
         by_outcome[outcome] = by_outcome.get(outcome, 0) + 1
-        if outcome == "ok":
+        cause = cut_cause(record)
+        if cause is not None:
+            cut[cause] += 1
+        elif outcome == "ok":
             ok += 1
         else:
             failed += 1
+        stored.append({k: record.get(k) for k in ("outcome", "ended_at", "cut_by", "error")})
         prompt_tokens += record.get("prompt_tokens") or 0
         generated_tokens += record.get("output_tokens") or 0
         if record.get("cached_tokens") is not None:
@@ -162,6 +190,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         if record.get("warmup"):
             warmup += 1
             continue
+        if cause is None:
+            measured_requests += 1
         measured_generated += record.get("output_tokens") or 0
         if outcome == "ok":
             for name, into in (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e), ("itl_p50_s", itl_p50)):
@@ -169,8 +199,10 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
                 if isinstance(value, (int, float)):
                     into.append(float(value))
 
-    server_keys = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "generation_tokens")
+    tally = RequestTally.of(criteria_config, stored)
+    server_keys = SERVER_KEYS
     samples = 0
+    coverage = MetricsCoverage(stale_after_s=_stale_after(run_dir))
 
     def counted_samples() -> Iterable[dict[str, Any]]:
         nonlocal samples, last_ts
@@ -179,6 +211,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             ts = sample.get("ts")
             if isinstance(ts, (int, float)):
                 last_ts = ts if last_ts is None else max(last_ts, ts)
+            if sample.get("kind") == "server":
+                coverage.add(sample)
             yield sample
 
     deltas = server_counter_deltas(counted_samples(), server_keys)
@@ -196,10 +230,17 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     warmup_s = float(run_started.get("warmup_s") or 0.0)
     measured_s = max(0.0, duration_s - warmup_s)
 
+    incidents = merge_incidents(incidents, disk_incidents(run_dir))
+    decision = judge(criteria_config, tally, final=True)
     if run_ended is not None and run_ended.get("verdict") in ("pass", "fail", "aborted"):
         verdict = run_ended["verdict"]
     else:
-        verdict = "fail" if incidents else ("aborted" if cut_off else "pass")
+        verdict = "aborted" if cut_off else "pass"
+    if incidents or not decision.passed:
+        verdict = "fail"  # whatever the loop believed at its end: the record on disk decides
+    reasons = [f"incident {i.get('number', '?')}: {i.get('kind', '?')} (rule {i.get('rule', '?')})" for i in incidents]
+    reasons += list(decision.reasons)
+    metrics = coverage.report(load_begin, load_end)
 
     return {
         "verdict": verdict,
@@ -214,7 +255,9 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "warmup_s": warmup_s,
         "stop_reason": (run_ended or {}).get("reason"),
         "exit_code": (run_ended or {}).get("exit_code"),
-        "requests": {"ok": ok, "failed": failed, "warmup": warmup, "by_outcome": by_outcome},
+        "verdict_reasons": reasons,
+        "requests": {"ok": ok, "failed": failed, "warmup": warmup, "by_outcome": by_outcome,
+                     **{f"cut_by_{cause}": count for cause, count in cut.items()}},
         "tokens": {
             "prompt": prompt_tokens,
             "generated": generated_tokens,
@@ -225,9 +268,11 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             "generated": deltas["generation_tokens"].total if deltas["generation_tokens"].seen else None,
         },
         "prefix_cache_hit_ratio": hit_ratio,
+        "server_metrics": metrics,
+        "criteria": {**decision.to_json(), **({"note": criteria_note} if criteria_note else {})},
         "throughput": {
             "generated_tokens_per_s": measured_generated / measured_s if measured_s > 0 else None,
-            "requests_per_s": (ok + failed - warmup) / measured_s if measured_s > 0 else None,
+            "requests_per_s": measured_requests / measured_s if measured_s > 0 else None,
         },
         "latency": {
             "ttft_s": _stats(ttft),
@@ -242,3 +287,175 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "warnings": warnings,
         "records": {"samples": samples, **read_stats},
     }
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _criteria_config(run_dir: Path) -> tuple[CriteriaConfig, str | None]:
+    """The run's own ``criteria:`` settings (config.yaml), defaults when absent."""
+    section = _read_config(run_dir).get("criteria")
+    if section is None:
+        return CriteriaConfig(), None
+    try:
+        return CriteriaConfig.model_validate(section), None
+    except Exception as exc:  # a hand-edited config.yaml: judge with the defaults, say so
+        return CriteriaConfig(), f"config.yaml criteria unreadable ({type(exc).__name__}), defaults used"
+
+
+def _stale_after(run_dir: Path) -> float:
+    """Seconds without a fresh /metrics scrape that make the server figures stale:
+    three scrape intervals, at least 5 s."""
+    probes = _read_config(run_dir).get("probes")
+    interval = probes.get("metrics_interval") if isinstance(probes, dict) else None
+    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
+    return max(5.0, 3.0 * interval)
+
+
+class MetricsCoverage:
+    """Which span of the run the server's own figures (token counters, prefix
+    cache) cover: fresh scrapes are ``ok`` with at least one of SERVER_KEYS; a
+    failed or empty scrape, or a gap past ``stale_after_s``, opens a stale span
+    that the next fresh scrape closes."""
+
+    def __init__(self, *, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self.ok = 0
+        self.failed = 0
+        self.first_fresh: float | None = None
+        self.last_fresh: float | None = None
+        self.spans: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None
+        self.last_error: str | None = None
+
+    def add(self, sample: dict[str, Any]) -> None:
+        ts = sample.get("ts")
+        if not isinstance(ts, (int, float)):
+            return
+        values = sample.get("values") or {}
+        fresh = bool(sample.get("ok")) and any(isinstance(values.get(k), (int, float)) for k in SERVER_KEYS)
+        if not fresh:
+            self.failed += 1
+            error = sample.get("error") or ("scrape lacks every server counter" if sample.get("ok") else "failed")
+            self.last_error = str(error)[:200]
+            if self._open is None:
+                self._open = {"from": self.last_fresh, "first_failure": ts, "to": None, "error": self.last_error}
+            return
+        self.ok += 1
+        if self._open is None and self.last_fresh is not None and ts - self.last_fresh > self.stale_after_s:
+            self._open = {"from": self.last_fresh, "first_failure": None, "to": None, "error": "no scrape answered"}
+        if self._open is not None:
+            self._close(ts)
+        if self.first_fresh is None:
+            self.first_fresh = ts
+        self.last_fresh = ts
+
+    def _close(self, ts: float | None) -> None:
+        span = self._open
+        self._open = None
+        if span is None:
+            return
+        start = span["from"] if span["from"] is not None else span["first_failure"]
+        span["to"] = ts
+        span["length_s"] = None if ts is None or start is None else round(ts - start, 3)
+        if len(self.spans) < MAX_STALE_SPANS:
+            self.spans.append(span)
+
+    def report(self, load_begin: float | None, load_end: float | None) -> dict[str, Any]:
+        stale_tail = None
+        if self._open is not None:
+            stale_tail = self._open
+            self._close(None)
+        elif self.last_fresh is not None and load_end is not None and load_end - self.last_fresh > self.stale_after_s:
+            stale_tail = {"from": self.last_fresh}
+        complete = not self.spans and stale_tail is None and self.first_fresh is not None
+        note = None
+        if self.first_fresh is None:
+            note = (f"no /metrics scrape answered with server counters ({self.failed} failed"
+                    + (f": {self.last_error}" if self.last_error else "") + "): server token totals and the "
+                    "prefix-cache hit ratio are unknown")
+        elif not complete:
+            def rel(t: float | None) -> str:
+                return "?" if t is None or load_begin is None else f"+{t - load_begin:.0f}s"
+
+            note = f"server token totals and the prefix-cache hit ratio cover {rel(self.first_fresh)} to {rel(self.last_fresh)}"
+            if stale_tail is not None:
+                note += f"; /metrics stale after {rel(self.last_fresh)}"
+                if load_end is not None and self.last_fresh is not None:
+                    note += f" ({load_end - self.last_fresh:.0f}s before the load ended)"
+            gaps = [sp for sp in self.spans if sp.get("to") is not None]
+            if gaps:
+                note += f"; {len(gaps)} stale span(s) in between (counters bridge them, rates inside them are unknown)"
+            if self.last_error:
+                note += f"; last error: {self.last_error}"
+        return {
+            "scrapes": {"fresh": self.ok, "failed_or_empty": self.failed},
+            "covered_from": self.first_fresh,
+            "covered_to": self.last_fresh,
+            "stale_after": stale_tail.get("from") if stale_tail is not None else None,
+            "stale_spans": self.spans,
+            "complete": complete,
+            "stale_after_s": self.stale_after_s,
+            "note": note,
+        }
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
+    """The responder's ``incidents/N/incident.json`` as summary entries: the final
+    record once the response finished, else what the decision said (a response
+    still under way, or cut off with the harness)."""
+    root = run_dir / "incidents"
+    out: list[dict[str, Any]] = []
+    if not root.is_dir():
+        return out
+    for child in root.iterdir():
+        if not child.is_dir() or not child.name.isdigit():
+            continue
+        obj = _read_json(child / "incident.json")
+        number = int(child.name)
+        entry: dict[str, Any] = {"number": number, "evidence": f"incidents/{child.name}"}
+        if isinstance(obj, dict):
+            record = obj.get("record")
+            decision = obj.get("decision") if isinstance(obj.get("decision"), dict) else {}
+            if isinstance(record, dict):
+                entry.update({k: record.get(k) for k in (*INCIDENT_FIELDS, "summary", "gpu_free_s")})
+            else:
+                entry.update({
+                    "kind": decision.get("kind"), "rule": decision.get("rule"),
+                    "onset_at": decision.get("onset_at"), "detected_at": decision.get("decided_at"),
+                    "killed_pids": [], "gpus_released": False, "gpu_free_s": None,
+                    "summary": f"response not finished (status {obj.get('status', 'unknown')})",
+                })
+        else:
+            entry.update({"kind": None, "rule": None, "summary": "incident.json missing or unreadable"})
+        entry["number"] = number
+        entry["evidence"] = entry.get("evidence") or f"incidents/{child.name}"
+        out.append(entry)
+    return out
+
+
+def merge_incidents(from_events: list[dict[str, Any]], from_disk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per incident number: the event's (the record the run loop got),
+    else the disk's; sorted by number."""
+    by_number: dict[Any, dict[str, Any]] = {}
+    for entry in from_disk:
+        by_number[entry.get("number")] = entry
+    for entry in from_events:
+        number = entry.get("number")
+        disk = by_number.get(number)
+        by_number[number] = {**(disk or {}), **{k: v for k, v in entry.items() if v is not None or disk is None}}
+    return sorted(by_number.values(), key=lambda e: e.get("number") if isinstance(e.get("number"), int) else 0)

@@ -51,6 +51,9 @@ class Plan:
     sample_turns: tuple[PlannedTurn, ...] = ()  # the first session's turns
     assumptions: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The turn that needs the most of the context, prompt + max_tokens (vLLM 0.11
+    # refuses a request whose sum passes max_model_len): (prompt, max_tokens).
+    largest_request: tuple[int, int] = (0, 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +79,7 @@ class Plan:
             ],
             "assumptions": list(self.assumptions),
             "notes": list(self.notes),
+            "largest_request": {"prompt_tokens": self.largest_request[0], "max_tokens": self.largest_request[1]},
         }
 
     def describe(self) -> str:
@@ -120,6 +124,7 @@ def summarize(
 ) -> Plan:
     prompts = [t.prompt_tokens for t in turns]
     prompt_total = sum(prompts)
+    largest = max(((t.prompt_tokens, t.output_tokens) for t in turns), key=sum, default=(0, 0))
     cached_total = sum(t.cached_tokens for t in turns)
     return Plan(
         workload=workload,
@@ -139,6 +144,7 @@ def summarize(
         sample_turns=tuple(sample_turns),
         assumptions=tuple(assumptions),
         notes=tuple(notes),
+        largest_request=largest,
     )
 
 
