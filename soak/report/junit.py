@@ -1,10 +1,14 @@
-"""junit.xml: one test case per soak, so nightly CI shows a hang as a failed test.
+"""junit.xml: the soak as test cases, so nightly CI shows a hang or a failing
+server as a failed test.
 
 The layout is the Apache Ant JUnit schema (windyroad JUnit.xsd, checked against
-in tests/report): ``<testsuite>`` with ``properties``, one ``testcase``,
-``system-out`` and ``system-err``. An incident is the case's ``<failure>``
-(a test case holds at most one, so every incident is listed in its text); a run
-that was cut off or aborted without an incident is an ``<error>``.
+in tests/report): ``<testsuite>`` with ``properties``, one ``testcase`` for the
+soak itself, one per failure criterion (``criteria.error_rate``,
+``criteria.no_success``; summary.json's ``criteria``), ``system-out`` and
+``system-err``. An incident is the soak case's ``<failure>`` (a test case holds
+at most one, so every incident is listed in its text); a criterion that failed
+is its own case's ``<failure>`` with the reason; a run that was cut off or
+aborted without an incident is an ``<error>``.
 """
 
 from __future__ import annotations
@@ -42,12 +46,17 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
     start = summary.get("started_at") if isinstance(summary.get("started_at"), (int, float)) else None
     duration = summary.get("duration_s")
     duration = float(duration) if isinstance(duration, (int, float)) else 0.0
-    failed = bool(incidents) or verdict == "fail"
-    errored = not failed and (cut_off or verdict not in ("pass",))
+    criteria = summary.get("criteria") if isinstance(summary.get("criteria"), Mapping) else {}
+    results = [r for r in criteria.get("results") or () if isinstance(r, Mapping)]
+    criteria_failed = [r for r in results if r.get("state") == "fail"]
+    # The soak case fails on incidents, or on a fail verdict no criterion explains.
+    failed = bool(incidents) or (verdict == "fail" and not criteria_failed)
+    errored = not failed and not criteria_failed and (cut_off or verdict not in ("pass",))
 
     suite = ET.Element("testsuite", {
         "name": "soak", "timestamp": _timestamp(summary.get("started_at")), "hostname": hostname or "localhost",
-        "tests": "1", "failures": "1" if failed else "0", "errors": "1" if errored else "0",
+        "tests": str(1 + len(results)), "failures": str(int(failed) + len(criteria_failed)),
+        "errors": "1" if errored else "0",
         "time": f"{duration:.3f}",
     })
     props = ET.SubElement(suite, "properties")
@@ -64,6 +73,14 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
         why = "the run was cut off (no run_ended event): verdict from what was recorded" if cut_off else f"verdict {verdict}"
         error = ET.SubElement(case, "error", {"type": "cut_off" if cut_off else verdict, "message": why})
         error.text = why
+    for result in results:
+        name_ = f"criteria.{result.get('name', 'unknown')}"
+        criterion = ET.SubElement(suite, "testcase", {"name": name_, "classname": f"soak.{name or 'soak'}",
+                                                      "time": "0.000"})
+        if result.get("state") == "fail":
+            reasons = [str(r) for r in result.get("reasons") or ()] or [f"{name_} failed"]
+            failure = ET.SubElement(criterion, "failure", {"type": "criterion", "message": _clean(reasons[0])})
+            failure.text = _clean("\n".join(reasons))
     ET.SubElement(suite, "system-out").text = _clean(system_out)
     ET.SubElement(suite, "system-err").text = ""
     ET.indent(suite)

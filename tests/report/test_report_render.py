@@ -59,9 +59,15 @@ def test_failing_run_shows_verdict_incident_watchdog_and_flight_recorder(run_cop
     _check_images(page)
     schema.validate(str(run / "junit.xml"))
     suite = ET.parse(run / "junit.xml").getroot()
-    assert suite.get("failures") == "1" and suite.get("tests") == "1"
+    # The soak case and one case per failure criterion; the 12 streams reset at
+    # the kill are 31% of the finished requests, so error_rate fails beside the hang.
+    assert suite.get("tests") == "3" and suite.get("failures") == "2"
     failure = suite.find("testcase/failure")
     assert failure.get("type") == "hang" and "GPU 7 reads 0%" in failure.get("message")
+    cases = {case.get("name"): case for case in suite.findall("testcase")}
+    assert cases["criteria.error_rate"].find("failure").get("type") == "criterion"
+    assert "12 of 39 finished requests failed" in cases["criteria.error_rate"].find("failure").get("message")
+    assert cases["criteria.no_success"].find("failure") is None
 
 
 def test_passing_run_states_the_mtbf_bound(run_copy, schema):
