@@ -19,7 +19,15 @@ import numpy as np
 
 from soak.report.plots import bin_edges, counter_rate
 from soak.report.rundir import RunData
-from soak.report.stats import Better, Difference, Estimate, compare_means, compare_quantiles, compare_rates
+from soak.report.stats import (
+    Better,
+    Difference,
+    Estimate,
+    compare_means,
+    compare_proportions,
+    compare_quantiles,
+    compare_rates,
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,16 @@ def _ok(run: RunData, key: str) -> list[float]:
     return [float(r[key]) for r in run.requests if r.get("outcome") == "ok" and isinstance(r.get(key), (int, float))]
 
 
+def failed_and_finished(run: RunData) -> tuple[int, int]:
+    """summary.json's counts: every finished request, warm-up included; requests
+    the harness cut short count neither way (as in the error-rate criterion)."""
+    req = run.summary.get("requests") or {}
+    ok, failed = req.get("ok"), req.get("failed")
+    ok = ok if isinstance(ok, int) else 0
+    failed = failed if isinstance(failed, int) else 0
+    return failed, ok + failed
+
+
 def hangs_and_exposure(run: RunData) -> tuple[int, float]:
     hangs = sum(1 for i in run.summary.get("incidents") or [] if i.get("kind") == "hang")
     exposure = run.summary.get("duration_s")
@@ -113,6 +131,9 @@ def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: 
         _clamp(compare_means("prefix-cache hit ratio (per window)", "", window_hit_ratio(a, window_s),
                              window_hit_ratio(b, window_s), better=Better.HIGHER, confidence=confidence), 0.0, 1.0),
     ]
+    (fa, na), (fb, nb) = failed_and_finished(a), failed_and_finished(b)
+    rows.append(compare_proportions("error rate (failed / finished requests)", fa, na, fb, nb,
+                                    better=Better.LOWER, confidence=confidence))
     (ha, ta), (hb, tb) = hangs_and_exposure(a), hangs_and_exposure(b)
     if ta > 0 and tb > 0:
         rows.append(compare_rates("hang rate", ha, ta, hb, tb, confidence=confidence))

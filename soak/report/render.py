@@ -155,6 +155,12 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
     hangs = sum(1 for i in incidents if i.get("kind") == "hang")
     duration = summary.get("duration_s")
     mtbf = mtbf_estimate(hangs, float(duration), confidence=confidence) if isinstance(duration, (int, float)) and duration > 0 else None
+    criteria = summary.get("criteria") if isinstance(summary.get("criteria"), dict) else {}
+    criteria_failed = [r for r in criteria.get("results") or () if isinstance(r, dict) and r.get("state") == "fail"]
+    if criteria_failed:
+        # A server that fails its requests is not being exercised: hang-free time
+        # under those conditions proves nothing about hangs.
+        mtbf = None
 
     markers: list[plots.Marker] = []
     for i in incidents:
@@ -194,6 +200,13 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
     for event in run.events:
         if event.get("type") in ("gpu_source_stale", "warning") and event.get("message"):
             notes.append(str(event["message"]))
+    for result in criteria_failed:
+        reasons = result.get("reasons") or [result.get("name", "a criterion")]
+        notes.append(f"Failure criterion {result.get('name')}: {reasons[0]}. No MTBF bound is given for a run "
+                     "whose server failed its requests.")
+    metrics = summary.get("server_metrics") if isinstance(summary.get("server_metrics"), dict) else {}
+    if metrics.get("note"):
+        notes.append(f"Server metrics: {metrics['note']}.")
     notes = list(dict.fromkeys(notes))
     why = ended_because(run.path, summary)
     if why:
@@ -446,7 +459,9 @@ def render_html(model: ReportModel) -> str:
     facts = [
         f"{_e(human_duration(duration))} of load" if isinstance(duration, (int, float)) else "duration unknown",
         f"{len(s.get('incidents') or [])} incident(s)",
-        f"requests {req.get('ok', 0)} ok / {req.get('failed', 0)} failed",
+        f"requests {req.get('ok', 0)} ok / {req.get('failed', 0)} failed"
+        + (f" / {cut} cut by the harness" if (cut := sum(v for k, v in req.items() if k.startswith("cut_by_")
+                                                          and isinstance(v, int))) else ""),
         f"{tok.get('generated', 0):,} tokens generated" if isinstance(tok.get("generated"), (int, float)) else "",
         f"prefix-cache hit ratio {hit * 100:.1f}%" if isinstance(hit, (int, float)) else "hit ratio unknown",
     ]
@@ -501,6 +516,7 @@ def junit_for(model: ReportModel) -> bytes:
             props.append((key, str(s[key])))
     req = s.get("requests") or {}
     props += [("requests_ok", str(req.get("ok", 0))), ("requests_failed", str(req.get("failed", 0)))]
+    props += [(key, str(value)) for key, value in req.items() if key.startswith("cut_by_")]
     start = s.get("started_at") if isinstance(s.get("started_at"), (int, float)) else None
     lines = [f"verdict {model.verdict}" + (" (cut off)" if model.cut_off else "")]
     if model.mtbf is not None:

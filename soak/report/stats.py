@@ -223,6 +223,30 @@ def compare_rates(
     )
 
 
+def proportion_estimate(count: int, total: int, *, confidence: float = 0.95) -> Estimate:
+    """A share (failed / finished) with its exact Clopper-Pearson interval."""
+    if total <= 0:
+        return Estimate(None, None, None, 0)
+    ci = stats.binomtest(count, total).proportion_ci(confidence_level=confidence, method="exact")
+    return Estimate(count / total, float(ci.low), float(ci.high), total)
+
+
+def compare_proportions(
+    metric: str, count_a: int, total_a: int, count_b: int, total_b: int, *, better: Better = Better.LOWER,
+    confidence: float = 0.95,
+) -> Difference:
+    """Two shares (error rates): Fisher's exact test on the 2x2 table, exact intervals."""
+    ea = proportion_estimate(count_a, total_a, confidence=confidence)
+    eb = proportion_estimate(count_b, total_b, confidence=confidence)
+    if ea.value is None or eb.value is None:
+        return Difference(metric, "", ea, eb, None, Verdict.UNKNOWN, "Fisher exact test (no finished requests)")
+    table = [[count_a, total_a - count_a], [count_b, total_b - count_b]]
+    p_value = float(stats.fisher_exact(table).pvalue)
+    delta = eb.value - ea.value
+    return Difference(metric, "", ea, eb, p_value, _verdict(p_value, delta, better, 1 - confidence),
+                      "Fisher exact test, Clopper-Pearson intervals")
+
+
 def human_duration(seconds: float) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "infinity"

@@ -57,6 +57,20 @@ def test_hang_rate_row_counts_hangs_over_exposure(ab_runs):
     assert rows["throughput (generated tokens/s per window)"]["verdict"] == "no significant difference"
 
 
+def test_error_rate_row_compares_failed_shares_of_finished_requests(ab_runs):
+    a, _, c, f = ab_runs
+    rows = {r["metric"]: r for r in json.loads(_soak("compare", str(a), str(f), "--json").stdout)["rows"]}
+    err = rows["error rate (failed / finished requests)"]
+    assert err["a"]["value"] == 0.0 and err["a"]["lower"] == 0.0 and err["a"]["upper"] > 0
+    # The hung run's 12 streams reset at the kill are failures of its server.
+    assert err["b"]["value"] == pytest.approx(12 / err["b"]["n"]) and err["b"]["n"] > 100
+    assert err["verdict"] == "worse" and err["p_value"] < 0.01
+    assert err["method"].startswith("Fisher exact test")
+    text = _soak("compare", str(a), str(c)).stdout
+    line = next(l for l in text.splitlines() if l.startswith("error rate"))
+    assert "0.00%" in line and line.endswith("no significant difference")
+
+
 def test_compare_bad_arguments_are_one_line_exit_2(ab_runs, tmp_path):
     a = ab_runs[0]
     done = _soak("compare", str(a), str(tmp_path / "nope"))
