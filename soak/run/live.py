@@ -42,6 +42,8 @@ class ViewState:
         self.phase = "starting"
         self.gpu_stale: str | None = None  # the stale-GPU-source message while it lasts
         self.warnings: list[str] = []  # e.g. a vLLM version soak has no facts for
+        # Warnings that come and go by topic (metrics stale, a failure criterion at risk or failed).
+        self.alerts: dict[str, str] = {}
 
     def on_request(self, record: RequestRecord) -> None:
         if record.outcome == "ok":
@@ -105,6 +107,7 @@ class ViewState:
             f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
             + (" | GPU READINGS STALE" if self.gpu_stale else "")
+            + "".join(f" | WARNING {text}" for text in self.alerts.values())
         )
 
     def table(self, now: float) -> Any:
@@ -137,7 +140,25 @@ class ViewState:
         table.add_row("detector", f"[{style}]{self.detector_state}[/]")
         if self.incidents:
             table.add_row("incidents", f"[bold red]{self.incidents}[/]")
+        for topic, text in self.alerts.items():
+            table.add_row(topic, Text(text, style="bold yellow"))
         return table
+
+
+def _warning(type: str, fields: Mapping[str, Any], start: float | None) -> tuple[str, str] | None:
+    """(topic, text) for an event the operator should see now; an empty text clears the topic."""
+    if type == "metrics_stale":
+        since = fields.get("since")
+        when = f"+{since - start:.0f}s" if isinstance(since, (int, float)) and start is not None else "the start"
+        return "metrics", (f"/metrics stale since {when} ({fields.get('error', 'no answer')}): server token totals "
+                           "and the hit ratio cover only the time before")
+    if type == "metrics_fresh":
+        return "metrics", ""
+    if type in ("criterion_at_risk", "criterion_fail"):
+        reasons = fields.get("reasons") or []
+        state = "failed" if type == "criterion_fail" else "at risk"
+        return f"criterion {fields.get('criterion')}", f"{fields.get('criterion')} {state}: {reasons[0] if reasons else ''}"
+    return None
 
 
 def _s(value: float | None) -> str:
@@ -242,6 +263,14 @@ class LiveView:
         self._say(f"soak: incident {incident.number}: {incident.summary}")
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+        warning = _warning(type, fields, self.state.info.started_at if self.state.info else None)
+        if warning is not None:
+            topic, text = warning
+            if text:
+                self.state.alerts[topic] = text
+                self._say(f"soak: warning: {text}")
+            else:
+                self.state.alerts.pop(topic, None)
         if type in ("restart_started", "load_stopped", "draining"):
             self.state.phase = {"restart_started": "restarting", "load_stopped": "stopped", "draining": "draining"}[type]
         elif type == "restart_done":
