@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -40,6 +41,30 @@ def fake_server(tmp_path):
     for proc in started:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def inject_after_load_start(h, fault: dict, after_s: float) -> float:
+    """POST /sim/fault to the run's simulator ``after_s`` after its load_started event;
+    returns how long after load start it fired."""
+    deadline = time.monotonic() + 90
+    started = base_url = None
+    while started is None or base_url is None:
+        assert h.popen.poll() is None and time.monotonic() < deadline, "the run ended before its load started"
+        try:
+            for event in events(h.run_dir):
+                if event["type"] == "target_ready":
+                    base_url = event["base_url"]
+                elif event["type"] == "load_started":
+                    started = event["ts"]
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    time.sleep(max(0.0, started + after_s - time.time()))
+    request = urllib.request.Request(base_url + "/sim/fault", data=json.dumps(fault).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200
+    return time.time() - started
 
 
 def attached_config(url: str, **overrides) -> dict:
@@ -157,10 +182,9 @@ def test_unparsable_metrics_are_warned_and_the_summary_says_which_span_counts(tm
 
 def test_a_stalled_metrics_endpoint_is_warned_and_the_summary_says_which_span_counts(tmp_path, harness) -> None:
     config = small_config(duration="8s", probes={"metrics_interval": "0.5s", "timeout": "1s"})
-    # Simulated seconds: at time_scale 20, 60 sim-seconds are 3 s of wall time.
-    config["target"]["sim"]["faults"] = [{"kind": "metrics_stall", "at": "60s"}]
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "stall.yaml", config), run_dir)
+    inject_after_load_start(h, {"kind": "metrics_stall"}, 2.0)
     assert h.wait() in (0, 1), h.stderr
     summary = summary_of(run_dir)
     metrics = summary["server_metrics"]
@@ -191,10 +215,11 @@ def test_a_deadlock_in_the_last_seconds_is_in_the_summary(tmp_path, harness) -> 
     and the kill land after it. summary.json still lists the incident."""
     config = small_config(duration="4s", load={"concurrency": 3, "drain": "10s"},
                           detector={"pp_tail_stall": {"window": "1s"}})
-    config["target"]["sim"]["faults"] = [{"kind": "pp_deadlock", "at": "60s"}]  # ~3 s of wall time at x20
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "late.yaml", config), run_dir)
+    fired = inject_after_load_start(h, {"kind": "pp_deadlock"}, 3.2)
     assert h.wait(timeout_s=120) == 1, h.stderr
+    assert fired < 4.0  # it began inside the duration
     summary = summary_of(run_dir)
     assert summary["verdict"] == "fail"
     assert [i["number"] for i in summary["incidents"]] == [1]
@@ -203,8 +228,12 @@ def test_a_deadlock_in_the_last_seconds_is_in_the_summary(tmp_path, harness) -> 
     assert incident["killed_pids"], incident
     on_disk = json.loads((run_dir / "incidents" / "1" / "incident.json").read_text())
     assert on_disk["status"] == "done"
-    ended = next(e for e in events(run_dir) if e["type"] == "run_ended")
+    recorded = events(run_dir)
+    ended = next(e for e in recorded if e["type"] == "run_ended")
     assert ended["incidents"] == 1
+    stopped = next(e for e in recorded if e["type"] == "load_stopped")
+    decided = next(e for e in recorded if e["type"] == "decision")
+    assert decided["ts"] >= stopped["ts"] - 1.0 or stopped["reason"].startswith("incident")
     assert ET.parse(run_dir / "junit.xml").getroot().find("testcase/failure").get("type") == "hang"
 
 
