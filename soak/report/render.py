@@ -157,9 +157,10 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
     mtbf = mtbf_estimate(hangs, float(duration), confidence=confidence) if isinstance(duration, (int, float)) and duration > 0 else None
     criteria = summary.get("criteria") if isinstance(summary.get("criteria"), dict) else {}
     criteria_failed = [r for r in criteria.get("results") or () if isinstance(r, dict) and r.get("state") == "fail"]
-    if criteria_failed:
+    if criteria_failed and not hangs:
         # A server that fails its requests is not being exercised: hang-free time
-        # under those conditions proves nothing about hangs.
+        # under those conditions proves nothing about hangs. A hang it did have
+        # is still a hang, so a run with hangs keeps its estimate.
         mtbf = None
 
     markers: list[plots.Marker] = []
@@ -202,8 +203,8 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
             notes.append(str(event["message"]))
     for result in criteria_failed:
         reasons = result.get("reasons") or [result.get("name", "a criterion")]
-        notes.append(f"Failure criterion {result.get('name')}: {reasons[0]}. No MTBF bound is given for a run "
-                     "whose server failed its requests.")
+        notes.append(f"Failure criterion {result.get('name')}: {reasons[0]}."
+                     + ("" if hangs else " No MTBF bound is given for a run whose server failed its requests."))
     metrics = summary.get("server_metrics") if isinstance(summary.get("server_metrics"), dict) else {}
     if metrics.get("note"):
         notes.append(f"Server metrics: {metrics['note']}.")
