@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from soak.errors import ConfigError
+from soak.store.segments import read_sample_records, sample_files
 
 SERVER_KEYS = (
     "generation_tokens", "prompt_tokens", "prefix_cache_hits", "prefix_cache_queries",
@@ -89,7 +90,7 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
     if not path.is_dir():
         raise ConfigError("not a run directory", path=path)
     markers = ("events.jsonl", "samples.jsonl", "requests.jsonl", "summary.json")
-    if not any((path / m).exists() for m in markers):
+    if not any((path / m).exists() for m in markers) and not sample_files(path):
         raise ConfigError(f"not a run directory (none of {', '.join(markers)})", path=path)
     bad: dict[str, int] = {}
     events = list(iter_jsonl(path / "events.jsonl", bad))
@@ -103,7 +104,8 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
     log_lines: list[dict[str, Any]] = []
-    for s in iter_jsonl(path / "samples.jsonl", bad):
+    sample_stats: dict[str, int] = {}
+    for s in read_sample_records(path, stats=sample_stats):  # rolled gzip segments, then samples.jsonl
         kind, ts = s.get("kind"), s.get("ts")
         if not isinstance(ts, (int, float)):
             continue
@@ -126,6 +128,10 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
             client_in_flight.append(float(s.get("in_flight", np.nan)))
         elif kind == "log":
             log_lines.append(s)
+
+    unreadable = sample_stats.get("bad_lines", 0) + sample_stats.get("torn_lines", 0) + sample_stats.get("bad_segments", 0)
+    if unreadable:
+        bad["samples.jsonl"] = unreadable  # the open segment and any rolled ones
 
     gpu_count = 1 + max((max(r) for r in gpu_rows if r), default=-1)
     util = np.full((len(gpu_rows), gpu_count), np.nan)

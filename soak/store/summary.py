@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from soak.store.jsonl import read_jsonl
-from soak.store.store import EVENTS, REQUESTS, SAMPLES
+from soak.store.segments import read_sample_records
+from soak.store.store import EVENTS, REQUESTS
 
 INCIDENT_FIELDS = ("kind", "rule", "onset_at", "detected_at", "killed_pids", "gpus_released", "evidence")
 
@@ -174,7 +175,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
     def counted_samples() -> Iterable[dict[str, Any]]:
         nonlocal samples, last_ts
-        for sample in read_jsonl(run_dir / SAMPLES, stats=read_stats):
+        for sample in read_sample_records(run_dir, stats=read_stats):  # rolled segments too
             samples += 1
             ts = sample.get("ts")
             if isinstance(ts, (int, float)):
