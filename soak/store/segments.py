@@ -170,24 +170,66 @@ def iter_sample_lines(run_dir: str | Path, *, stats: dict[str, int] | None = Non
             _count(stats, "bad_segments")
 
 
+def line_head(raw: bytes) -> tuple[str | None, float | None]:
+    """(kind, ts) read off the front of a line as the run store writes it
+    (``{"kind":"gpu","ts":1764690000.5,...``) without parsing the rest; None for
+    what is not there in that shape (the caller parses the line whole)."""
+    if not raw.startswith(b'{"kind":"'):
+        return None, None
+    end = raw.find(b'"', 9)
+    if end < 0:
+        return None, None
+    kind = raw[9:end].decode("utf-8", "replace")
+    if not raw.startswith(b',"ts":', end + 1):
+        return kind, None
+    start = end + 7
+    stop = start
+    while stop < len(raw) and raw[stop] not in b",}":
+        stop += 1
+    try:
+        return kind, float(raw[start:stop])
+    except ValueError:
+        return kind, None
+
+
 def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = None,
-                        kinds: Collection[str] | None = None) -> Iterator[dict[str, Any]]:
+                        kinds: Collection[str] | None = None,
+                        scan: dict[str, float] | None = None) -> Iterator[dict[str, Any]]:
     """Every valid JSON object line of the run's sample files, in order. With
-    ``kinds``, lines of other kinds are skipped before parsing (the writer puts
-    ``"kind"`` first, so that is a prefix test) and counted in ``stats['skipped']``.
-    Unparseable lines are counted in ``stats['bad_lines']``."""
-    prefixes = tuple(b'{"kind":' + json.dumps(k).encode() for k in kinds) if kinds is not None else None
-    for _, _, raw in iter_sample_lines(run_dir, stats=stats):
-        if prefixes is not None and raw.startswith(b'{"kind":') and not raw.startswith(prefixes):
-            _count(stats, "skipped")
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            _count(stats, "bad_lines")
-            continue
-        if isinstance(obj, dict) and (kinds is None or obj.get("kind") in kinds):
-            yield obj
+    ``kinds``, lines of other kinds are passed over unparsed (the writer puts
+    ``"kind"`` first, so that is a prefix test). ``scan``, if given, gets
+    ``lines`` (sample lines seen, parsed or passed over) and ``last_ts`` (the
+    latest ``ts`` among them). Unparseable lines are counted in ``stats['bad_lines']``."""
+    wanted = frozenset(kinds) if kinds is not None else None
+    lines = 0
+    last_ts: float | None = None
+    try:
+        for _, _, raw in iter_sample_lines(run_dir, stats=stats):
+            if wanted is not None:
+                kind, ts = line_head(raw)
+                if kind is not None and kind not in wanted:
+                    lines += 1
+                    if ts is not None and (last_ts is None or ts > last_ts):
+                        last_ts = ts
+                    continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                _count(stats, "bad_lines")
+                continue
+            if not isinstance(obj, dict):
+                continue
+            lines += 1
+            ts = obj.get("ts")
+            if isinstance(ts, (int, float)) and (last_ts is None or ts > last_ts):
+                last_ts = float(ts)
+            if wanted is None or obj.get("kind") in wanted:
+                yield obj
+    finally:
+        if scan is not None:
+            scan["lines"] = lines
+            if last_ts is not None:
+                scan["last_ts"] = last_ts
 
 
 def _count(stats: dict[str, int] | None, key: str) -> None:
@@ -196,6 +238,6 @@ def _count(stats: dict[str, int] | None, key: str) -> None:
 
 
 __all__ = [
-    "DEFAULT_SEGMENT_BYTES", "OPEN_SEGMENT", "RollingJsonlWriter", "has_samples", "iter_sample_lines",
+    "DEFAULT_SEGMENT_BYTES", "OPEN_SEGMENT", "RollingJsonlWriter", "has_samples", "iter_sample_lines", "line_head",
     "read_sample_records", "sample_files",
 ]

@@ -171,18 +171,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
                     into.append(float(value))
 
     server_keys = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "generation_tokens")
-    samples = 0
-
-    def counted_samples() -> Iterable[dict[str, Any]]:
-        nonlocal samples, last_ts
-        for sample in read_sample_records(run_dir, stats=read_stats):  # rolled segments too
-            samples += 1
-            ts = sample.get("ts")
-            if isinstance(ts, (int, float)):
-                last_ts = ts if last_ts is None else max(last_ts, ts)
-            yield sample
-
-    deltas = server_counter_deltas(counted_samples(), server_keys)
+    # Only server samples are parsed; the rest (most of a long run's lines) are counted unparsed.
+    scan: dict[str, float] = {}
+    deltas = server_counter_deltas(read_sample_records(run_dir, stats=read_stats, kinds={"server"}, scan=scan),
+                                   server_keys)
+    samples = int(scan.get("lines", 0))
+    if "last_ts" in scan:
+        last_ts = scan["last_ts"] if last_ts is None else max(last_ts, scan["last_ts"])
     hits, queries = deltas["prefix_cache_hits"], deltas["prefix_cache_queries"]
     hit_ratio = hits.total / queries.total if hits.seen and queries.seen and queries.total > 0 else None
 

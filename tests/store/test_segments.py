@@ -163,3 +163,19 @@ def test_sigkill_while_writing_and_rolling_leaves_a_contiguous_record(tmp_path):
     stamps = [r["ts"] for r in read_sample_records(run_dir)]
     assert len(stamps) > 5 * 3000 // 80
     assert stamps == [float(i) for i in range(len(stamps))]
+
+
+def test_a_long_run_is_read_for_the_report_at_a_bounded_number_of_points(rolled_run, monkeypatch):
+    """The timelines are binned anyway: a day of samples is read at a bounded
+    number of points per series, still spanning the whole run; the summary's
+    counters still come from every server sample."""
+    pytest.importorskip("numpy")
+    from soak.report import rundir
+
+    monkeypatch.setattr(rundir, "MAX_TIMELINE_POINTS", 100)
+    run = rundir.load_run(rolled_run)
+    for ts in (run.gpu_ts, run.server_ts, run.client_ts):
+        assert 60 <= ts.size <= 101
+        assert ts[0] < T0 + 1 and ts[-1] > T0 + 590
+    assert run.summary["server_tokens"]["generated"] == pytest.approx(100.0 * 599)
+    assert run.summary["records"]["samples"] == 4 * 600
