@@ -433,7 +433,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(f'{h:g}' for h in args.deadlocks_at)}, {len(runs)} runs "
           f"({'serial' if args.serial else 'in parallel'}), work dir {work}", flush=True)
 
+    synth: dict = {}
     threads = []
+    if args.report_hours > 0:
+        def one_synthetic(name: str, root: Path) -> None:
+            synth[name] = synthetic_report(root, work / f"{name}-synthetic-{args.report_hours:g}h", args.report_hours)
+
+        for name, root in trees:  # beside the live runs: it is one more core's work
+            th = threading.Thread(target=one_synthetic, args=(name, root))
+            th.start()
+            if args.serial:
+                th.join()
+            threads.append(th)
     for run in runs:
         port = None if run.quiet else free_port()
         th = threading.Thread(target=drive, args=(run, args, port))
@@ -445,10 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         th.join()
     results = [analyse(run, args) for run in runs]
 
-    synth = {}
-    if args.report_hours > 0:
-        for name, root in trees:
-            synth[name] = synthetic_report(root, work / f"{name}-synthetic-{args.report_hours:g}h", args.report_hours)
     shorts = {}
     if args.short_run:
         for name, root in trees:
