@@ -109,6 +109,7 @@ class Run:
     scrapes: int = 0
     problems: list[str] = field(default_factory=list)
     exit_mono: float | None = None
+    exit_wall: float | None = None
     start_mono: float = 0.0
 
 
@@ -207,6 +208,7 @@ def drive(run: Run, args, port: int | None) -> None:
                 pass
         time.sleep(0.5)
     run.exit_mono = time.monotonic()
+    run.exit_wall = time.time()
     run.rc = proc.returncode
     run.wall_s = run.exit_mono - run.start_mono
     log.close()
@@ -270,13 +272,17 @@ def analyse(run: Run, args) -> dict:
     tokens = summary.get("tokens", {}).get("generated") or 0
     hour1 = ls + 3600 / args.time_scale
     rss_h1 = next((c[2] for c in run.cpu if c[0] >= hour1), None)
+    rss_at = {f"h{h:g}": next((round(c[2] / 1e6, 1) for c in run.cpu if c[0] >= ls + h * 3600 / args.time_scale), None)
+              for h in (1, 2, 6, 12, 18) if h < args.sim_hours}
     rss_end = during[-1][2] if during else None
     out.update(
         wall_load_s=load_s, tokens=tokens, requests=summary.get("requests", {}),
         cpu_load_s=cpu_load, cpu_per_wall_h=cpu_load / hours if hours else None,
         cpu_per_mtok=cpu_load / (tokens / 1e6) if tokens else None,
         rss_h1=rss_h1, rss_end=rss_end, rss_peak=max((c[2] for c in run.cpu), default=None),
-        end_s=(run.exit_mono - run.start_mono) - le if run.exit_mono else None,
+        rss_trajectory_mb=rss_at,
+        # the end of the run: load_stopped (the run's own clock) to the harness's exit
+        end_s=(run.exit_wall - ts["load_stopped"]) if run.exit_wall and "load_stopped" in ts else None,
         scrapes=run.scrapes, restarts=summary.get("restarts"),
     )
     parts = dir_parts(run.dir)
@@ -481,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if "bytes" in r:
             parts = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sorted(r["bytes"].items()))
-            print(f"{r['tree']}-{r['streams']}{'-quiet' if r['quiet'] else ''}: requests {r['requests']}, "
+            print(f"{r['tree']}-{r['streams']}{'-quiet' if r['quiet'] else ''}: RSS MB by sim hour {r['rss_trajectory_mb']}, "
+                  f"end {_mb(r['rss_end'])}, peak {_mb(r['rss_peak'])}; requests {r['requests']}, "
                   f"incidents {r['incidents']}, restarts {r['restarts']}, exporter scrapes {r['scrapes']}; {parts}")
         for p in r["problems"]:
             print(f"  PROBLEM: {p}")
