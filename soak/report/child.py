@@ -3,9 +3,9 @@
 Rendering imports scipy and matplotlib (about 3 CPU-seconds and 85 MB) and reads
 the whole run again. In the harness process that cost lands on every run's end,
 the memory stays in the harness, and a renderer that raises, hangs or runs out
-of memory is the harness's problem. So ``soak run`` starts this child while it
-is still stopping its parts (the imports overlap the stop), and once
-summary.json is written tells it to render:
+of memory is the harness's problem. So ``soak run`` starts this child as the
+load starts (it imports, then sleeps on its stdin: the run's end pays no
+import), and once summary.json is written tells it to render:
 
     python -m soak.report.child RUN_DIR     # imports, then waits for "render" on stdin
 
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m soak.report.child RUN_DIR", file=sys.stderr)
         return 2
-    from soak.report.render import write_report  # the heavy imports, while the run is still stopping
+    from soak.report.render import write_report  # the heavy imports, while the run goes on
 
     if sys.stdin.buffer.readline() != GO:
         return 0  # the harness went away before asking: write nothing

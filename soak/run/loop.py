@@ -123,6 +123,7 @@ class SoakRun:
         self._render_report = render_report
         self._report_command = report_command
         self._report_timeout_s = report_timeout_s
+        self._report_child: Any = None
 
         self.tracker = ProgressTracker()
         self.client: StreamingClient | None = None
@@ -404,6 +405,8 @@ class SoakRun:
         self.client.usage_cached_tokens = self._cached_tokens_reader()
         await self.client.start()
         self._start_probes()
+        # The report's process imports its renderer now, off the harness, so the run's end only renders.
+        self._report_child = await self._start_report()
         self.generator = LoadGenerator(
             workload=self.workload,
             client=self.client,
@@ -556,7 +559,7 @@ class SoakRun:
     async def _finish(self, problem: BaseException | None) -> RunOutcome:
         if self._outcome is not None:
             return self._outcome
-        report = await self._start_report()  # its imports overlap the stop
+        report = self._report_child or await self._start_report()
         try:
             return await self._end(problem, report)
         finally:
@@ -667,6 +670,8 @@ class SoakRun:
         if self._outcome is None:
             await self._stop_parts()
             self.sinks.close()
+        if self._report_child is not None:
+            await self._report_child.aclose()
 
 
 def _unhandled_incident(decision: Any, number: int) -> Any:
