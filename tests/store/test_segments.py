@@ -179,3 +179,20 @@ def test_a_long_run_is_read_for_the_report_at_a_bounded_number_of_points(rolled_
         assert ts[0] < T0 + 1 and ts[-1] > T0 + 590
     assert run.summary["server_tokens"]["generated"] == pytest.approx(100.0 * 599)
     assert run.summary["records"]["samples"] == 4 * 600
+
+
+def test_the_last_redaction_pass_reaches_inside_rolled_segments(tmp_path):
+    """A secret learned after its segment was gzipped is still scrubbed at the end."""
+    from soak.redact import Redactor
+
+    run_dir = tmp_path / "run"
+    writer = RollingJsonlWriter(run_dir.mkdir() or run_dir, segment_bytes=200)
+    for i in range(20):
+        writer.write({"kind": "log", "ts": T0 + i, "signature": "x", "line": f"token sk-live-0123456789 line {i}"})
+    writer.close()
+    redactor = Redactor()
+    redactor.learn("sk-live-0123456789")
+    redactor.scrub_tree(run_dir)
+    assert list(run_dir.glob("samples-*.jsonl.gz"))
+    lines = [r["line"] for r in read_sample_records(run_dir)]
+    assert len(lines) == 20 and not any("sk-live" in line for line in lines)
