@@ -184,10 +184,21 @@ class Redactor:
             data = path.read_bytes()
         except OSError:
             return False
+        packed = path.suffix == ".gz"  # rolled sample segments: look inside
+        if packed:
+            import gzip
+            import zlib
+
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError, zlib.error):
+                return False
         if not any(v in data for v in values):
             return False
         for value in values:
             data = data.replace(value, REDACTED.encode())
+        if packed:
+            data = gzip.compress(data, 6)
         tmp = path.with_name(f".{path.name}.redact")
         tmp.write_bytes(data)
         os.replace(tmp, path)

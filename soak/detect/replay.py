@@ -20,18 +20,32 @@ from soak.samples import Sample, sample_from_json
 
 
 def read_samples(path: str | Path) -> Iterator[Sample]:
-    """Samples from a ``samples.jsonl`` (or ``.jsonl.gz``); other record kinds are skipped."""
+    """Samples from a run directory (its rolled ``samples-NNN.jsonl.gz`` segments,
+    then ``samples.jsonl``), or from one ``samples.jsonl`` / ``.jsonl.gz`` file.
+    A run directory's torn last line (a harness killed mid-write) is skipped; any
+    other line that is not a sample record is an error naming its file and line."""
     path = Path(path)
+    if path.is_dir():
+        from soak.store.segments import iter_sample_lines
+
+        lines: Iterable[tuple[Path, int, bytes | str]] = iter_sample_lines(path)
+    else:
+        lines = _file_lines(path)
+    for source, number, line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            yield sample_from_json(obj)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"not a sample record: {exc}", path=source, line=number) from exc
+
+
+def _file_lines(path: Path) -> Iterator[tuple[Path, int, str]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                yield sample_from_json(obj)
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ConfigError(f"not a sample record: {exc}", path=path, line=number) from exc
+            yield path, number, line
 
 
 @dataclass

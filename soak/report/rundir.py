@@ -17,6 +17,13 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from soak.errors import ConfigError
+from soak.store.segments import iter_sample_lines, line_head, sample_files
+
+# The timelines are binned to at most 720 columns; more points than this per
+# series only cost time and memory. A 66-minute run at the real probe rates is
+# read whole; a 24-hour one keeps a sample every few seconds of each series.
+MAX_TIMELINE_POINTS = 20_000
+TIMELINE_KINDS = frozenset({"gpu", "server", "client"})
 
 SERVER_KEYS = (
     "generation_tokens", "prompt_tokens", "prefix_cache_hits", "prefix_cache_queries",
@@ -89,7 +96,7 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
     if not path.is_dir():
         raise ConfigError("not a run directory", path=path)
     markers = ("events.jsonl", "samples.jsonl", "requests.jsonl", "summary.json")
-    if not any((path / m).exists() for m in markers):
+    if not any((path / m).exists() for m in markers) and not sample_files(path):
         raise ConfigError(f"not a run directory (none of {', '.join(markers)})", path=path)
     bad: dict[str, int] = {}
     events = list(iter_jsonl(path / "events.jsonl", bad))
@@ -103,7 +110,27 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
     log_lines: list[dict[str, Any]] = []
-    for s in iter_jsonl(path / "samples.jsonl", bad):
+    summary = _summary(path, summarize)
+    started, ended = summary.get("started_at"), summary.get("ended_at")
+    span = ended - started if isinstance(started, (int, float)) and isinstance(ended, (int, float)) else 0.0
+    gap = max(0.0, span / MAX_TIMELINE_POINTS)
+    last_kept: dict[str, float] = {}
+    sample_stats: dict[str, int] = {}
+    for _, _, raw in iter_sample_lines(path, stats=sample_stats):  # rolled gzip segments, then samples.jsonl
+        kind, ts = line_head(raw)
+        if kind is not None and kind not in TIMELINE_KINDS and kind != "log":
+            continue  # health, process: not plotted
+        if gap and kind in TIMELINE_KINDS and ts is not None:
+            if ts < last_kept.get(kind, float("-inf")) + gap:
+                continue
+            last_kept[kind] = ts
+        try:
+            s = json.loads(raw)
+        except ValueError:
+            sample_stats["bad_lines"] = sample_stats.get("bad_lines", 0) + 1
+            continue
+        if not isinstance(s, dict):
+            continue
         kind, ts = s.get("kind"), s.get("ts")
         if not isinstance(ts, (int, float)):
             continue
@@ -126,6 +153,9 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
             client_in_flight.append(float(s.get("in_flight", np.nan)))
         elif kind == "log":
             log_lines.append(s)
+    unreadable = sample_stats.get("bad_lines", 0) + sample_stats.get("torn_lines", 0) + sample_stats.get("bad_segments", 0)
+    if unreadable:
+        bad["samples.jsonl"] = unreadable  # the open segment and any rolled ones
 
     gpu_count = 1 + max((max(r) for r in gpu_rows if r), default=-1)
     util = np.full((len(gpu_rows), gpu_count), np.nan)
@@ -133,7 +163,6 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
         for j, v in row.items():
             util[i, j] = v
 
-    summary = _summary(path, summarize)
     config_text = _read_text(path / "config.yaml")
     config = _parse_yaml(config_text)
     plan = _read_json(path / "plan.json")

@@ -97,6 +97,8 @@ class SoakRun:
         block_size: int = 256,
         install_signal_handlers: bool = True,
         render_report: bool = True,
+        report_command: Sequence[str] | None = None,
+        report_timeout_s: float | None = None,
         config_path: Path | None = None,
         redactor: Any = None,
         guardian: Any = None,
@@ -129,6 +131,9 @@ class SoakRun:
         self.block_size = block_size
         self._install_signals = install_signal_handlers
         self._render_report = render_report
+        self._report_command = report_command
+        self._report_timeout_s = report_timeout_s
+        self._report_child: Any = None
 
         self.tracker = ProgressTracker()
         self.client: StreamingClient | None = None
@@ -445,6 +450,8 @@ class SoakRun:
         self.client.usage_cached_tokens = self._cached_tokens_reader()
         await self.client.start()
         self._start_probes()
+        # The report's process imports its renderer now, off the harness, so the run's end only renders.
+        self._report_child = await self._start_report()
         self.generator = LoadGenerator(
             workload=self.workload,
             client=self.client,
@@ -668,6 +675,14 @@ class SoakRun:
     async def _finish(self, problem: BaseException | None) -> RunOutcome:
         if self._outcome is not None:
             return self._outcome
+        report = self._report_child or await self._start_report()
+        try:
+            return await self._end(problem, report)
+        finally:
+            if report is not None:
+                await report.aclose()
+
+    async def _end(self, problem: BaseException | None, report: Any) -> RunOutcome:
         await self._stop_parts()
         # What the verdict rests on is read back from disk: an incident whose
         # response finished after the load (its record never reached the sinks)
@@ -712,8 +727,8 @@ class SoakRun:
             self.fault(exc, where="writing summary.json")
             if exit_code in (0, 130):
                 exit_code, verdict = 4, "aborted"
-        if self._render_report:
-            await self._report()
+        if report is not None:
+            await self._report(report)
         self.sinks.close()
         if self.redactor is not None:
             try:
@@ -731,15 +746,25 @@ class SoakRun:
             tally = self.tally  # the file is gone: what the run saw live
         return judge(self.config.criteria, tally, final=True)
 
-    async def _report(self) -> None:
-        try:
-            from soak.report.render import write_report
-        except ImportError:
-            return
-        try:
-            await asyncio.to_thread(write_report, self.run_dir)
-        except Exception as exc:  # the record is already complete; `soak report DIR` can retry
-            self.event("report_failed", error=f"{type(exc).__name__}: {exc}")
+    async def _start_report(self) -> Any:
+        if not self._render_report:
+            return None
+        from soak.report.child import DEFAULT_TIMEOUT_S, ReportChild
+
+        child = ReportChild(self.run_dir, command=self._report_command,
+                            timeout_s=self._report_timeout_s or DEFAULT_TIMEOUT_S)
+        await child.start()
+        return child
+
+    async def _report(self, child: Any) -> None:
+        """Render in the child; whatever happens there, the run's exit status stays
+        the run's (the record is complete; `soak report DIR` can render again)."""
+        outcome = await child.render()
+        if outcome.ok:
+            self.event("report_written", elapsed_s=round(outcome.elapsed_s, 3))
+        else:
+            self.event("report_failed", error=outcome.error, returncode=outcome.returncode,
+                       elapsed_s=round(outcome.elapsed_s, 3))
 
     async def _stop_parts(self) -> None:
         """Every part stopped, each on its own: one that fails (a harness fault)
@@ -789,6 +814,8 @@ class SoakRun:
         if self._outcome is None:
             await self._stop_parts()
             self.sinks.close()
+        if self._report_child is not None:
+            await self._report_child.aclose()
 
 
 def _unhandled_incident(decision: Any, number: int) -> Any:

@@ -8,7 +8,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig, redacted_config
@@ -85,6 +85,8 @@ def build_soak_run(
     stream: TextIO | None = None,
     exporter_port: int | None = None,
     guard: bool | None = None,
+    report_command: Sequence[str] | None = None,
+    report_timeout_s: float | None = None,
 ) -> SoakRun:
     environ = dict(os.environ if environ is None else environ)
     clock = clock or SystemClock()
@@ -240,6 +242,8 @@ def build_soak_run(
         topology=topology,
         block_size=layout["block_size"],
         config_path=config_path,
+        report_command=report_command,
+        report_timeout_s=report_timeout_s,
     )
     late["run"] = soak_run
     return soak_run

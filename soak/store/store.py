@@ -7,7 +7,8 @@ Layout (CONTRACTS.md)::
     events.jsonl     {"ts", "type", ...}: run_started, load_started, detector_state,
                      decision, incident, restart, load_stopped, run_ended, ...
     requests.jsonl   one soak.samples.RequestRecord a line
-    samples.jsonl    one soak.samples record a line, tagged "kind"
+    samples.jsonl    one soak.samples record a line, tagged "kind"; past a few MB it
+                     rolls into samples-NNN.jsonl.gz segments (soak.store.segments)
     server.log       a launched target's stdout and stderr (written by the target)
     incidents/N/     evidence (written by the responder)
     summary.json     at the end (soak.store.summary.summarize)
@@ -28,6 +29,7 @@ import yaml
 from soak.run.sinks import RunInfo
 from soak.samples import RequestRecord, Sample, to_json
 from soak.store.jsonl import JsonlWriter, dumps
+from soak.store.segments import DEFAULT_SEGMENT_BYTES, RollingJsonlWriter
 
 EVENTS = "events.jsonl"
 REQUESTS = "requests.jsonl"
@@ -56,7 +58,8 @@ class RunStore:
     """A ``RunSink`` writing the run directory. Its clock is the caller's:
     events carry the ``ts`` they are given, or ``clock.now()``."""
 
-    def __init__(self, run_dir: Path, *, clock: Any, redactor: Any = None) -> None:
+    def __init__(self, run_dir: Path, *, clock: Any, redactor: Any = None,
+                 samples_segment_bytes: int | None = DEFAULT_SEGMENT_BYTES) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
@@ -64,7 +67,7 @@ class RunStore:
         self._redact: Callable[[str], str] | None = redactor.text if redactor is not None else None
         self._events = JsonlWriter(self.run_dir / EVENTS, redact=self._redact)
         self._requests = JsonlWriter(self.run_dir / REQUESTS, redact=self._redact)
-        self._samples = JsonlWriter(self.run_dir / SAMPLES, redact=self._redact)
+        self._samples = RollingJsonlWriter(self.run_dir, segment_bytes=samples_segment_bytes, redact=self._redact)
         self._detector_state: str | None = None
         self._closed = False
 

@@ -41,7 +41,8 @@ import json
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge
 from soak.store.jsonl import read_jsonl
-from soak.store.store import CONFIG, EVENTS, REQUESTS, SAMPLES
+from soak.store.segments import read_sample_records
+from soak.store.store import CONFIG, EVENTS, REQUESTS
 
 # Server counters the summary derives figures from; a scrape with none of them is stale.
 SERVER_KEYS = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "generation_tokens")
@@ -201,21 +202,20 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
     tally = RequestTally.of(criteria_config, stored)
     server_keys = SERVER_KEYS
-    samples = 0
     coverage = MetricsCoverage(stale_after_s=_stale_after(run_dir))
 
-    def counted_samples() -> Iterable[dict[str, Any]]:
-        nonlocal samples, last_ts
-        for sample in read_jsonl(run_dir / SAMPLES, stats=read_stats):
-            samples += 1
-            ts = sample.get("ts")
-            if isinstance(ts, (int, float)):
-                last_ts = ts if last_ts is None else max(last_ts, ts)
-            if sample.get("kind") == "server":
-                coverage.add(sample)
+    def covered(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        for sample in records:
+            coverage.add(sample)
             yield sample
 
-    deltas = server_counter_deltas(counted_samples(), server_keys)
+    # Only server samples are parsed; the rest (most of a long run's lines) are counted unparsed.
+    scan: dict[str, float] = {}
+    deltas = server_counter_deltas(
+        covered(read_sample_records(run_dir, stats=read_stats, kinds={"server"}, scan=scan)), server_keys)
+    samples = int(scan.get("lines", 0))
+    if "last_ts" in scan:
+        last_ts = scan["last_ts"] if last_ts is None else max(last_ts, scan["last_ts"])
     hits, queries = deltas["prefix_cache_hits"], deltas["prefix_cache_queries"]
     hit_ratio = hits.total / queries.total if hits.seen and queries.seen and queries.total > 0 else None
 

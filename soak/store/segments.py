@@ -1,0 +1,243 @@
+"""Sample files that roll into gzip segments, so a 24-hour soak stays small.
+
+Layout in the run directory, oldest first::
+
+    samples-000.jsonl.gz   closed segments: gzip of whole JSON lines
+    samples-001.jsonl.gz
+    samples.jsonl          the open segment: plain JSONL, flushed per line
+
+A short run never rolls and has ``samples.jsonl`` alone, as before. Every file
+reads with ``zcat``/``jq`` (``zcat -f samples-*.jsonl.gz samples.jsonl | jq``).
+
+Rolling is safe against SIGKILL at every step, so every complete line is read
+back exactly once whenever the harness dies:
+
+1. rename ``samples.jsonl`` to ``samples-NNN.jsonl`` (closed, still plain) and
+   open a fresh ``samples.jsonl``;
+2. in a worker thread, gzip ``samples-NNN.jsonl`` into ``samples-NNN.jsonl.gz.tmp``
+   and rename that to ``samples-NNN.jsonl.gz`` (it appears complete or not at all);
+3. unlink ``samples-NNN.jsonl``.
+
+A reader takes, per segment number, the ``.gz`` if it exists, else the plain
+closed file; then the open segment. Leftover ``.tmp`` files are ignored.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import threading
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Collection, Iterator
+
+from soak.store.jsonl import dumps
+
+OPEN_SEGMENT = "samples.jsonl"
+# The open segment rolls past this size: small enough that the plain tail is a
+# small part of a long run's directory, large enough that gzip compresses well.
+DEFAULT_SEGMENT_BYTES = 4 * 1024 * 1024
+COMPRESS_LEVEL = 6  # gzip's default trade: ~10x on sample lines at a fraction of level 9's CPU
+
+_SEGMENT = re.compile(r"^samples-(\d{3,})\.jsonl(\.gz)?$")
+
+
+class RollingJsonlWriter:
+    """Append-and-flush JSON lines into ``samples.jsonl``; past ``segment_bytes``
+    the file is closed and gzipped off the event loop (a worker thread; zlib
+    releases the GIL). ``segment_bytes=None`` never rolls."""
+
+    def __init__(self, run_dir: Path, *, segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
+                 compress_level: int = COMPRESS_LEVEL, redact: Callable[[str], str] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self._redact = redact
+        self.path = self.run_dir / OPEN_SEGMENT
+        self._segment_bytes = segment_bytes
+        self._level = compress_level
+        self._next_index = 1 + max((n for n, _ in _closed_segments(self.run_dir)), default=-1)
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # line-buffered: flushed per line
+        self._bytes = self._file.tell()
+        self._worker: threading.Thread | None = None
+        self.lines = 0
+        self.rolled = 0
+        self.compress_errors: list[str] = []
+
+    def write(self, obj: Any) -> None:
+        if self._file.closed:
+            return
+        line = dumps(obj)
+        if self._redact is not None:
+            line = self._redact(line)
+        line += "\n"
+        self._file.write(line)  # an I/O error (disk full) is raised to the caller, who decides
+        self.lines += 1
+        self._bytes += len(line)  # characters: close enough to bytes for a threshold
+        if self._segment_bytes is not None and self._bytes >= self._segment_bytes:
+            self.roll()
+
+    def roll(self) -> None:
+        """Close the open segment now and start a new one (step 1); gzip it in the background."""
+        if self._file.closed or self._bytes == 0:
+            return
+        self._file.close()
+        closed = self.run_dir / f"samples-{self._next_index:03d}.jsonl"
+        self._next_index += 1
+        os.replace(self.path, closed)
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+        self._bytes = 0
+        self.rolled += 1
+        self._wait()  # one compression at a time: a backlog would only grow the plain files
+        self._worker = threading.Thread(target=self._compress, args=(closed,), name="soak-samples-gzip", daemon=True)
+        self._worker.start()
+
+    def _compress(self, plain: Path) -> None:
+        target = plain.with_name(plain.name + ".gz")
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=self._level) as dst:
+                shutil.copyfileobj(src, dst, 1024 * 1024)
+            os.replace(tmp, target)
+            plain.unlink()
+        except OSError as exc:  # a full disk: the plain closed segment stays and reads as before
+            self.compress_errors.append(f"{plain.name}: {exc}")
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+    def _wait(self) -> None:
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
+
+    def close(self) -> None:
+        """Idempotent; waits for a compression under way. The open segment stays plain."""
+        if not self._file.closed:
+            self._file.close()
+        self._wait()
+
+
+def _closed_segments(run_dir: Path) -> list[tuple[int, Path]]:
+    """(number, file) per closed segment, oldest first: the .gz where it is complete, else the plain file."""
+    chosen: dict[int, Path] = {}
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    for name in names:
+        match = _SEGMENT.match(name)
+        if not match:
+            continue
+        number = int(match.group(1))
+        if match.group(2) or number not in chosen:
+            chosen[number] = run_dir / name
+    return sorted(chosen.items())
+
+
+def sample_files(run_dir: str | Path) -> list[Path]:
+    """Every sample file of a run in time order: closed segments, then the open one (if any)."""
+    run_dir = Path(run_dir)
+    files = [path for _, path in _closed_segments(run_dir)]
+    if (run_dir / OPEN_SEGMENT).is_file():
+        files.append(run_dir / OPEN_SEGMENT)
+    return files
+
+
+def has_samples(run_dir: str | Path) -> bool:
+    return bool(sample_files(run_dir))
+
+
+def iter_sample_lines(run_dir: str | Path, *, stats: dict[str, int] | None = None) -> Iterator[tuple[Path, int, bytes]]:
+    """(file, line number, raw line) for every complete line of every sample file.
+    A line without its newline (a harness killed mid-write, or a segment torn by a
+    full disk) is skipped and counted in ``stats['torn_lines']``; a gzip segment
+    cut short is read up to the cut and counted in ``stats['bad_segments']``."""
+    for path in sample_files(run_dir):
+        opener = gzip.open if path.suffix == ".gz" else open
+        number = 0
+        try:
+            with opener(path, "rb") as handle:
+                for raw in handle:
+                    number += 1
+                    if not raw.endswith(b"\n"):
+                        _count(stats, "torn_lines")
+                        break
+                    yield path, number, raw
+        except (OSError, EOFError, zlib.error):
+            _count(stats, "bad_segments")
+
+
+def line_head(raw: bytes) -> tuple[str | None, float | None]:
+    """(kind, ts) read off the front of a line as the run store writes it
+    (``{"kind":"gpu","ts":1764690000.5,...``) without parsing the rest; None for
+    what is not there in that shape (the caller parses the line whole)."""
+    if not raw.startswith(b'{"kind":"'):
+        return None, None
+    end = raw.find(b'"', 9)
+    if end < 0:
+        return None, None
+    kind = raw[9:end].decode("utf-8", "replace")
+    if not raw.startswith(b',"ts":', end + 1):
+        return kind, None
+    start = end + 7
+    stop = start
+    while stop < len(raw) and raw[stop] not in b",}":
+        stop += 1
+    try:
+        return kind, float(raw[start:stop])
+    except ValueError:
+        return kind, None
+
+
+def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = None,
+                        kinds: Collection[str] | None = None,
+                        scan: dict[str, float] | None = None) -> Iterator[dict[str, Any]]:
+    """Every valid JSON object line of the run's sample files, in order. With
+    ``kinds``, lines of other kinds are passed over unparsed (the writer puts
+    ``"kind"`` first, so that is a prefix test). ``scan``, if given, gets
+    ``lines`` (sample lines seen, parsed or passed over) and ``last_ts`` (the
+    latest ``ts`` among them). Unparseable lines are counted in ``stats['bad_lines']``."""
+    wanted = frozenset(kinds) if kinds is not None else None
+    lines = 0
+    last_ts: float | None = None
+    try:
+        for _, _, raw in iter_sample_lines(run_dir, stats=stats):
+            if wanted is not None:
+                kind, ts = line_head(raw)
+                if kind is not None and kind not in wanted:
+                    lines += 1
+                    if ts is not None and (last_ts is None or ts > last_ts):
+                        last_ts = ts
+                    continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                _count(stats, "bad_lines")
+                continue
+            if not isinstance(obj, dict):
+                continue
+            lines += 1
+            ts = obj.get("ts")
+            if isinstance(ts, (int, float)) and (last_ts is None or ts > last_ts):
+                last_ts = float(ts)
+            if wanted is None or obj.get("kind") in wanted:
+                yield obj
+    finally:
+        if scan is not None:
+            scan["lines"] = lines
+            if last_ts is not None:
+                scan["last_ts"] = last_ts
+
+
+def _count(stats: dict[str, int] | None, key: str) -> None:
+    if stats is not None:
+        stats[key] = stats.get(key, 0) + 1
+
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES", "OPEN_SEGMENT", "RollingJsonlWriter", "has_samples", "iter_sample_lines", "line_head",
+    "read_sample_records", "sample_files",
+]
