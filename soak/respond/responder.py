@@ -145,6 +145,22 @@ class Responder:
             bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 5.0
             await asyncio.wait(inflight, timeout=bound)
 
+    async def release_shm(self) -> dict | None:
+        """After the target stopped (end of run): remove the /dev/shm segments its
+        tree held. vLLM 0.32's own SIGTERM shutdown leaves its broadcast rings
+        behind (hundreds of MB). Nothing happens while any process of the tree
+        still runs (an attached server the run does not stop, a survivor)."""
+        if not self.shm.segments():
+            return None
+        members = self.tree.known()
+        if any(same_process(info) is not None for info in members):
+            return None
+        pids = {pid for seg in self.shm.segments() for pid in seg.pids} | {info.pid for info in members}
+        if any(same_process_pid(pid) for pid in pids):
+            return None
+        result = await asyncio.to_thread(self.shm.cleanup, pids)
+        return result.to_json() if (result.removed or result.kept) else None
+
     # --- the response --------------------------------------------------------------
 
     async def handle(self, decision: Any, number: int) -> IncidentRecord:
@@ -480,6 +496,16 @@ class Responder:
 
 def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
     bundle.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
+
+
+def same_process_pid(pid: int) -> bool:
+    """Whether ``pid`` is a live, non-zombie process (PID reuse makes this conservative)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _reader(gpu_source: Any) -> Callable[[], Awaitable[GpuSample]] | None:

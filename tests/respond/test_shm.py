@@ -120,3 +120,52 @@ def test_segments_never_seen_in_the_tree_are_left_alone(names):
     finally:
         if outsider.poll() is None:
             _kill(outsider)
+
+
+def _responder(tmp_path, root_pid: int):
+    from respond_helpers import FakeTarget
+
+    from soak.clock import SystemClock
+    from soak.respond import Responder, ResponseConfig
+
+    config = ResponseConfig.model_validate({"evidence": {"py_spy": False, "flight_recorder": False, "budget": 3},
+                                            "tree_snapshot_interval": 0.1, "kill_timeout": 5, "gpu_release_timeout": 1})
+    return Responder(config, run_dir=tmp_path, target=FakeTarget(base_url="http://127.0.0.1:9/", root_pid=root_pid),
+                     gpu_source=None, clock=SystemClock(), recent_samples=lambda: [])
+
+
+async def test_the_responder_removes_the_killed_trees_segments_on_an_incident(tmp_path, names):
+    from respond_helpers import Decision
+
+    name = names()
+    proc = _holder(name, create=True)
+    responder = _responder(tmp_path, proc.pid)
+    await responder.start()
+    try:
+        now = time.time()
+        record = await responder.handle(Decision("generation_frozen", "hang", now - 5, now), 1)
+    finally:
+        await responder.aclose()
+        proc.wait(timeout=10)
+    assert proc.pid in record.killed_pids
+    assert record.extra["shm_removed"] == [f"/dev/shm/{name}"]
+    assert not Path(f"/dev/shm/{name}").exists()
+    assert (tmp_path / "incidents" / "1" / "shm_cleanup.json").exists()
+
+
+async def test_release_after_a_normal_stop_and_never_while_the_tree_lives(tmp_path, names):
+    name = names()
+    proc = _holder(name, create=True)
+    responder = _responder(tmp_path, proc.pid)
+    await responder.start()
+    await responder.aclose()
+    assert await responder.release_shm() is None  # still running: nothing touched
+    assert Path(f"/dev/shm/{name}").exists()
+    _kill(proc)  # the run's own stop (it leaves the segment, as vLLM 0.32's SIGTERM does)
+    from respond_helpers import is_alive, wait_for
+
+    # its resource tracker (a child) sees the pipe close and exits by itself
+    wait_for(lambda: not any(is_alive(i.pid) for i in responder.tree.known()), 15, "the tree gone")
+    released = await responder.release_shm()
+    assert [s["path"] for s in released["removed"]] == [f"/dev/shm/{name}"]
+    assert not Path(f"/dev/shm/{name}").exists()
