@@ -174,3 +174,21 @@ def test_the_real_process_tree_has_the_titles_the_harness_knows():
     # the multiprocessing resource tracker, a child of the API server, is part of the tree too
     tracker = [p for p in procs.values() if "resource_tracker" in " ".join(p["cmdline"])]
     assert len(tracker) == 1 and tracker[0]["ppid"] == root["pid"]
+
+
+def test_a_real_hang_that_began_between_turns_is_caught_by_the_progress_rules():
+    # Recorded samples of a real run (bench/real_vllm_hangs.py, hang 2): Worker_PP1
+    # SIGSTOPped 0.7 s after every request had finished, as the next four were
+    # sent. The engine, stuck in its step, never published new stats: the running
+    # gauge stayed 0 while the client waited with 4 requests and no first token.
+    # Before the fix only vLLM's own RPC timeout caught it, 300 s later.
+    from soak.detect import Detector, DetectorConfig, Topology
+    from soak.detect.replay import read_samples, replay
+
+    stop_at = 1796295701.195
+    detector = Detector(DetectorConfig(), topology=Topology.pipeline(2))
+    result = replay(read_samples(FIXTURES / "hang_between_turns.samples.jsonl.gz"), detector)
+    [decision] = result.decisions
+    assert decision.rule == "generation_frozen"
+    assert decision.decided_at - stop_at < 60
+    assert decision.onset_at <= stop_at + 1
