@@ -60,7 +60,7 @@ def launch_config(tmp_path: Path, *, duration: str, env: dict | None = None, det
     config["target"]["command"] = [str(REPO / "scripts" / "real-vllm"), "serve", "--pp", "2", "--port", str(port)]
     config["target"]["base_url"] = base
     config["target"]["env"] = {"REAL_VLLM_HOME": str(HOME), **(env or {})}
-    config["workload"] = str(REPO / "examples" / "real-vllm-workload.yaml")
+    config["workload"] = str(REPO / "examples" / "workloads" / "real-vllm-8k.yaml")
     config["duration"] = duration
     if detector:
         config["detector"] = detector
