@@ -250,6 +250,11 @@ class SignalTracker:
             if old is not None and value != old:
                 if key == "client_bytes":
                     self._client_gap(sample.ts)
+                if key == "client_requests_done":
+                    # A request that ends without a byte is a failure (the client's own
+                    # stall timeout on a hung server, seen on the real vLLM), not progress:
+                    # counting it restarted the clock and taught a 60 s "healthy" gap.
+                    continue
                 self._progress(key, sample.ts)
         if sample.in_flight > 0 and self.busy_since is None:
             # No server metrics, or a running gauge of 0 while our requests wait:
