@@ -215,7 +215,7 @@ class SignalTracker:
             self.running = running
             if running > 0 and self.busy_since is None:
                 self.busy_since = sample.ts
-            elif running <= 0:
+            elif running <= 0 and not (self.client and self.client.in_flight > 0):
                 self.busy_since = None
         first = self.server_ts is None
         self.server_ts = sample.ts
@@ -250,10 +250,19 @@ class SignalTracker:
             if old is not None and value != old:
                 if key == "client_bytes":
                     self._client_gap(sample.ts)
+                if key == "client_requests_done":
+                    # A request that ends without a byte is a failure (the client's own
+                    # stall timeout on a hung server, seen on the real vLLM), not progress:
+                    # counting it restarted the clock and taught a 60 s "healthy" gap.
+                    continue
                 self._progress(key, sample.ts)
-        if self.running is None and sample.in_flight > 0 and self.busy_since is None:
-            self.busy_since = sample.ts  # no server metrics: the client says busy
-        elif self.running is None and sample.in_flight == 0:
+        if sample.in_flight > 0 and self.busy_since is None:
+            # No server metrics, or a running gauge of 0 while our requests wait:
+            # an engine stuck inside a step publishes no new stats, so a hang that
+            # begins while the server is between requests leaves the gauge at 0
+            # (seen on the real vLLM: SIGSTOP of the last stage between turns).
+            self.busy_since = sample.ts
+        elif sample.in_flight == 0 and not (self.running and self.running > 0):
             self.busy_since = None
         if self.running is None and sample.tokens_total > self._client_prev.get("client_tokens", sample.tokens_total):
             self.generated_since_start = True

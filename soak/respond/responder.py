@@ -34,6 +34,7 @@ from soak.respond.flight import (
 )
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
 from soak.respond.incident import IncidentRecord
+from soak.respond.shm import ShmLedger
 from soak.respond.tree import ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
 from soak.samples import GpuSample, Sample
 
@@ -77,6 +78,8 @@ class Responder:
         self._marker = (ownership_variable, ownership_token) if ownership_token else None
         self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
         self.tree = ProcessTree()
+        # /dev/shm segments the tree held, removed after its SIGKILL (soak/respond/shm.py)
+        self.shm = ShmLedger()
         self._collected_dumps: dict[str, float] = {}
         self._gpu_baselines: dict[int, float] = {}
         self._task: asyncio.Task | None = None
@@ -101,8 +104,10 @@ class Responder:
         return pid
 
     def track(self) -> tuple[ProcInfo, ...]:
-        """One snapshot of the target's tree (blocking /proc reads)."""
-        return self.tree.snapshot(self.root_pid())
+        """One snapshot of the target's tree and of the /dev/shm segments it holds (blocking /proc reads)."""
+        alive = self.tree.snapshot(self.root_pid())
+        self.shm.record(info.pid for info in alive)
+        return alive
 
     async def start(self) -> None:
         if self._task is None and not self._closed:
@@ -139,6 +144,22 @@ class Responder:
             cfg = self._config
             bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 5.0
             await asyncio.wait(inflight, timeout=bound)
+
+    async def release_shm(self) -> dict | None:
+        """After the target stopped (end of run): remove the /dev/shm segments its
+        tree held. vLLM 0.32's own SIGTERM shutdown leaves its broadcast rings
+        behind (hundreds of MB). Nothing happens while any process of the tree
+        still runs (an attached server the run does not stop, a survivor)."""
+        if not self.shm.segments():
+            return None
+        members = self.tree.known()
+        if any(same_process(info) is not None for info in members):
+            return None
+        pids = {pid for seg in self.shm.segments() for pid in seg.pids} | {info.pid for info in members}
+        if any(same_process_pid(pid) for pid in pids):
+            return None
+        result = await asyncio.to_thread(self.shm.cleanup, pids)
+        return result.to_json() if (result.removed or result.kept) else None
 
     # --- the response --------------------------------------------------------------
 
@@ -221,6 +242,7 @@ class Responder:
         # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
         fresh = await asyncio.to_thread(self.tree.snapshot, self.root_pid())
         to_kill = merge(self.tree.known(), fresh)
+        await asyncio.to_thread(self.shm.record, [info.pid for info in to_kill])
         killed_at = self._clock.now()
         try:
             result = await asyncio.to_thread(kill_processes, to_kill, timeout_s=cfg.kill_timeout)
@@ -233,6 +255,17 @@ class Responder:
         if not killed:
             notes.append("no live target process to kill")
         self.tree.forget_dead()
+        # The shared-memory segments only the killed tree held: its resource
+        # tracker died with it, so nobody else will unlink them.
+        shm = None
+        if killed:
+            try:
+                shm = await asyncio.to_thread(self.shm.cleanup, [info.pid for info in to_kill])
+            except Exception as exc:  # never let /dev/shm housekeeping stop the response
+                notes.append(f"/dev/shm cleanup failed: {type(exc).__name__}: {exc}")
+            else:
+                ev.write_json(bundle.dir / "shm_cleanup.json", shm.to_json())
+                notes.extend(f"/dev/shm: kept {path}: {why}" for path, why in shm.kept.items())
 
         # 3. GPUs free.
         target_pids = {info.pid for info in to_kill}
@@ -280,7 +313,10 @@ class Responder:
             gpus_free_at=release.free_at,
             survivors=tuple(result.survivors) if result is not None else (),
             notes=all_notes,
-            extra={"killed": [i.to_json() for i in killed]},
+            extra={
+                "killed": [i.to_json() for i in killed],
+                **({"shm_removed": [seg.path for seg in shm.removed]} if shm is not None else {}),
+            },
         )
         header["status"] = "done"
         header["steps"] = bundle.steps
@@ -460,6 +496,16 @@ class Responder:
 
 def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
     bundle.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
+
+
+def same_process_pid(pid: int) -> bool:
+    """Whether ``pid`` is a live, non-zombie process (PID reuse makes this conservative)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _reader(gpu_source: Any) -> Callable[[], Awaitable[GpuSample]] | None:

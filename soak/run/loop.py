@@ -805,6 +805,14 @@ class SoakRun:
         if self._guardian is not None:
             await step("the guardian", lambda: asyncio.to_thread(self._guardian.close))
         self.event("target_stopped", stop_s=round(time.monotonic() - started, 3))
+        release = getattr(self.responder, "release_shm", None)
+        if release is not None:
+            try:
+                released = await release()
+            except Exception as exc:  # housekeeping never fails a run
+                released = {"error": f"{type(exc).__name__}: {exc}"}
+            if released:
+                self.event("shm_released", **released)
 
     async def aclose(self) -> None:
         """Idempotent: ends the run's parts if ``run()`` did not get to."""

@@ -100,14 +100,19 @@ class SyntheticAgenticWorkload:
         sample_text = "".join(lines.take_chars(40_000))
         self._chars_per_token = max(1.0, len(sample_text) / max(1, await counter.count_text(sample_text)))
 
-        # shared prefix: tool schemas + a system prompt filled with corpus text
-        tools_tokens = await counter.count_chat([], TOOLS, add_generation_prompt=False)
+        # shared prefix: tool schemas + a system prompt filled with corpus text. The
+        # schemas are counted under a system message: a real server's template may
+        # refuse an empty conversation (vLLM with transformers 5 answers HTTP 400).
+        tools = self._tools
+        tools_tokens = await counter.count_chat(
+            [{"role": "system", "content": SYSTEM_HEAD}], tools, add_generation_prompt=False
+        )
         system_text = SYSTEM_HEAD + "".join(
             lines.take_chars(max(0, int((cfg.shared_prefix_tokens - tools_tokens) * self._chars_per_token)))
         )
         self._system = {"role": "system", "content": system_text}
-        self.shared_tokens = await counter.count_chat([self._system], TOOLS, add_generation_prompt=False)
-        self._first_base = await counter.count_chat([self._system, {"role": "user", "content": INTRO}], TOOLS)
+        self.shared_tokens = await counter.count_chat([self._system], tools, add_generation_prompt=False)
+        self._first_base = await counter.count_chat([self._system, {"role": "user", "content": INTRO}], tools)
 
         # the chunks sessions read as their repository
         self._chunks: list[bytes] = []
@@ -156,8 +161,7 @@ class SyntheticAgenticWorkload:
             self._result_tokens.append(await counter.count_text(text))
 
         self._head = (
-            b'{"model":' + json.dumps(self.model).encode() + b',"tools":'
-            + json.dumps(TOOLS, ensure_ascii=False, separators=(",", ":")).encode()
+            b'{"model":' + json.dumps(self.model).encode() + _tools_keys(tools, cfg.tool_choice)
             + b',"messages":[' + json.dumps(self._system, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         )
         self._user_head = b',{"role":"user","content":"' + json_string_bytes(INTRO)
@@ -192,6 +196,10 @@ class SyntheticAgenticWorkload:
             checked += 1
         if checked and not self.notes:
             self.notes.append(f"segment sums checked against whole-prompt counts on {checked} turns: equal")
+
+    @property
+    def _tools(self) -> list[dict[str, Any]] | None:
+        return None if self.config.tool_choice == "no_tools" else TOOLS
 
     def _need_calibration(self) -> None:
         if not self._calibrated:
@@ -301,6 +309,16 @@ class SyntheticAgenticWorkload:
                 *self.notes,
             ),
         )
+
+
+def _tools_keys(tools: list[dict[str, Any]] | None, tool_choice: str) -> bytes:
+    """The request's ``tools`` and ``tool_choice`` keys (config ``tool_choice``)."""
+    if not tools:
+        return b""
+    out = b',"tools":' + json.dumps(tools, ensure_ascii=False, separators=(",", ":")).encode()
+    if tool_choice in ("none", "auto"):
+        out += b',"tool_choice":"%s"' % tool_choice.encode()
+    return out
 
 
 class AgenticSession:

@@ -235,6 +235,14 @@ class SyntheticAgenticConfig(StrictModel):
     context_chunks: PositiveInt = 256
     tool_result_pool: PositiveInt = 192
     ignore_eos: bool = True
+    # What the requests say about their tools. "none" (the default) sends the
+    # tool schemas, which the chat template still renders into the prompt, and
+    # tool_choice "none": every vLLM accepts it. "auto" asks the server to parse
+    # tool calls, which vLLM refuses with HTTP 400 unless it runs with
+    # --enable-auto-tool-choice and --tool-call-parser (the seed box does not);
+    # "omit" leaves tool_choice out, which vLLM reads as "auto" when tools are
+    # present. "no_tools" sends no tool schemas at all (smaller prompts).
+    tool_choice: Literal["none", "auto", "omit", "no_tools"] = "none"
     service: ServiceAssumptions = ServiceAssumptions()
 
     @field_validator("max_context_tokens")

@@ -141,3 +141,48 @@ async def test_too_few_chunks_for_the_start_context_is_a_workload_error():
     with pytest.raises(WorkloadError) as info:
         await _workload(5, context_chunks=4)
     assert "context_chunks" in str(info.value)
+
+
+class _StrictServerCounter(SimCounter):
+    """Counts like the simulator but refuses what vLLM with transformers 5 refuses:
+    a chat /tokenize of an empty conversation (HTTP 400 there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chats: list[list] = []
+
+    async def count_chat(self, messages, tools=None, *, add_generation_prompt: bool = True) -> int:
+        if not messages:
+            raise AssertionError("calibration sent an empty conversation")
+        self.chats.append(list(messages))
+        return await super().count_chat(messages, tools, add_generation_prompt=add_generation_prompt)
+
+
+async def test_calibration_never_asks_to_count_an_empty_conversation():
+    config = SyntheticAgenticConfig.model_validate(SMALL)
+    workload = build_workload(config, base_dir=".", seed=3, model="m")
+    counter = _StrictServerCounter()
+    await workload.calibrate(counter)
+    assert counter.chats and all(counter.chats)
+    assert workload.plan(duration_s=60, concurrency=2).requests > 0
+
+
+@pytest.mark.parametrize(
+    "tool_choice, has_tools, choice",
+    [("none", True, "none"), ("auto", True, "auto"), ("omit", True, None), ("no_tools", False, None)],
+)
+async def test_tool_choice_decides_what_the_request_says_about_tools(tool_choice, has_tools, choice):
+    # vLLM reads tools without tool_choice as "auto" and refuses it (HTTP 400) unless
+    # started with --enable-auto-tool-choice: the default must be "none".
+    workload = await _workload(5, tool_choice=tool_choice)
+    body = json.loads(_bodies(workload, sessions=1, turns=2)[-1])
+    assert ("tools" in body) is has_tools
+    assert body.get("tool_choice") == choice
+    # the planned size is still the whole prompt's count, tools included or not
+    turn = workload.new_session(0).next_turn()
+    assert turn.planned_prompt_tokens == await SimCounter().count_chat(
+        json.loads(turn.body)["messages"], json.loads(turn.body).get("tools"))
+
+
+def test_the_default_tool_choice_is_one_every_vllm_accepts():
+    assert SyntheticAgenticConfig().tool_choice == "none"
