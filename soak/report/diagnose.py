@@ -81,7 +81,9 @@ class Diagnosis:
         out = asdict(self)
         for g in out["groups"]:
             g["offsets"] = {str(k): v for k, v in g["offsets"].items()}
-        return out
+        import json
+
+        return json.loads(json.dumps(out))  # plain JSON types: tuples as lists, so it round-trips
 
 
 def _int(v: Any) -> int | None:
