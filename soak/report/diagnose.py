@@ -109,16 +109,18 @@ def _sizes(v: Any) -> str:
     return str([list(x) for x in v]) if isinstance(v, (list, tuple)) else str(v)
 
 
-def _signature(e: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
-    return (_op(e), _sizes(e.get("input_sizes")), _sizes(e.get("output_sizes")),
-            ",".join(map(str, e.get("input_dtypes") or ())), ",".join(map(str, e.get("output_dtypes") or ())))
+def _signature(e: Mapping[str, Any]) -> tuple:
+    # repr: one C call per field; the JSON form gives lists where the pickle gives lists too.
+    return (_op(e), repr(e.get("input_sizes")), repr(e.get("output_sizes")),
+            repr(e.get("input_dtypes") or []), repr(e.get("output_dtypes") or []))
 
 
-def _describe(sig: tuple[str, str, str, str, str] | None) -> str:
+def _describe(sig: tuple | None) -> str:
     if sig is None:
         return "-"
     op, ins, _outs, dtypes, _ = sig
-    return f"{op} {ins} {dtypes}".strip()
+    dtypes = dtypes.strip("[]()").replace("'", "").replace(" ", "")
+    return f"{op} {ins.replace('(', '[').replace(')', ']').replace(',]', ']')} {dtypes}".strip()
 
 
 def _classify(a: tuple, b: tuple) -> str:
@@ -173,8 +175,11 @@ def _best_shift(odd: dict[int, tuple], ref: dict[int, tuple], seq: int) -> tuple
             if a != b:
                 break
             matched += 1
-        if n and matched == n and (best is None or matched > best[1] or (matched == best[1] and abs(k) < abs(best[0]))):
-            best = (k, matched)
+        # The smallest shift that lines every overlapping entry up wins (a periodic
+        # protocol also lines up one period further); ties go to "behind".
+        if n and matched == n and (min(n, odd_len) >= 2 or n == odd_len):
+            if best is None or abs(k) < abs(best[0]) or (abs(k) == abs(best[0]) and k > 0):
+                best = (k, matched)
     return best
 
 
@@ -291,7 +296,7 @@ def diagnose(dumps: Mapping[int, Mapping[str, Any]], *, places: Mapping[int, Ran
     for rank, dump in sorted(dumps.items()):
         pg_ids: dict[str, tuple[str, str]] = {}
         for e in dump.get("entries") or ():
-            if not isinstance(e, Mapping) or _is_p2p(e):
+            if not isinstance(e, dict) or _is_p2p(e):
                 continue
             seq = _int(e.get("collective_seq_id", e.get("seq_id")))
             if seq is None:
