@@ -159,28 +159,38 @@ def _where(ranks: Sequence[int], places: Mapping[int, RankPlace]) -> str:
     return f" ({'; '.join(bits)})" if bits else ""
 
 
-def _best_shift(odd: dict[int, tuple], ref: dict[int, tuple], seq: int) -> tuple[int, int] | None:
-    """The shift k (odd[seq+i] == ref[seq+k+i]) matching the most entries, with its count."""
-    best: tuple[int, int] | None = None
+def _best_shift(odd: dict[int, tuple], ref: dict[int, tuple], seq: int, prefer: int) -> tuple[int, int] | None:
+    """The shift k with odd[seq+i] == ref[seq+k+i] over their whole overlap, and its overlap.
+
+    A step protocol is periodic, so a shift one period further also lines up:
+    the sign that the enqueued counts point to (``prefer``: +1 when the odd rank
+    enqueued fewer) wins, then the smallest shift.
+    """
     odd_len = max(odd) - seq + 1 if odd else 0
+    found: list[tuple[int, int]] = []
     for k in range(-MAX_SHIFT, MAX_SHIFT + 1):
         if k == 0:
             continue
-        n = matched = 0
+        n = 0
+        ok = True
         for i in range(max(odd_len, 0)):
             a, b = odd.get(seq + i), ref.get(seq + k + i)
             if a is None or b is None:
                 continue
             n += 1
             if a != b:
+                ok = False
                 break
-            matched += 1
-        # The smallest shift that lines every overlapping entry up wins (a periodic
-        # protocol also lines up one period further); ties go to "behind".
-        if n and matched == n and (min(n, odd_len) >= 2 or n == odd_len):
-            if best is None or abs(k) < abs(best[0]) or (abs(k) == abs(best[0]) and k > 0):
-                best = (k, matched)
-    return best
+        if ok and n:
+            found.append((k, n))
+    if not found:
+        return None
+    if prefer:
+        signed = [f for f in found if f[0] * prefer > 0]
+        if signed:
+            return min(signed, key=lambda f: abs(f[0]))
+    strong = [f for f in found if f[1] >= 2] or found
+    return min(strong, key=lambda f: (abs(f[0]), -f[0]))
 
 
 def diagnose_group(name: str, desc: str, members: tuple[int, ...],
@@ -220,7 +230,9 @@ def diagnose_group(name: str, desc: str, members: tuple[int, ...],
                 odd = tuple(others)
                 ref_map = sigs[ref[0]]
                 for r in others:
-                    shift = _best_shift({q: v for q, v in sigs[r].items() if q >= s}, ref_map, s)
+                    ref_top, odd_top = last_enq[ref[0]], last_enq[r]
+                    prefer = 0 if ref_top is None or odd_top is None or ref_top == odd_top else (1 if odd_top < ref_top else -1)
+                    shift = _best_shift({q: v for q, v in sigs[r].items() if q >= s}, ref_map, s, prefer)
                     if shift is not None:
                         offsets[r] = shift[0]
             else:
