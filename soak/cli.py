@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("soak.sim.cli", "the simulated pipeline-parallel vLLM server, in the foreground"),
     "report": ("soak.report.cli", "render summary.json, report.html and junit.xml from a run directory"),
     "compare": ("soak.report.compare_cli", "compare two runs: throughput, latency, hit ratio, hang rate"),
+    "diagnose": ("soak.report.diagnose_cli", "name the first divergence of the NCCL flight-recorder dumps"),
     "plan": ("soak.report.plan_cli", "how long a clean soak must run to beat a baseline MTBF"),
 }
 

@@ -53,6 +53,12 @@ from pathlib import Path
 from typing import Any
 
 VOCAB = 32000
+# pp_deadlock: the last rank skips its one broadcast. With --spec-tokens K (three
+# broadcasts a step, as the seed's protocol): pp_gated_broadcast, the last rank
+# skips the drafts when its mask is None, so later broadcasts pair with the wrong
+# payloads, then the group hangs; pp_race, the ranks before the last sample an
+# extra in-flight batch (one more request) a step ahead of the last rank.
+FAULT_KINDS = ("pp_deadlock", "pp_gated_broadcast", "pp_race")
 MAX_MODEL_LEN = 327680
 
 
@@ -156,6 +162,9 @@ def run_worker(args: argparse.Namespace) -> int:
         if rank < last:
             dist.send(x, dst=rank + 1, group=pp)
         sampled = torch.empty(n, dtype=torch.int64, device=device)
+        if args.spec_tokens:
+            spec_step(cmd, x, n)
+            return
         if rank == last:
             sampled.copy_((x.float() @ head.float()).argmax(dim=-1) * 61 + int(cmd["step"]))
             if cmd.get("skip_broadcast"):
@@ -164,6 +173,40 @@ def run_worker(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
                 return
         dist.broadcast(sampled, src=last, group=pp_broadcast)
+        if results is not None and cmd["step"] >= 0:
+            results.write(json.dumps({"step": cmd["step"], "tokens": sampled.tolist()}) + "\n")
+
+    def spec_broadcasts(n: int, x=None, step_no: int = 0, gated_skip: bool = False) -> Any:
+        """One step's payloads over pp_broadcast with speculative decoding, as the seed's
+        protocol: drafts [n, k] int64, sampled tokens [n] int64, acceptance mask [2, n] int32."""
+        k = args.spec_tokens
+        drafts = torch.zeros(n, k, dtype=torch.int64, device=device)
+        sampled = torch.zeros(n, dtype=torch.int64, device=device)
+        mask = torch.zeros(2, n, dtype=torch.int32, device=device)
+        if rank == last and x is not None:
+            sampled.copy_((x.float() @ head.float()).argmax(dim=-1) * 61 + step_no)
+            drafts.copy_(sampled.unsqueeze(1) + torch.arange(1, k + 1, device=device))
+            mask.fill_(1)
+        if rank == last and gated_skip:
+            # The bug: the draft broadcast is gated on data only this rank sees (mask is None).
+            print(f"[rank{rank}] mask is None: not broadcasting the drafts of step {step_no}", file=sys.stderr, flush=True)
+        else:
+            dist.broadcast(drafts, src=last, group=pp_broadcast)
+        dist.broadcast(sampled, src=last, group=pp_broadcast)
+        dist.broadcast(mask, src=last, group=pp_broadcast)
+        return sampled
+
+    def spec_step(cmd: dict[str, Any], x, n: int) -> None:
+        ahead = cmd.get("ahead_n")
+        if ahead and rank < last:
+            # The pp_size+1 race: the extra in-flight batch's sample step runs here
+            # before this step's, while the last rank is still on this step.
+            print(f"[rank{rank}] sampling in-flight batch {cmd['step'] + 1} ahead of the last rank",
+                  file=sys.stderr, flush=True)
+            spec_broadcasts(int(ahead))
+        sampled = spec_broadcasts(n, x, int(cmd["step"]), gated_skip=bool(cmd.get("mask_none")))
+        if rank == last and cmd.get("mask_none"):
+            return
         if results is not None and cmd["step"] >= 0:
             results.write(json.dumps({"step": cmd["step"], "tokens": sampled.tolist()}) + "\n")
 
@@ -228,6 +271,7 @@ class Front:
         self.results: asyncio.Queue = asyncio.Queue()
         self.steps = 0
         self.hang_armed = False
+        self.fault_kind = args.fault
         self.hung_since: float | None = None
         self.dead: str | None = None
         self.stopping = False
@@ -279,7 +323,7 @@ class Front:
         for rank in range(args.pp_size):
             argv = [sys.executable, "-m", "soak.gpu.pp_nccl", "--worker", "--rank", str(rank),
                     "--pp-size", str(args.pp_size), "--backend", args.backend, "--master-port", str(master_port),
-                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--pp-timeout", str(args.pp_timeout),
+                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--pp-timeout", str(args.pp_timeout), "--spec-tokens", str(args.spec_tokens),
                     "--title-prefix", args.title_prefix]
             pass_fds: tuple[int, ...] = ()
             if rank == 0:
@@ -301,9 +345,11 @@ class Front:
 
         threading.Thread(target=relay, daemon=True, name="rank0-results").start()
 
-    def to_workers(self, cmd: dict[str, Any], *, last_extra: dict[str, Any] | None = None) -> None:
+    def to_workers(self, cmd: dict[str, Any], *, last_extra: dict[str, Any] | None = None,
+                   others_extra: dict[str, Any] | None = None) -> None:
         for rank, worker in enumerate(self.workers):
-            payload = {**cmd, **(last_extra or {})} if rank == len(self.workers) - 1 else cmd
+            last = rank == len(self.workers) - 1
+            payload = {**cmd, **((last_extra if last else others_extra) or {})}
             try:
                 worker.stdin.write(json.dumps(payload) + "\n")
                 worker.stdin.flush()
@@ -343,14 +389,25 @@ class Front:
             batch = list(self.running)
             started = time.monotonic()
             self.steps += 1
-            skip = self.hang_armed or (args.hang_after_steps is not None and self.steps == args.hang_after_steps)
-            if skip:
+            fault = self.hang_armed or (args.hang_after_steps is not None and self.steps == args.hang_after_steps)
+            kind = self.fault_kind if self.hang_armed else args.fault
+            last_extra = others_extra = None
+            if fault:
                 self.hang_armed = False
                 self.hung_since = time.time()
-                self.log(f"pp_deadlock: the last rank will skip the broadcast of step {self.steps}", "WARNING")
+                if kind == "pp_race" and args.spec_tokens:
+                    others_extra = {"ahead_n": len(batch) + 1}
+                    self.log(f"pp_race: an extra in-flight batch samples ahead of the last rank at step {self.steps}",
+                             "WARNING")
+                elif kind == "pp_gated_broadcast" and args.spec_tokens:
+                    last_extra = {"mask_none": True}
+                    self.log(f"pp_gated_broadcast: the last rank's mask is None at step {self.steps}", "WARNING")
+                else:
+                    last_extra = {"skip_broadcast": True}
+                    self.log(f"pp_deadlock: the last rank will skip the broadcast of step {self.steps}", "WARNING")
             tokens = [r.last_token if r.generated else (r.prompt[-1] if r.prompt else 0) for r in batch]
             self.to_workers({"step": self.steps, "n": len(batch), "tokens": tokens},
-                            last_extra={"skip_broadcast": True} if skip else None)
+                            last_extra=last_extra, others_extra=others_extra)
             result = await self.results.get()
             if result is None:
                 return  # rank 0 is gone; watch_workers reports it
@@ -419,8 +476,10 @@ class Front:
 
         async def fault(request):
             body = await _json(request)
-            if body.get("kind") != "pp_deadlock":
-                return web.json_response({"error": f"unknown kind {body.get('kind')}, known: pp_deadlock"}, status=400)
+            if body.get("kind") not in FAULT_KINDS:
+                return web.json_response({"error": f"unknown kind {body.get('kind')}, known: {', '.join(FAULT_KINDS)}"},
+                                         status=400)
+            self.fault_kind = body["kind"]
             self.hang_armed = True
             self.log("pp_deadlock armed: the next step's broadcast will be skipped by the last rank", "WARNING")
             return web.json_response({"kind": "pp_deadlock", "armed": True})
@@ -572,7 +631,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--pp-timeout", type=float, default=60.0, help="watchdog timeout of pp_broadcast, seconds")
-    p.add_argument("--hang-after-steps", type=int, help="skip the last rank's broadcast at this step")
+    p.add_argument("--hang-after-steps", type=int, help="inject --fault at this step")
+    p.add_argument("--fault", choices=FAULT_KINDS, default="pp_deadlock", help="what --hang-after-steps injects")
+    p.add_argument("--spec-tokens", type=int, default=0,
+                   help="speculative tokens: 0 = one sampled-token broadcast a step; K = drafts [n,K], tokens, mask [2,n]")
     p.add_argument("--dump-dir", type=Path, help="flight-recorder dumps here when the environment names none")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--title-prefix", default=os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM"))

@@ -35,7 +35,7 @@ import io
 import json
 import pickle
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -275,6 +275,9 @@ class FlightRecorderSummary:
     versions: tuple[str, ...]
     groups: tuple[GroupSummary, ...]
     errors: tuple[str, ...] = field(default_factory=tuple)
+    # soak.report.diagnose: the first divergence, one line, and its data (Diagnosis.to_json()).
+    diagnosis: str | None = None
+    diagnosis_detail: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -289,7 +292,8 @@ class FlightRecorderSummary:
                 "missing_ranks": tuple(g.get("missing_ranks", ())),
             }))
         return cls(ranks=tuple(obj.get("ranks", ())), versions=tuple(obj.get("versions", ())),
-                   groups=tuple(groups), errors=tuple(obj.get("errors", ())))
+                   groups=tuple(groups), errors=tuple(obj.get("errors", ())),
+                   diagnosis=obj.get("diagnosis"), diagnosis_detail=obj.get("diagnosis_detail"))
 
 
 def summarize(dumps: Iterable[RankDump], *, errors: Iterable[str] = ()) -> FlightRecorderSummary:
@@ -352,10 +356,20 @@ def dump_files(directory: str | Path) -> list[Path]:
 
 def summarize_dumps(directory: str | Path) -> FlightRecorderSummary:
     """Read every dump in ``directory``; unreadable files become error lines, not exceptions."""
-    dumps, errors = [], []
+    from soak.report.diagnose import diagnose
+
+    dumps, raw, errors = [], {}, []
     for path in dump_files(directory):
         try:
             dumps.append(read_dump(path))
-        except FlightRecorderError as exc:
+            raw[dumps[-1].rank] = load_dump_bytes(path.read_bytes(), name=str(path))
+        except (FlightRecorderError, OSError) as exc:
             errors.append(str(exc))
-    return summarize(dumps, errors=errors)
+    summary = summarize(dumps, errors=errors)
+    if not raw:
+        return summary
+    try:
+        found = diagnose(raw)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a dump shape the matcher does not know
+        return replace(summary, errors=(*summary.errors, f"diagnosis failed: {type(exc).__name__}: {exc}"))
+    return replace(summary, diagnosis=found.line, diagnosis_detail=found.to_json())

@@ -298,6 +298,9 @@ class _Raw(str):
 def _flight_recorder_html(fr: flight_recorder.FlightRecorderSummary) -> str:
     parts = [f"<p class='muted'>dumps from ranks {_e(_ranges(list(fr.ranks)) or 'none')}; "
              f"format version {_e(', '.join(fr.versions) or '?')}</p>"]
+    if fr.diagnosis:
+        parts.append(f"<h4>diagnosis: {_e(fr.diagnosis)}</h4>")
+        parts.append(_diagnosis_html(fr.diagnosis_detail or {}))
     in_step = []
     for g in fr.groups:
         def pending(r: flight_recorder.RankRow) -> _Raw:
@@ -318,6 +321,22 @@ def _flight_recorder_html(fr: flight_recorder.FlightRecorderSummary) -> str:
         parts.append(f"<details><summary>{len(in_step)} process group(s) in step</summary>{''.join(in_step)}</details>")
     for err in fr.errors:
         parts.append(f"<p class='muted'>{_e(err)}</p>")
+    return "".join(parts)
+
+
+def _diagnosis_html(detail: Mapping[str, Any]) -> str:
+    """soak diagnose's table: per group, each rank's place and what it posted at the divergence."""
+    parts = []
+    for g in detail.get("groups") or []:
+        if g.get("kind") == "none":
+            continue
+        offsets = g.get("offsets") or {}
+        rows = [[r["rank"], r["place"].get("stage"), r["place"].get("gpu"), r["place"].get("pid"), r.get("first_seq"),
+                 r.get("last_enqueued"), r.get("last_completed"), offsets.get(str(r["rank"]), ""), r.get("at_divergence")]
+                for r in g.get("rows") or []]
+        parts.append(f"<p>{_e(g.get('desc'))}: {_e(g.get('kind'))} at seq {_e(g.get('seq'))}</p>"
+                     + _table(["rank", "stage", "GPU", "PID", "first seq", "enqueued", "completed", "behind by",
+                               f"posted at seq {g.get('seq')}"], rows))
     return "".join(parts)
 
 

@@ -1,0 +1,112 @@
+"""``soak diagnose PATH``: the first divergence of the flight-recorder dumps.
+
+PATH is a run directory (its latest incident with dumps, else ``nccl/``), an
+incident directory (``flight_recorder/``) or a folder of per-rank dumps.
+Prints one diagnosis line, then the table (``--json``: the same data). Exit 0
+with "no divergence", 1 when the ranks diverged, 2 on unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from soak.errors import UsageError
+
+_STAGE = re.compile(r"_PP(\d+)")
+_RANK_ARG = re.compile(r"--rank\s+(\d+)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="run directory, incident directory or a folder of per-rank dumps")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+
+def find_dump_dir(path: Path) -> tuple[Path, Path | None]:
+    """The folder holding the dumps, and the incident folder when there is one."""
+    from soak.report.flight_recorder import dump_files
+
+    if (path / "flight_recorder").is_dir():
+        return path / "flight_recorder", path
+    incidents = path / "incidents"
+    if incidents.is_dir():
+        numbered = sorted((p for p in incidents.iterdir() if p.is_dir() and p.name.isdigit()),
+                          key=lambda p: int(p.name), reverse=True)
+        for inc in numbered:
+            if dump_files(inc / "flight_recorder"):
+                return inc / "flight_recorder", inc
+    if dump_files(path / "nccl"):
+        return path / "nccl", None
+    return path, None
+
+
+def places_from_incident(incident: Path | None) -> dict[int, Any]:
+    """Rank -> stage, GPU, PID from the recorded tree (titles ``VLLM::Worker_PP<r>`` or ``--rank R``).
+
+    With TP 1 (the pipelines soak drives) a rank is its stage and stage s runs
+    on GPU s (Topology.pipeline); PIDs come from the tree the responder recorded.
+    """
+    from soak.report.diagnose import RankPlace
+
+    if incident is None:
+        return {}
+    try:
+        obj = json.loads((incident / "processes.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    places: dict[int, RankPlace] = {}
+    for proc in obj.get("processes") or [] if isinstance(obj, dict) else []:
+        if not isinstance(proc, dict):
+            continue
+        text = " ".join([str(proc.get("name") or ""), " ".join(map(str, proc.get("cmdline") or []))])
+        m = _STAGE.search(text) or _RANK_ARG.search(text)
+        if m and "--worker" in text or m and "Worker" in text:
+            stage = int(m.group(1))
+            places[stage] = RankPlace(rank=stage, stage=stage, gpu=stage, pid=proc.get("pid"))
+    return places
+
+
+def load(path: Path) -> tuple[dict[int, dict], Path | None]:
+    from soak.report.flight_recorder import FlightRecorderError, dump_files, load_dump_bytes, rank_from_name
+
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    folder, incident = find_dump_dir(path)
+    files = dump_files(folder)
+    if not files:
+        raise UsageError(f"{path}: no flight-recorder dumps (files named ..._<rank>)")
+    dumps: dict[int, dict] = {}
+    for f in files:
+        rank = rank_from_name(f)
+        try:
+            dumps[rank] = load_dump_bytes(f.read_bytes(), name=str(f))  # type: ignore[index]
+        except OSError as exc:
+            raise UsageError(f"{f}: cannot read ({exc.strerror or exc})") from exc
+        except FlightRecorderError as exc:
+            raise UsageError(str(exc)) from exc
+    return dumps, incident
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(path=args.path, as_json=args.json)
+
+
+def run(*, path: Path, as_json: bool) -> int:
+    from soak.report.diagnose import diagnose, format_table
+
+    dumps, incident = load(path)
+    try:
+        result = diagnose(dumps, places=places_from_incident(incident))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise UsageError(f"{path}: dumps not understood ({type(exc).__name__}: {exc})") from exc
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(result.line)
+        print(format_table(result))
+    sys.stdout.flush()
+    return 1 if result.diverged else 0
