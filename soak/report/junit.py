@@ -42,12 +42,15 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
     start = summary.get("started_at") if isinstance(summary.get("started_at"), (int, float)) else None
     duration = summary.get("duration_s")
     duration = float(duration) if isinstance(duration, (int, float)) else 0.0
-    failed = bool(incidents) or verdict == "fail"
-    errored = not failed and (cut_off or verdict not in ("pass",))
+    thresholds = [r for r in ((summary.get("thresholds") or {}).get("results") or []) if isinstance(r, Mapping)]
+    breached = [r for r in thresholds if not r.get("passed")]
+    failed = bool(incidents) or (verdict == "fail" and not breached)
+    errored = not failed and (cut_off or verdict not in ("pass", "fail"))
 
     suite = ET.Element("testsuite", {
         "name": "soak", "timestamp": _timestamp(summary.get("started_at")), "hostname": hostname or "localhost",
-        "tests": "1", "failures": "1" if failed else "0", "errors": "1" if errored else "0",
+        "tests": str(1 + len(thresholds)), "failures": str(int(failed) + len(breached)),
+        "errors": "1" if errored else "0",
         "time": f"{duration:.3f}",
     })
     props = ET.SubElement(suite, "properties")
@@ -64,6 +67,16 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
         why = "the run was cut off (no run_ended event): verdict from what was recorded" if cut_off else f"verdict {verdict}"
         error = ET.SubElement(case, "error", {"type": "cut_off" if cut_off else verdict, "message": why})
         error.text = why
+    # Each threshold is a test case of its own (k6's convention), so a CI report
+    # lists "ttft_p99 < 90s" beside the soak itself.
+    for result in thresholds:
+        t_case = ET.SubElement(suite, "testcase", {"name": _clean(str(result.get("name", "threshold"))),
+                                                   "classname": f"soak.{name or 'soak'}.thresholds", "time": "0.000"})
+        if not result.get("passed"):
+            reason = _clean(str(result.get("reason", "breached")))
+            failure = ET.SubElement(t_case, "failure", {"type": f"threshold_{result.get('outcome', 'breached')}",
+                                                        "message": reason})
+            failure.text = reason
     ET.SubElement(suite, "system-out").text = _clean(system_out)
     ET.SubElement(suite, "system-err").text = ""
     ET.indent(suite)

@@ -94,6 +94,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     run_ended: dict[str, Any] | None = None
     incidents: list[dict[str, Any]] = []
     restarts = 0
+    build: dict[str, Any] = {}
     for event in read_jsonl(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
@@ -113,6 +114,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s")})
         elif kind == "restart_done":
             restarts += 1
+        elif kind == "build":
+            build = {k: v for k, v in event.items() if k not in ("ts", "type")}
 
     ok = failed = warmup = 0
     by_outcome: dict[str, int] = {}
@@ -185,7 +188,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     else:
         verdict = "fail" if incidents else ("aborted" if cut_off else "pass")
 
-    return {
+    summary = {
         "verdict": verdict,
         "cut_off": cut_off,
         "run_id": run_started.get("run_id"),
@@ -222,4 +225,9 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "incidents": incidents,
         "restarts": restarts,
         "records": {"samples": samples, **read_stats},
+        "build": build or None,
     }
+    from soak.thresholds.rundir import summary_thresholds
+
+    summary["thresholds"] = summary_thresholds(run_dir, summary)
+    return summary
