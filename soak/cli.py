@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("soak.report.cli", "render summary.json, report.html and junit.xml from a run directory"),
     "compare": ("soak.report.compare_cli", "compare two runs: throughput, latency, hit ratio, hang rate"),
     "plan": ("soak.report.plan_cli", "how long a clean soak must run to beat a baseline MTBF"),
+    "history": ("soak.history.cli", "many runs read together: MTBF per build, fixed or not, cost between builds"),
 }
 
 
