@@ -29,6 +29,8 @@ class PushgatewayConfig(StrictModel):
     # Add the run's build (its label, else vLLM version and launch digest) as the `build` label.
     build_label: bool = True
     timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    # Of the pushed MTBF lower bound.
+    confidence: float = Field(0.95, gt=0, lt=1)
 
     @field_validator("url")
     @classmethod
