@@ -31,8 +31,10 @@ class _Families:
     def __getitem__(self, name: str) -> Any:
         if name not in self._made:
             spec = PUSHED_METRICS[name]
-            cls = Info if spec.kind is Kind.INFO else Gauge
-            self._made[name] = cls(name, spec.help, spec.labels, registry=self.registry)
+            if spec.kind is Kind.INFO:  # its "labels" are the info's keys, set by .info()
+                self._made[name] = Info(name, spec.help, registry=self.registry)
+            else:
+                self._made[name] = Gauge(name, spec.help, spec.labels, registry=self.registry)
         return self._made[name]
 
     def set(self, name: str, value: Any, **labels: str) -> None:
