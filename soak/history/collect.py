@@ -9,6 +9,7 @@ was cut off) and computes everything in soak.history.model.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -73,8 +74,11 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
         raise ConfigError(f"--baseline: no build {baseline!r} among the runs, known: {', '.join(order)}")
     if baseline is None:
         # The unfixed build: the highest hang rate among builds that hung.
-        hung = [b for b in builds if b.hangs and b.exposure_s > 0]
-        baseline = max(hung, key=lambda b: b.hangs / b.exposure_s).build if hung else None
+        # (Hangs with no time at risk before them, e.g. a server that hung before
+        # the load began, make an infinite rate: the worst build.)
+        hung = [b for b in builds if b.hangs]
+        baseline = max(hung, key=lambda b: b.hangs / b.exposure_s if b.exposure_s > 0 else math.inf).build \
+            if hung else None
     base = next((b for b in builds if b.build == baseline), None)
     if baseline_mtbf_s is None and base is not None and base.mtbf is not None and base.mtbf.point_s is not None:
         baseline_mtbf_s = base.mtbf.point_s
@@ -90,7 +94,7 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
 
     tests = []
     costs: dict[str, tuple[Cost, ...]] = {}
-    if base is not None and base.exposure_s > 0:
+    if base is not None:
         for b in judged:
             if b.build == base.build or b.exposure_s <= 0:
                 continue

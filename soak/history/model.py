@@ -249,7 +249,7 @@ def rate_test(a: BuildStats, b: BuildStats, *, confidence: float) -> RateTest:
     """Exact Poisson rate-ratio test: given n = n_a + n_b hangs, B's count is
     binomial(n, T_b / (T_a + T_b)) when both builds hang at the same rate."""
     total = a.hangs + b.hangs
-    p0 = b.exposure_s / (a.exposure_s + b.exposure_s)
+    p0 = b.exposure_s / (a.exposure_s + b.exposure_s) if a.exposure_s + b.exposure_s > 0 else 0.5
     rr = lo = hi = None
     if total == 0:
         p_two = p_less = 1.0
@@ -258,15 +258,16 @@ def rate_test(a: BuildStats, b: BuildStats, *, confidence: float) -> RateTest:
         p_two = float(test.pvalue)
         p_less = float(sps.binomtest(b.hangs, total, p0, alternative="less").pvalue)
         ci = test.proportion_ci(confidence_level=confidence, method="exact")
-        odds = a.exposure_s / b.exposure_s
+        odds = a.exposure_s / b.exposure_s if b.exposure_s > 0 else math.inf
 
         def ratio(p: float) -> float:
             return math.inf if p >= 1 else p / (1 - p) * odds
 
         lo, hi = ratio(ci.low), ratio(ci.high)
-        rr = math.inf if a.hangs == 0 else (b.hangs / b.exposure_s) / (a.hangs / a.exposure_s)
+        rate_a = a.hangs / a.exposure_s if a.exposure_s > 0 else math.inf
+        rr = math.inf if a.hangs == 0 else (b.hangs / b.exposure_s) / rate_a
     conf = 1.0 - p_less
-    rate = lambda s: s.hangs / s.exposure_s * 3600.0  # noqa: E731
+    rate = lambda s: s.hangs / s.exposure_s * 3600.0 if s.exposure_s > 0 else math.inf  # noqa: E731
     statement = (f"{b.build} vs {a.build}: {_plural(b.hangs, 'hang')} in {human_duration(b.exposure_s)} "
                  f"({rate(b):.2f}/h) against {_plural(a.hangs, 'hang')} in {human_duration(a.exposure_s)} "
                  f"({rate(a):.2f}/h); exact Poisson rate-ratio test: {b.build} hangs less often "
