@@ -25,8 +25,9 @@ from soak.thresholds.metrics import RUN_METRICS
 
 
 def _known_metric(name: str) -> str:
-    if name not in RUN_METRICS:
-        raise ValueError(f"unknown metric {name!r}, known: {', '.join(RUN_METRICS)}")
+    known = [m.name for m in RUN_METRICS.values() if m.thresholdable]
+    if name not in known:
+        raise ValueError(f"unknown metric {name!r}, known: {', '.join(known)}")
     return name
 
 

@@ -76,8 +76,9 @@ class ThresholdResult:
 def compile_thresholds(section: Mapping[str, Any] | None) -> tuple[Threshold, ...]:
     out: list[Threshold] = []
     for name, rule in (section or {}).items():
-        if name not in RUN_METRICS:
-            raise ThresholdConfigError(f"thresholds.{name}", f"unknown metric {name!r}, known: {', '.join(RUN_METRICS)}")
+        if name not in RUN_METRICS or not RUN_METRICS[name].thresholdable:
+            known = ", ".join(m.name for m in RUN_METRICS.values() if m.thresholdable)
+            raise ThresholdConfigError(f"thresholds.{name}", f"unknown metric {name!r}, known: {known}")
         if isinstance(rule, Mapping):
             rule_get = rule.get
         else:

@@ -37,6 +37,8 @@ class RunMetric:
     better: Better
     # where summary.json keeps it (a path of keys), or None when computed
     summary_path: tuple[str, ...] | None = None
+    # False: a figure only `soak compare` computes (per-request samples), not one a threshold can name
+    thresholdable: bool = True
 
 
 def _latency(stat: str, q: str, label: str) -> RunMetric:
@@ -51,6 +53,9 @@ RUN_METRICS: dict[str, RunMetric] = {
         *(_latency("e2e", q, "end-to-end latency") for q in ("p50", "p90", "p99", "mean", "max")),
         RunMetric("itl_p50", "ITL (per-request median), p50 over requests", Quantity.DURATION, Better.LOWER,
                   ("latency", "itl_p50_s", "p50")),
+        RunMetric("itl_mean", "ITL (mean per request)", Quantity.DURATION, Better.LOWER, thresholdable=False),
+        RunMetric("itl_p99_p50", "ITL p99 per request, p50 over requests", Quantity.DURATION, Better.LOWER,
+                  thresholdable=False),
         RunMetric("error_rate", "error rate", Quantity.RATIO, Better.LOWER),
         RunMetric("output_tokens_per_s", "throughput (generated tokens/s)", Quantity.RATE, Better.HIGHER,
                   ("throughput", "generated_tokens_per_s")),
@@ -102,6 +107,8 @@ def run_value(name: str, summary: Mapping[str, Any]) -> float | None:
         if _number(recorded) is not None:
             return _number(recorded)
         return error_rate_of((summary.get("requests") or {}).get("by_outcome") or {})
+    if name not in ("hangs", "hang_rate"):
+        return None
     hangs = sum(1 for i in summary.get("incidents") or [] if isinstance(i, Mapping) and i.get("kind") == "hang")
     if name == "hangs":
         return float(hangs)
