@@ -5,6 +5,7 @@ live and re-rendered later reads the same."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,9 +20,17 @@ from soak.thresholds.evaluate import (
 
 def recorded_thresholds_section(run_dir: Path) -> Mapping[str, Any] | None:
     try:
-        config = yaml.safe_load((Path(run_dir) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        text = (Path(run_dir) / CONFIG).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
         return None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        # A redacted value written bare (`key: ***`) reads as a YAML alias: quote it and retry.
+        try:
+            config = yaml.safe_load(re.sub(r"^(\s*(?:[^#\n]*?:|-)\s+)\*\*\*\s*$", r"\1'***'", text, flags=re.M))
+        except yaml.YAMLError:
+            return None
     section = config.get("thresholds") if isinstance(config, dict) else None
     return section if isinstance(section, dict) and section else None
 
