@@ -89,7 +89,7 @@ def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None =
     """Push the night (config: a PushgatewayConfig with a url). Returns what was
     pushed where, for the ``pushed`` event; raises what the push raised."""
     build = summary.get("build") if isinstance(summary.get("build"), Mapping) else {}
-    grouping = _grouping(config.grouping, build.get("key"), config.build_label)
+    grouping = _grouping(config.grouping, build.get("build"), config.build_label)
     families = night_families(summary, exit_code=exit_code, confidence=config.confidence)
     push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
                     timeout=config.timeout)

