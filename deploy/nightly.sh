@@ -8,8 +8,15 @@
 #   SOAK_DURATION  optional --duration override, e.g. 66m
 #   SOAK_BIN       the soak executable (default: soak on PATH)
 #   SOAK_PYTHON    the Python that has soak installed (default: the one beside SOAK_BIN)
+#   SOAK_HISTORY_DIR  where every night's summary, events, config and requests are kept
+#                  beyond retention, and history.html/csv/json are written
+#                  (default: history beside RUNS_DIR, /var/lib/soak/history; empty: none)
+#   SOAK_PUSHGATEWAY  optional Pushgateway URL for `soak history`'s per-build figures
+#                  (the night itself is pushed by soak run, from the config's pushgateway:)
+#   SOAK_BOX       the box label of that push (default: the host name)
+#   SOAK_BASELINE_MTBF  optional --baseline-mtbf for soak history, e.g. 15m
 # Exit status is soak run's (0 pass, 1 incident, 2 bad config, 3 target never ready,
-# 130 interrupted), so the unit/cron job shows a failed night as failed.
+# 99 threshold breached, 130 interrupted), so the unit/cron job shows a failed night as failed.
 set -uo pipefail
 
 : "${SOAK_CONFIG:?set SOAK_CONFIG to the run config}"
@@ -41,6 +48,25 @@ rc=$?
 # soak run renders report.html and junit.xml itself; if it died first, render what it recorded.
 if [ -d "$run_dir" ] && [ ! -f "$run_dir/report.html" ]; then
     "$SOAK" report "$run_dir" || echo "nightly: soak report $run_dir failed" >&2
+fi
+
+# The nights' memory: the small files of every run (no samples, no evidence bundles)
+# are kept beyond retention, and soak history reads them all.
+HISTORY_DIR=${SOAK_HISTORY_DIR-$(dirname "$RUNS_DIR")/history}
+if [ -n "$HISTORY_DIR" ] && [ -d "$run_dir" ]; then
+    keep="$HISTORY_DIR/runs/$(basename "$run_dir")"
+    mkdir -p "$keep"
+    for f in summary.json events.jsonl config.yaml requests.jsonl plan.json; do
+        [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$keep/"
+    done
+    hargs=(history "$HISTORY_DIR/runs" --out "$HISTORY_DIR")
+    if [ -n "${SOAK_BASELINE_MTBF:-}" ]; then
+        hargs+=(--baseline-mtbf "$SOAK_BASELINE_MTBF")
+    fi
+    if [ -n "${SOAK_PUSHGATEWAY:-}" ]; then
+        hargs+=(--pushgateway "$SOAK_PUSHGATEWAY" --label "box=${SOAK_BOX:-$(hostname -s)}")
+    fi
+    "$SOAK" "${hargs[@]}" || echo "nightly: soak history failed" >&2
 fi
 
 # Retention only ever deletes run directories directly inside RUNS_DIR, never the

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("soak.report.compare_cli", "compare two runs: throughput, latency, hit ratio, hang rate"),
     "diagnose": ("soak.report.diagnose_cli", "name the first divergence of the NCCL flight-recorder dumps"),
     "plan": ("soak.report.plan_cli", "how long a clean soak must run to beat a baseline MTBF"),
+    "history": ("soak.history.cli", "many runs read together: MTBF per build, fixed or not, cost between builds"),
 }
 
 

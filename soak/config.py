@@ -8,25 +8,30 @@ the file and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from soak.configbase import Duration, StrictModel, load_yaml, parse_duration
 from soak.criteria.config import CriteriaConfig
 from soak.detect.config import DetectorConfig
 from soak.errors import ArgumentError, ConfigError
 from soak.export.config import ExporterConfig
+from soak.export.push_config import PushgatewayConfig
 from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
 from soak.respond.config import ResponseConfig
 from soak.run.config import SimulatorTarget, TargetConfig, ViewConfig, redact_target
+from soak.thresholds.config import ThresholdsConfig
 from soak.workload.config import SyntheticAgenticConfig, WorkloadConfig
 
 
 class RunConfig(StrictModel):
     name: str = "soak"
+    # The server build this run exercises, as `soak history` groups nights
+    # (None: the vLLM version from /version and a digest of the launch flags).
+    build: Optional[str] = Field(None, min_length=1, max_length=200)
     duration: Duration = 300.0
     warmup: Duration = 0.0
     seed: int = 0
@@ -39,6 +44,8 @@ class RunConfig(StrictModel):
     response: ResponseConfig = ResponseConfig()
     exporter: ExporterConfig = ExporterConfig()
     view: ViewConfig = ViewConfig()
+    thresholds: ThresholdsConfig = {}
+    pushgateway: PushgatewayConfig = PushgatewayConfig()
 
 
 def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
@@ -164,6 +171,12 @@ def check_run_config(config: RunConfig, path: str | Path) -> None:
         fail("load.timeouts.stall", "must not exceed load.timeouts.total")
     if timeouts.first_token > timeouts.total:
         fail("load.timeouts.first_token", "must not exceed load.timeouts.total")
+    from soak.thresholds.evaluate import ThresholdConfigError, compile_thresholds
+
+    try:
+        compile_thresholds(config.thresholds)
+    except ThresholdConfigError as exc:
+        fail(exc.field, exc.message)
 
 
 def redacted_config(config: RunConfig) -> dict[str, Any]:

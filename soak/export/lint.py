@@ -13,12 +13,13 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from soak.export.names import exported_series_names
+from soak.export.names import exported_series_names, pushed_series_names
 from soak.metric_names import DCGM_FIELDS, VLLM_METRICS
 
 # The checked-in files beside the package (a source checkout or an editable install).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_PATH = REPO_ROOT / "dashboards" / "grafana" / "dashboards" / "soak.json"
+NIGHTS_DASHBOARD_PATH = REPO_ROOT / "dashboards" / "grafana" / "dashboards" / "soak-nights.json"
 RULES_PATH = REPO_ROOT / "dashboards" / "prometheus" / "rules" / "soak.rules.yml"
 RULES_TEST_PATH = REPO_ROOT / "dashboards" / "prometheus" / "tests" / "soak.rules.test.yml"
 PROMETHEUS_CONFIG_PATH = REPO_ROOT / "dashboards" / "prometheus" / "prometheus.yml"
@@ -117,10 +118,12 @@ def recorded_names(rules: dict[str, Any]) -> set[str]:
 
 
 def known_series_names(rules: dict[str, Any]) -> set[str]:
-    """What an expression may select: the harness, vLLM and DCGM tables, recording rules, Prometheus's own."""
+    """What an expression may select: the harness (exported and pushed), vLLM and DCGM tables,
+    recording rules, Prometheus's own."""
     vllm = {name for spec in VLLM_METRICS.values() for name in spec.sample_names}
     dcgm = {field.exposed for field in DCGM_FIELDS.values()}
-    return set(exported_series_names()) | vllm | dcgm | recorded_names(rules) | set(PROMETHEUS_BUILTINS)
+    return (set(exported_series_names()) | set(pushed_series_names()) | vllm | dcgm | recorded_names(rules)
+            | set(PROMETHEUS_BUILTINS))
 
 
 def unknown_metric_names(expressions: Iterable[Expression], known: set[str]) -> list[str]:

@@ -173,6 +173,50 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
 }
 
 
+# What the end of a run (soak/export/push.py: soak_night_*) and `soak history --pushgateway`
+# (soak_build_*) push to a Pushgateway: gauges in a registry of their own, never the
+# exporter's. The "soak nights" dashboard reads these.
+PUSHED_METRICS: dict[str, HarnessMetric] = {
+    m.name: m
+    for m in (
+        HarnessMetric("soak_night", Kind.INFO, "The night's run: its id, build, vLLM version, launch digest and verdict.",
+                      ("run", "build_label", "vllm_version", "launch_digest", "verdict")),
+        HarnessMetric("soak_night_verdict", Kind.GAUGE, "The night's verdict: 0 pass, 1 fail, 2 aborted."),
+        HarnessMetric("soak_night_exit_code", Kind.GAUGE, "soak run's exit status (0, 1, 99, ...)."),
+        HarnessMetric("soak_night_start_time_seconds", Kind.GAUGE, "When the night's run started (unix seconds)."),
+        HarnessMetric("soak_night_exposure_seconds", Kind.GAUGE, "Seconds of load the night applied."),
+        HarnessMetric("soak_night_incidents", Kind.GAUGE, "Incidents of the night by kind.", ("kind",)),
+        HarnessMetric("soak_night_hangs", Kind.GAUGE, "Hangs of the night."),
+        HarnessMetric("soak_night_mtbf_lower_bound_seconds", Kind.GAUGE,
+                      "MTBF proven by this night alone (one-sided exact chi-square bound at the push's confidence)."),
+        HarnessMetric("soak_night_output_tokens_per_second", Kind.GAUGE, "Generated tokens per second (warm-up excluded)."),
+        HarnessMetric("soak_night_ttft_seconds", Kind.GAUGE, "TTFT quantiles of successful requests.", ("quantile",)),
+        HarnessMetric("soak_night_tpot_seconds", Kind.GAUGE, "TPOT quantiles of successful requests.", ("quantile",)),
+        HarnessMetric("soak_night_prefix_hit_ratio", Kind.GAUGE, "Server-measured prefix-cache hit ratio over the night."),
+        HarnessMetric("soak_night_thresholds_breached", Kind.GAUGE, "Thresholds the night breached."),
+        HarnessMetric("soak_build_runs", Kind.GAUGE, "Runs of the build in the history."),
+        HarnessMetric("soak_build_exposure_seconds", Kind.GAUGE, "The build's pooled exposure (time at risk)."),
+        HarnessMetric("soak_build_hangs", Kind.GAUGE, "The build's hangs in its pooled exposure."),
+        HarnessMetric("soak_build_mtbf_seconds", Kind.GAUGE, "The build's MTBF point estimate (absent with no hang)."),
+        HarnessMetric("soak_build_mtbf_lower_bound_seconds", Kind.GAUGE,
+                      "The build's MTBF proven at the history's confidence (one-sided exact chi-square bound)."),
+        HarnessMetric("soak_build_mtbf_interval_seconds", Kind.GAUGE,
+                      "The build's two-sided exact MTBF interval (bound lower / upper; upper absent with no hang).",
+                      ("bound",)),
+        HarnessMetric("soak_build_fixed", Kind.GAUGE,
+                      "Against the baseline build's MTBF: 1 fixed, 0 not fixed, -1 not yet shown; absent for the baseline."),
+        HarnessMetric("soak_build_better_confidence", Kind.GAUGE,
+                      "Confidence that the build hangs less often than the baseline (exact Poisson rate-ratio test)."),
+    )
+}
+# The Pushgateway's own series beside every pushed group.
+PUSHGATEWAY_SERIES = frozenset({"push_time_seconds", "push_failure_time_seconds"})
+
+
+def pushed_series_names() -> frozenset[str]:
+    return frozenset(name for metric in PUSHED_METRICS.values() for name in metric.series_names) | PUSHGATEWAY_SERIES
+
+
 def exported_series_names() -> frozenset[str]:
     """Every sample name the harness can expose."""
     return frozenset(name for metric in HARNESS_METRICS.values() for name in metric.series_names)

@@ -137,6 +137,9 @@ def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: 
     (ha, ta), (hb, tb) = hangs_and_exposure(a), hangs_and_exposure(b)
     if ta > 0 and tb > 0:
         rows.append(compare_rates("hang rate", ha, ta, hb, tb, confidence=confidence))
+    # The same names thresholds and `soak history` use (one table: soak.thresholds.metrics).
+    names = ("output_tokens_per_s", "ttft_p50", "ttft_p99", "itl_mean", "itl_p99_p50", "prefix_hit_ratio", "hang_rate")
+    rows = [dataclasses.replace(row, name=name) for row, name in zip(rows, names)] + rows[len(names):]
     return Comparison(a_name, b_name, window_s, confidence, tuple(rows))
 
 

@@ -49,13 +49,16 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
     criteria = summary.get("criteria") if isinstance(summary.get("criteria"), Mapping) else {}
     results = [r for r in criteria.get("results") or () if isinstance(r, Mapping)]
     criteria_failed = [r for r in results if r.get("state") == "fail"]
-    # The soak case fails on incidents, or on a fail verdict no criterion explains.
-    failed = bool(incidents) or (verdict == "fail" and not criteria_failed)
-    errored = not failed and not criteria_failed and (cut_off or verdict not in ("pass",))
+    thresholds = [r for r in ((summary.get("thresholds") or {}).get("results") or []) if isinstance(r, Mapping)]
+    breached = [r for r in thresholds if not r.get("passed")]
+    # The soak case fails on incidents, or on a fail verdict no criterion or threshold explains.
+    failed = bool(incidents) or (verdict == "fail" and not criteria_failed and not breached)
+    errored = not failed and not criteria_failed and not breached and (cut_off or verdict not in ("pass",))
 
     suite = ET.Element("testsuite", {
         "name": "soak", "timestamp": _timestamp(summary.get("started_at")), "hostname": hostname or "localhost",
-        "tests": str(1 + len(results)), "failures": str(int(failed) + len(criteria_failed)),
+        "tests": str(1 + len(results) + len(thresholds)),
+        "failures": str(int(failed) + len(criteria_failed) + len(breached)),
         "errors": "1" if errored else "0",
         "time": f"{duration:.3f}",
     })
@@ -81,6 +84,16 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
             reasons = [str(r) for r in result.get("reasons") or ()] or [f"{name_} failed"]
             failure = ET.SubElement(criterion, "failure", {"type": "criterion", "message": _clean(reasons[0])})
             failure.text = _clean("\n".join(reasons))
+    # Each threshold is a test case of its own (k6's convention), so a CI report
+    # lists "ttft_p99 < 90s" beside the soak itself.
+    for result in thresholds:
+        t_case = ET.SubElement(suite, "testcase", {"name": _clean(str(result.get("name", "threshold"))),
+                                                   "classname": f"soak.{name or 'soak'}.thresholds", "time": "0.000"})
+        if not result.get("passed"):
+            reason = _clean(str(result.get("reason", "breached")))
+            failure = ET.SubElement(t_case, "failure", {"type": f"threshold_{result.get('outcome', 'breached')}",
+                                                        "message": reason})
+            failure.text = reason
     ET.SubElement(suite, "system-out").text = _clean(system_out)
     ET.SubElement(suite, "system-err").text = ""
     ET.indent(suite)

@@ -119,6 +119,7 @@ class Difference:
     ratio: float | None = None  # b/a where that reads better than b - a (rates)
     ratio_lower: float | None = None
     ratio_upper: float | None = None
+    name: str | None = None  # the metric's name in soak.thresholds.metrics.RUN_METRICS, where it has one
 
 
 def _verdict(p_value: float | None, delta: float | None, better: Better, alpha: float) -> Verdict:

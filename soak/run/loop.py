@@ -170,6 +170,8 @@ class SoakRun:
         self._fault_cancel = False
         self._fault_where = ""
         self._traceback: str | None = None
+        self._threshold_book: Any = None  # soak.thresholds.evaluate.WindowBook when a threshold aborts
+        self._threshold_breach: Any = None
 
     # -- the harness's own failures ------------------------------------------------
     def _sink_error(self, sink: object, method: str, exc: BaseException) -> None:
@@ -260,10 +262,14 @@ class SoakRun:
             error = sample.error or "the scrape has none of the server counters"
             self.event("metrics_stale", since=since, error=str(error)[:200],
                        note="server token totals and the prefix-cache hit ratio cover only the time before")
+        if self._threshold_book is not None and getattr(sample, "kind", None) == "server" and sample.ok:
+            self._threshold_book.add_server(sample.ts, sample.values)
 
     def _on_record(self, record: RequestRecord) -> None:
         self.tally.add(record)
         self.sinks.on_request(record)
+        if self._threshold_book is not None:
+            self._threshold_book.add_request(record.to_json())
 
     def recent_samples(self) -> list[Sample]:
         window = self.config.response.evidence.samples_window
@@ -391,6 +397,7 @@ class SoakRun:
         await self._read_server_version()
         # The model the requests name: the config's, else the first the server lists.
         self.model = getattr(config.target, "model", None) or (self.target.models[0] if self.target.models else None)
+        await self._record_build()
         self.workload = self._workload_factory(self.model)
 
         if self._counter_factory is not None and hasattr(self.workload, "calibrate"):
@@ -464,6 +471,7 @@ class SoakRun:
         )
         if self._interrupted:  # a signal landed during start-up's last await
             return
+        self._start_threshold_book()
         self._watch_task = asyncio.create_task(self._watch(), name="soak-detector")
         # Server counters just before the first request and just after the drain,
         # so summary.json's server-side deltas cover exactly the load applied.
@@ -614,6 +622,7 @@ class SoakRun:
             self._judge_criteria()
             assessment = self.detector.assess(self.clock.now())
             self.sinks.on_assessment(assessment)
+            self._check_thresholds()
             for decision in assessment.new_incidents:
                 try:
                     await self._incident(decision)
@@ -705,6 +714,15 @@ class SoakRun:
             exit_code, verdict = 130, ("fail" if failed else "aborted")
         else:
             exit_code, verdict = 0, "pass"
+        breached: list[str] = []
+        if exit_code in (0, 1, 4) and not self._failed:
+            breached = self._thresholds_breached()
+            if self._threshold_breach is not None and self._threshold_breach.name not in breached:
+                breached.insert(0, self._threshold_breach.name)
+        if breached:  # CONTRACTS: 1 (an incident) outranks 99 (a threshold), which outranks a harness fault
+            exit_code, verdict = 99, "fail"
+            if not (self._stop_reason or "").startswith("threshold"):
+                self._stop_reason = "thresholds breached: " + "; ".join(breached)
         reason = self._stop_reason or "finished"
         if self._fault is not None:
             self._save_traceback()
@@ -727,6 +745,7 @@ class SoakRun:
             self.fault(exc, where="writing summary.json")
             if exit_code in (0, 130):
                 exit_code, verdict = 4, "aborted"
+        await self._push(summary, exit_code=exit_code)
         if report is not None:
             await self._report(report)
         self.sinks.close()
@@ -738,6 +757,61 @@ class SoakRun:
                 pass
         self._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
         return self._outcome
+
+    # -- build, thresholds, push (docs/nightly.md) ------------------------------
+    async def _record_build(self) -> None:
+        """The ``build`` event: /version (bounded, best effort) and the launch digest."""
+        from soak.history.build import build_identity, fetch_vllm_version
+
+        version = await fetch_vllm_version(self.target.base_url, api_key=self._api_key)
+        self.event("build", **build_identity(self._redacted_config, vllm_version=version, served_model=self.model))
+
+    def _start_threshold_book(self) -> None:
+        from soak.thresholds.evaluate import WindowBook, compile_thresholds
+
+        thresholds = compile_thresholds(self.config.thresholds)
+        if any(t.abort_on_fail for t in thresholds):
+            self._threshold_book = WindowBook(thresholds, load_started_at=self.clock.now())
+
+    def _check_thresholds(self) -> None:
+        if self._threshold_book is None or self._threshold_breach is not None or self.generator is None:
+            return
+        result = self._threshold_book.check(self.clock.now())
+        if result is None:
+            return
+        self._threshold_breach = result
+        self._stop_reason = f"threshold breached (abort_on_fail): {result.reason}"
+        self.event("threshold_breached", threshold=result.name, observed=result.observed, reason=result.reason)
+        self.generator.stop(self._stop_reason)
+
+    def _thresholds_breached(self) -> list[str]:
+        """Names of the thresholds the recorded run breaches (the same reading as summary.json's)."""
+        if not self.config.thresholds:
+            return []
+        from soak.thresholds.rundir import run_thresholds
+
+        try:
+            results = run_thresholds(self.run_dir, summarize(self.run_dir),
+                                     section=self.config.model_dump(mode="json")["thresholds"])
+        except Exception as exc:  # judged again by `soak report`; never lose the run over it
+            self.event("thresholds_failed", error=f"{type(exc).__name__}: {exc}")
+            return []
+        return [r.name for r in results or () if r.breached]
+
+    async def _push(self, summary: Mapping[str, Any], *, exit_code: int) -> None:
+        if self.config.pushgateway.url is None:
+            return
+        from soak.export.push import push_run
+
+        try:
+            pushed = await asyncio.to_thread(push_run, self.config.pushgateway, summary, exit_code=exit_code)
+        except Exception as exc:  # the night is recorded; a missed push is said, not fatal
+            self.event("push_failed", url=self.config.pushgateway.url, error=f"{type(exc).__name__}: {exc}")
+            import sys
+
+            print(f"soak run: push to {self.config.pushgateway.url} failed: {exc}", file=sys.stderr)
+            return
+        self.event("pushed", url=self.config.pushgateway.url, **pushed)
 
     def _final_criteria(self) -> CriteriaDecision:
         try:

@@ -119,6 +119,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     gpu_source: dict[str, Any] = {"stale": False, "stale_periods": 0, "max_age_s": None, "messages": []}
     server_version: dict[str, Any] | None = None
     warnings: list[str] = []
+    build: dict[str, Any] = {}
     for event in read_jsonl(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
@@ -150,6 +151,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             server_version = {k: event.get(k) for k in ("server_version", "basis", "covered", "covered_versions")}
         elif kind == "warning" and event.get("message") and len(warnings) < 20:
             warnings.append(str(event["message"]))
+        elif kind == "build":
+            build = {k: v for k, v in event.items() if k not in ("ts", "type")}
 
     ok = failed = warmup = measured_requests = 0
     cut = {cause: 0 for cause in CUT_CAUSES}
@@ -242,7 +245,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     reasons += list(decision.reasons)
     metrics = coverage.report(load_begin, load_end)
 
-    return {
+    summary = {
         "verdict": verdict,
         "cut_off": cut_off,
         "run_id": run_started.get("run_id"),
@@ -286,7 +289,12 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "server_version": server_version,
         "warnings": warnings,
         "records": {"samples": samples, **read_stats},
+        "build": build or None,
     }
+    from soak.thresholds.rundir import summary_thresholds
+
+    summary["thresholds"] = summary_thresholds(run_dir, summary)
+    return summary
 
 
 def _read_config(run_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""The "soak nights" Grafana dashboard: the nightly's memory, from what runs and
+``soak history`` push to the Pushgateway (soak/export/push.py).
+
+``build_nights_dashboard()`` returns the model that
+``dashboards/grafana/dashboards/soak-nights.json`` holds; the lint test checks
+the checked-in file equals it. Regenerate after an edit here with::
+
+    python -m soak.export.nights_dashboard > dashboards/grafana/dashboards/soak-nights.json
+
+Pushed values are the last push of each group (box, build), scraped again and
+again: over weeks each series steps once a night, which is the history a person
+wants to see (exposure, hangs, MTBF per build over time).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from soak.export.dashboard import DATASOURCE, GRID_WIDTH, Panel, Target, _panel_json
+
+BOX = 'box=~"$box"'
+SEL = f'{{{BOX},build=~"$build"}}'
+_STAT = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "background"}
+_VERDICT_MAPPINGS = [{"type": "value", "options": {
+    "0": {"text": "pass", "color": "green", "index": 0},
+    "1": {"text": "fail", "color": "red", "index": 1},
+    "2": {"text": "aborted", "color": "orange", "index": 2},
+}}]
+_FIXED_MAPPINGS = [{"type": "value", "options": {
+    "-1": {"text": "not yet shown", "color": "orange", "index": 0},
+    "0": {"text": "not fixed", "color": "red", "index": 1},
+    "1": {"text": "fixed", "color": "green", "index": 2},
+}}]
+_STEPS_LINE = {"custom": {"lineInterpolation": "stepAfter", "showPoints": "always", "spanNulls": True}}
+
+
+def panels() -> list[list[Panel]]:
+    return [
+        [
+            Panel("Last night", "stat", [Target(f"max by (build) (soak_night_verdict{SEL})", "{{build}}")], width=8,
+                  height=5, description="The latest night's verdict per build.", mappings=_VERDICT_MAPPINGS,
+                  thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
+                                                            {"color": "red", "value": 1},
+                                                            {"color": "orange", "value": 2}]}, options=_STAT),
+            Panel("Fixed against the baseline?", "stat", [Target(f"max by (build) (soak_build_fixed{SEL})", "{{build}}")],
+                  width=8, height=5, description="soak history's verdict: fixed when the build's proven MTBF beats "
+                  "the baseline build's.", mappings=_FIXED_MAPPINGS,
+                  thresholds={"mode": "absolute", "steps": [{"color": "orange", "value": None},
+                                                            {"color": "red", "value": 0},
+                                                            {"color": "green", "value": 1}]}, options=_STAT),
+            Panel("Better than the baseline (confidence)", "stat",
+                  [Target(f"max by (build) (soak_build_better_confidence{SEL})", "{{build}}")], width=8, height=5,
+                  unit="percentunit", min=0, max=1, description="Exact Poisson rate-ratio test, one-sided.",
+                  thresholds={"mode": "absolute", "steps": [{"color": "orange", "value": None},
+                                                            {"color": "green", "value": 0.95}]}, options=_STAT),
+        ],
+        [
+            Panel("MTBF per build (pooled)", "timeseries", [
+                Target(f"max by (build) (soak_build_mtbf_lower_bound_seconds{SEL})", "{{build}} proven above"),
+                Target(f"max by (build) (soak_build_mtbf_seconds{SEL})", "{{build}} estimate"),
+            ], unit="s", description="soak history's pooled MTBF: the one-sided lower bound at its confidence "
+               "(what the nights prove) and the point estimate (builds that hung).", options={}),
+            Panel("Pooled exposure per build", "timeseries", [
+                Target(f"max by (build) (soak_build_exposure_seconds{SEL})", "{{build}} exposure"),
+            ], unit="s", description="Time at risk pooled over every night of the build.", options={}),
+        ],
+        [
+            Panel("Hangs per build (pooled)", "timeseries",
+                  [Target(f"max by (build) (soak_build_hangs{SEL})", "{{build}}")], width=8, options={}),
+            Panel("Hangs per night", "timeseries",
+                  [Target(f"max by (build) (soak_night_hangs{SEL})", "{{build}}")], width=8, options={}),
+            Panel("Exposure per night", "timeseries",
+                  [Target(f"max by (build) (soak_night_exposure_seconds{SEL})", "{{build}}")], width=8, unit="s",
+                  options={}),
+        ],
+        [
+            Panel("MTBF proven by each night", "timeseries",
+                  [Target(f"max by (build) (soak_night_mtbf_lower_bound_seconds{SEL})", "{{build}}")], width=8,
+                  unit="s", options={}),
+            Panel("Throughput per night", "timeseries",
+                  [Target(f"max by (build) (soak_night_output_tokens_per_second{SEL})", "{{build}}")], width=8,
+                  unit="short", description="Generated tokens per second, warm-up excluded.", options={}),
+            Panel("TTFT and TPOT per night", "timeseries", [
+                Target(f'max by (build) (soak_night_ttft_seconds{{{BOX},build=~"$build",quantile="0.99"}})',
+                       "{{build}} TTFT p99"),
+                Target(f'max by (build) (soak_night_tpot_seconds{{{BOX},build=~"$build",quantile="0.5"}})',
+                       "{{build}} TPOT p50"),
+            ], width=8, unit="s", options={}),
+        ],
+        [
+            Panel("Nights", "table", [
+                Target(f"max by (build, run, vllm_version, launch_digest, verdict) (soak_night_info{SEL})",
+                       instant=True, table=True),
+            ], width=24, height=7, description="The last pushed night of each build.", options={"showHeader": True}),
+        ],
+    ]
+
+
+def _variable(name: str, label: str) -> dict[str, Any]:
+    query = f"label_values(soak_night_exposure_seconds, {name})"
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DATASOURCE, "definition": query,
+        "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0, "refresh": 2, "regex": "",
+        "sort": 1, "options": [], "includeAll": True, "allValue": ".*", "multi": True,
+    }
+
+
+def build_nights_dashboard() -> dict[str, Any]:
+    grid: list[dict[str, Any]] = []
+    panel_id, y = 1, 0
+    for row in panels():
+        x, line_height = 0, 0
+        for panel in row:
+            if x + panel.width > GRID_WIDTH:
+                x, y, line_height = 0, y + line_height, 0
+            model = _panel_json(panel, panel_id, x, y)
+            if panel.type == "timeseries":
+                model["fieldConfig"]["defaults"]["custom"] = dict(_STEPS_LINE["custom"])
+            grid.append(model)
+            panel_id += 1
+            x += panel.width
+            line_height = max(line_height, panel.height)
+        y += line_height
+    return {
+        "uid": "soak-nights",
+        "title": "soak nights",
+        "description": "Across nights: exposure, hangs and MTBF per build; does the fix hold, what does it cost.",
+        "tags": ["soak", "vllm", "nightly"],
+        "timezone": "utc",
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "5m",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-30d", "to": "now"},
+        "timepicker": {},
+        "links": [{"title": "soak: vLLM soak test", "type": "link", "url": "/d/soak-overview"}],
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "annotations": {"list": []},
+        "templating": {"list": [
+            {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus", "current": {},
+             "hide": 0, "refresh": 1, "regex": "", "options": [], "includeAll": False, "multi": False},
+            _variable("box", "Box"),
+            _variable("build", "Build"),
+        ]},
+        "panels": grid,
+    }
+
+
+def main() -> int:
+    json.dump(build_nights_dashboard(), sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

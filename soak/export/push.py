@@ -1,0 +1,117 @@
+"""Results pushed to a Prometheus Pushgateway: the night at the end of a run
+(``push_run``), each build's pooled figures from ``soak history`` (``push_history``).
+
+Each push builds its gauges in a ``CollectorRegistry`` of its own (never the
+global one, never the live exporter's) from the names in
+``soak.export.names.PUSHED_METRICS``, and replaces its group (prometheus_client's
+``push_to_gateway``: HTTP PUT), so a night that is pushed again reads the same.
+The grouping key is the configured labels plus ``build``: one group per box and
+build keeps every build's last night beside the others.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry, Gauge, Info
+from prometheus_client.exposition import push_to_gateway
+
+from soak.export.names import PUSHED_METRICS, Kind
+from soak.thresholds.metrics import run_value
+
+VERDICT_VALUES = {"pass": 0, "fail": 1, "aborted": 2}
+
+
+class _Families:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._made: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._made:
+            spec = PUSHED_METRICS[name]
+            if spec.kind is Kind.INFO:  # its "labels" are the info's keys, set by .info()
+                self._made[name] = Info(name, spec.help, registry=self.registry)
+            else:
+                self._made[name] = Gauge(name, spec.help, spec.labels, registry=self.registry)
+        return self._made[name]
+
+    def set(self, name: str, value: Any, **labels: str) -> None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return  # unknown or unbounded: absent, never a fake number
+        family = self[name]
+        (family.labels(**labels) if labels else family).set(float(value))
+
+
+def night_families(summary: Mapping[str, Any], *, exit_code: int | None, confidence: float) -> _Families:
+    from soak.report.stats import mtbf_estimate
+
+    f = _Families()
+    build = summary.get("build") if isinstance(summary.get("build"), Mapping) else {}
+    verdict = str(summary.get("verdict"))
+    f["soak_night"].info({"run": str(summary.get("run_id") or ""), "build_label": str(build.get("label") or ""),
+                          "vllm_version": str(build.get("vllm_version") or ""),
+                          "launch_digest": str(build.get("launch_digest") or ""), "verdict": verdict})
+    f.set("soak_night_verdict", VERDICT_VALUES.get(verdict, 2))
+    f.set("soak_night_exit_code", exit_code if exit_code is not None else summary.get("exit_code"))
+    f.set("soak_night_start_time_seconds", summary.get("started_at"))
+    exposure = summary.get("duration_s")
+    f.set("soak_night_exposure_seconds", exposure)
+    incidents = [i for i in summary.get("incidents") or [] if isinstance(i, Mapping)]
+    for kind in ("hang", "crash", "server_gone", *{str(i.get("kind")) for i in incidents}):
+        f.set("soak_night_incidents", sum(1 for i in incidents if i.get("kind") == kind), kind=kind)
+    hangs = sum(1 for i in incidents if i.get("kind") == "hang")
+    f.set("soak_night_hangs", hangs)
+    if isinstance(exposure, (int, float)) and exposure > 0:
+        f.set("soak_night_mtbf_lower_bound_seconds",
+              mtbf_estimate(hangs, float(exposure), confidence=confidence).one_sided_lower_s)
+    f.set("soak_night_output_tokens_per_second", run_value("output_tokens_per_s", summary))
+    for q in ("p50", "p99"):
+        quantile = "0.5" if q == "p50" else "0.99"
+        f.set("soak_night_ttft_seconds", run_value(f"ttft_{q}", summary), quantile=quantile)
+        f.set("soak_night_tpot_seconds", run_value(f"tpot_{q}", summary), quantile=quantile)
+    f.set("soak_night_prefix_hit_ratio", run_value("prefix_hit_ratio", summary))
+    thresholds = summary.get("thresholds")
+    if isinstance(thresholds, Mapping):
+        f.set("soak_night_thresholds_breached", len(thresholds.get("breached") or ()))
+    return f
+
+
+def _grouping(grouping: Mapping[str, str], build: str | None, add_build: bool) -> dict[str, str]:
+    out = dict(grouping)
+    if add_build and build and "build" not in out:
+        out["build"] = build
+    return out
+
+
+def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None = None) -> dict[str, Any]:
+    """Push the night (config: a PushgatewayConfig with a url). Returns what was
+    pushed where, for the ``pushed`` event; raises what the push raised."""
+    build = summary.get("build") if isinstance(summary.get("build"), Mapping) else {}
+    grouping = _grouping(config.grouping, build.get("build"), config.build_label)
+    families = night_families(summary, exit_code=exit_code, confidence=config.confidence)
+    push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
+                    timeout=config.timeout)
+    return {"job": config.job, "grouping": grouping}
+
+
+def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
+    """One group per build (``build`` added to ``grouping``): pooled exposure, hangs, MTBF."""
+    tests = {t.b: t for t in history.rate_tests}
+    for b in history.builds:
+        f = _Families()
+        f.set("soak_build_runs", b.runs)
+        f.set("soak_build_exposure_seconds", b.exposure_s)
+        f.set("soak_build_hangs", b.hangs)
+        if b.mtbf is not None:
+            f.set("soak_build_mtbf_seconds", b.mtbf.point_s)
+            f.set("soak_build_mtbf_lower_bound_seconds", b.mtbf.one_sided_lower_s)
+            f.set("soak_build_mtbf_interval_seconds", b.mtbf.lower_s, bound="lower")
+            f.set("soak_build_mtbf_interval_seconds", b.mtbf.upper_s, bound="upper")
+        if b.build != history.baseline and history.baseline_mtbf_s is not None:
+            f.set("soak_build_fixed", {True: 1, False: 0, None: -1}[b.fixed])
+        if b.build in tests:
+            f.set("soak_build_better_confidence", 1.0 - tests[b.build].p_b_lower)
+        push_to_gateway(url, job=job, registry=f.registry, grouping_key=_grouping(grouping, b.build, True),
+                        timeout=timeout)

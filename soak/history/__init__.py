@@ -1,0 +1,1 @@
+"""``soak history``: many nights read together (docs/nightly.md)."""

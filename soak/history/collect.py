@@ -1,0 +1,123 @@
+"""Find run directories and turn them into a ``History`` (the I/O edge of soak/history).
+
+``find_runs(paths)``: each path is a run directory, or a folder of them (only
+its direct children; symlinks such as the nightly's ``latest`` are skipped so
+no run counts twice). ``build_history(runs, ...)`` reads each run once
+(soak.report.rundir.load_run: the run store's own summary, also of a run that
+was cut off) and computes everything in soak.history.model.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+from soak.errors import ConfigError
+from soak.history.model import (
+    BuildStats, Cost, History, RunRecord, build_stats, fixed_verdict, mean_cost, quantile_cost, rate_test, run_record,
+)
+
+MARKERS = ("events.jsonl", "summary.json")
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).is_file() for m in MARKERS)
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Path]:
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise ConfigError("not a directory", path=path)
+        if is_run_dir(path):
+            found.append(path)
+            continue
+        children = sorted(c for c in path.iterdir() if not c.is_symlink() and is_run_dir(c))
+        if not children:
+            raise ConfigError(f"neither a run directory nor a folder of them (none of {', '.join(MARKERS)})", path=path)
+        found.extend(children)
+    unique: dict[Path, Path] = {}
+    for p in found:
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values())
+
+
+def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baseline: str | None = None,
+                  baseline_mtbf_s: float | None = None, window_s: float = 60.0, resamples: int = 400) -> History:
+    from soak.report.compare import window_throughput
+    from soak.report.rundir import load_run
+
+    records: list[RunRecord] = []
+    windows: dict[str, list[float]] = {}
+    latencies: dict[str, dict[str, list[float]]] = {}
+    for path in run_dirs:
+        data = load_run(path)
+        record = run_record(path=str(path), summary=data.summary, events=data.events, config=data.config)
+        records.append(record)
+        windows.setdefault(record.build, []).extend(window_throughput(data, window_s))
+        lat = latencies.setdefault(record.build, {"ttft_s": [], "tpot_s": []})
+        for r in data.requests:
+            if r.get("outcome") == "ok":
+                for key, into in lat.items():
+                    if isinstance(r.get(key), (int, float)):
+                        into.append(float(r[key]))
+    records.sort(key=lambda r: (r.started_at is None, r.started_at or 0.0, r.path))
+
+    order: list[str] = []
+    for r in records:
+        if r.build not in order:
+            order.append(r.build)
+    builds = [build_stats(b, [r for r in records if r.build == b], confidence=confidence) for b in order]
+    if baseline is not None and baseline not in order:
+        raise ConfigError(f"--baseline: no build {baseline!r} among the runs, known: {', '.join(order)}")
+    if baseline is None:
+        # The unfixed build: the highest hang rate among builds that hung.
+        # (Hangs with no time at risk before them, e.g. a server that hung before
+        # the load began, make an infinite rate: the worst build.)
+        hung = [b for b in builds if b.hangs]
+        baseline = max(hung, key=lambda b: b.hangs / b.exposure_s if b.exposure_s > 0 else math.inf).build \
+            if hung else None
+    base = next((b for b in builds if b.build == baseline), None)
+    if baseline_mtbf_s is None and base is not None and base.mtbf is not None and base.mtbf.point_s is not None:
+        baseline_mtbf_s = base.mtbf.point_s
+
+    judged: list[BuildStats] = []
+    for b in builds:
+        if baseline_mtbf_s is not None and b.build != baseline:
+            text, fixed = fixed_verdict(b, baseline_mtbf_s, baseline or "baseline", confidence=confidence)
+            b = BuildStats(**{**b.__dict__, "verdict": text, "fixed": fixed})
+        elif b.build == baseline:
+            b = BuildStats(**{**b.__dict__, "verdict": "baseline"})
+        judged.append(b)
+
+    tests = []
+    costs: dict[str, tuple[Cost, ...]] = {}
+    if base is not None:
+        for b in judged:
+            if b.build == base.build or b.exposure_s <= 0:
+                continue
+            tests.append(rate_test(base, b, confidence=confidence))
+            la, lb = latencies[base.build], latencies[b.build]
+            costs[b.build] = (
+                mean_cost("output_tokens_per_s", windows[base.build], windows[b.build], confidence=confidence,
+                          label=f"throughput (generated tokens/s per {window_s:g} s window)"),
+                quantile_cost("ttft_p50", 0.50, la["ttft_s"], lb["ttft_s"], confidence=confidence, resamples=resamples),
+                quantile_cost("ttft_p99", 0.99, la["ttft_s"], lb["ttft_s"], confidence=confidence, resamples=resamples),
+                quantile_cost("tpot_p50", 0.50, la["tpot_s"], lb["tpot_s"], confidence=confidence, resamples=resamples),
+                quantile_cost("tpot_p99", 0.99, la["tpot_s"], lb["tpot_s"], confidence=confidence, resamples=resamples),
+            )
+    best = None
+    if tests:
+        top = min(tests, key=lambda t: t.p_b_lower)
+        conf = 1.0 - top.p_b_lower
+        best = {"build": top.b, "baseline": top.a, "confidence": conf,
+                "significant": conf >= confidence,
+                "statement": (f"{top.b} is the better build: it hangs less often than {top.a} with "
+                              f"{conf * 100:.1f}% confidence (exact Poisson rate-ratio test, one-sided)"
+                              if conf >= confidence else
+                              f"no build is shown better than {top.a} at {confidence * 100:g}%: the best, "
+                              f"{top.b}, hangs less often with {conf * 100:.1f}% confidence only")}
+    return History(confidence=confidence, runs=tuple(records), builds=tuple(judged), baseline=baseline,
+                   baseline_mtbf_s=baseline_mtbf_s, rate_tests=tuple(tests), costs=costs, best=best)

@@ -1,0 +1,332 @@
+"""History across nights: per-run records and per-build statistics, pure.
+
+Counting (docs/nightly.md, "Honest counting"):
+- A run's exposure is its time at risk: from the start of load (or from a
+  restart's ``restart_done``) to a hang's onset, or to the end of load. Time
+  between an onset and the restart is not at risk, and a run that stopped at an
+  incident contributes up to the onset only.
+- A cut-off run (no ``run_ended``: the harness or host died) counts up to the
+  last thing it recorded; an aborted run up to where its load stopped.
+- Each restart starts a new interval, so one night can hold several
+  time-to-hang intervals; only hangs (incident kind ``hang``) are failures: a
+  crash or a lost server ends its interval, censored.
+Per build, hangs are a Poisson process in pooled exposure: MTBF with the exact
+chi-square interval (soak.report.stats), a verdict against a baseline build's
+MTBF, the exact Poisson rate-ratio test between builds, and the throughput and
+latency cost with intervals (the same methods as ``soak compare``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+from soak.report.stats import MtbfEstimate, human_duration, mtbf_estimate, quantile_estimate, required_clean_exposure
+from soak.thresholds.metrics import RUN_METRICS, run_value
+
+# The per-run figures history shows: names from the one metric table.
+RUN_FIGURES = ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")
+
+
+@dataclass(frozen=True)
+class Interval:
+    start: float  # unix seconds
+    length_s: float
+    hang: bool  # True: ended by a hang at start + length_s; False: censored
+    ended_by: str  # "hang", "crash", "server_gone", "end of load", "cut off", ...
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    path: str
+    run_id: str | None
+    name: str | None
+    started_at: float | None
+    build: str
+    vllm_version: str | None
+    launch_digest: str | None
+    label: str | None
+    verdict: str
+    cut_off: bool
+    intervals: tuple[Interval, ...]
+    incidents: tuple[Mapping[str, Any], ...]
+    figures: Mapping[str, float | None]
+    thresholds_passed: bool | None
+    restarts: int
+
+    @property
+    def exposure_s(self) -> float:
+        return sum(i.length_s for i in self.intervals)
+
+    @property
+    def hangs(self) -> int:
+        return sum(1 for i in self.intervals if i.hang)
+
+    @property
+    def times_to_hang_s(self) -> tuple[float, ...]:
+        return tuple(i.length_s for i in self.intervals if i.hang)
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Interval, ...]:
+    """The run's time-at-risk intervals, from its events (see the module docstring)."""
+    load_started = load_stopped = None
+    restarts: list[float] = []
+    incidents: list[tuple[float, str]] = []
+    for e in events:
+        ts, kind = _num(e.get("ts")), e.get("type")
+        if ts is None:
+            continue
+        if kind == "load_started" and load_started is None:
+            load_started = ts
+        elif kind == "load_stopped":
+            load_stopped = ts
+        elif kind == "restart_done":
+            restarts.append(ts)
+        elif kind == "incident":
+            onset = _num(e.get("onset_at"))
+            detected = _num(e.get("detected_at"))
+            when = onset if onset is not None else (detected if detected is not None else ts)
+            incidents.append((when, str(e.get("kind") or "incident")))
+    if load_started is None:
+        load_started = _num(summary.get("started_at"))
+    if load_started is None:
+        return ()
+    cut_off = bool(summary.get("cut_off"))
+    if load_stopped is not None:
+        end, end_reason = load_stopped, "end of load"
+    else:
+        end = _num(summary.get("ended_at"))
+        end_reason = "cut off" if cut_off else "end of load"
+    incidents.sort()
+    restarts.sort()
+    out: list[Interval] = []
+    seg_start: float | None = load_started
+    for onset, kind in incidents:
+        if seg_start is None:
+            # An incident with no restart before it (a second decision while the
+            # first was being handled): it belongs to no interval at risk.
+            continue
+        stop = max(seg_start, onset)
+        out.append(Interval(seg_start, stop - seg_start, kind == "hang", kind))
+        nxt = [r for r in restarts if r >= onset]
+        seg_start = nxt[0] if nxt else None
+        if nxt:
+            restarts.remove(nxt[0])
+    if seg_start is not None and end is not None and end > seg_start:
+        out.append(Interval(seg_start, end - seg_start, False, end_reason))
+    return tuple(out)
+
+
+def run_record(*, path: str, summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
+               config: Mapping[str, Any]) -> RunRecord:
+    from soak.history.build import build_identity, build_key
+
+    build = summary.get("build") if isinstance(summary.get("build"), Mapping) else None
+    if build is None:  # a run recorded before the build event existed
+        build = build_identity(config, vllm_version=None, served_model=summary.get("model"))
+    label = build.get("label") or config.get("build")
+    key = build_key(label, build.get("vllm_version"), build.get("launch_digest"))
+    thresholds = summary.get("thresholds")
+    return RunRecord(
+        path=path, run_id=summary.get("run_id"), name=config.get("name"),
+        started_at=_num(summary.get("started_at")), build=key, vllm_version=build.get("vllm_version"),
+        launch_digest=build.get("launch_digest"), label=label, verdict=str(summary.get("verdict")),
+        cut_off=bool(summary.get("cut_off")), intervals=intervals_of(events, summary),
+        incidents=tuple(i for i in summary.get("incidents") or () if isinstance(i, Mapping)),
+        figures={name: run_value(name, summary) for name in RUN_FIGURES},
+        thresholds_passed=thresholds.get("passed") if isinstance(thresholds, Mapping) else None,
+        restarts=int(summary.get("restarts") or 0),
+    )
+
+
+# -- per build ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildStats:
+    build: str
+    runs: int
+    clean_runs: int
+    exposure_s: float
+    hangs: int
+    mtbf: MtbfEstimate | None
+    vllm_versions: tuple[str, ...]
+    digests: tuple[str, ...]
+    verdict: str = ""  # against the baseline
+    fixed: bool | None = None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """B against A on one figure: the change with its interval."""
+    metric: str
+    label: str
+    a: float | None
+    b: float | None
+    delta: float | None
+    delta_lower: float | None
+    delta_upper: float | None
+    relative: float | None  # delta / a
+    p_value: float | None
+    n_a: int
+    n_b: int
+    method: str
+    verdict: str
+
+
+@dataclass(frozen=True)
+class RateTest:
+    a: str
+    b: str
+    hangs_a: int
+    exposure_a_s: float
+    hangs_b: int
+    exposure_b_s: float
+    rate_ratio: float | None  # b / a
+    ratio_lower: float | None
+    ratio_upper: float | None
+    p_two_sided: float
+    p_b_lower: float  # one-sided: B's hang rate is lower than A's
+    statement: str
+
+
+@dataclass(frozen=True)
+class History:
+    confidence: float
+    runs: tuple[RunRecord, ...]
+    builds: tuple[BuildStats, ...]
+    baseline: str | None
+    baseline_mtbf_s: float | None
+    rate_tests: tuple[RateTest, ...]
+    costs: Mapping[str, tuple[Cost, ...]] = field(default_factory=dict)  # build -> its costs against the baseline
+    best: Mapping[str, Any] | None = None
+
+
+def build_stats(build: str, runs: Sequence[RunRecord], *, confidence: float) -> BuildStats:
+    exposure = sum(r.exposure_s for r in runs)
+    hangs = sum(r.hangs for r in runs)
+    return BuildStats(
+        build=build, runs=len(runs), clean_runs=sum(1 for r in runs if r.hangs == 0 and r.exposure_s > 0),
+        exposure_s=exposure, hangs=hangs,
+        mtbf=mtbf_estimate(hangs, exposure, confidence=confidence) if exposure > 0 else None,
+        vllm_versions=tuple(sorted({r.vllm_version for r in runs if r.vllm_version})),
+        digests=tuple(sorted({r.launch_digest for r in runs if r.launch_digest})),
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def fixed_verdict(b: BuildStats, baseline_mtbf_s: float, baseline: str, *, confidence: float) -> tuple[str, bool | None]:
+    """"fixed at 95%: 5 clean nights, 330 min pooled, beat the unfixed MTBF of 15 min"."""
+    pct = f"{confidence * 100:g}%"
+    base = f"the {baseline} MTBF of {human_duration(baseline_mtbf_s)}"
+    if b.mtbf is None:
+        return f"no exposure yet to judge against {base}", None
+    nights = _plural(b.runs, "night") if b.hangs else _plural(b.clean_runs, "clean night")
+    hangs = f", {_plural(b.hangs, 'hang')}" if b.hangs else ""
+    pooled = human_duration(b.exposure_s)
+    if b.mtbf.one_sided_lower_s > baseline_mtbf_s:
+        return (f"fixed at {pct}: {nights}{hangs}, {pooled} pooled, MTBF above "
+                f"{human_duration(b.mtbf.one_sided_lower_s)}, beat {base}"), True
+    if b.hangs and b.mtbf.upper_s < baseline_mtbf_s:
+        return f"not fixed: {nights}{hangs} in {pooled}, MTBF below {base} at {pct}", False
+    needed = required_clean_exposure(baseline_mtbf_s, confidence=confidence, allowed_failures=b.hangs) - b.exposure_s
+    return (f"not yet shown at {pct}: {nights}{hangs}, {pooled} pooled, MTBF above "
+            f"{human_duration(b.mtbf.one_sided_lower_s)}; {human_duration(max(0.0, needed))} more clean load "
+            f"would beat {base}"), None
+
+
+def rate_test(a: BuildStats, b: BuildStats, *, confidence: float) -> RateTest:
+    """Exact Poisson rate-ratio test: given n = n_a + n_b hangs, B's count is
+    binomial(n, T_b / (T_a + T_b)) when both builds hang at the same rate."""
+    total = a.hangs + b.hangs
+    p0 = b.exposure_s / (a.exposure_s + b.exposure_s) if a.exposure_s + b.exposure_s > 0 else 0.5
+    rr = lo = hi = None
+    if total == 0:
+        p_two = p_less = 1.0
+    else:
+        test = sps.binomtest(b.hangs, total, p0)
+        p_two = float(test.pvalue)
+        p_less = float(sps.binomtest(b.hangs, total, p0, alternative="less").pvalue)
+        ci = test.proportion_ci(confidence_level=confidence, method="exact")
+        odds = a.exposure_s / b.exposure_s if b.exposure_s > 0 else math.inf
+
+        def ratio(p: float) -> float:
+            return math.inf if p >= 1 else p / (1 - p) * odds
+
+        lo, hi = ratio(ci.low), ratio(ci.high)
+        rate_a = a.hangs / a.exposure_s if a.exposure_s > 0 else math.inf
+        rr = math.inf if a.hangs == 0 else (b.hangs / b.exposure_s) / rate_a
+    conf = 1.0 - p_less
+    rate = lambda s: s.hangs / s.exposure_s * 3600.0 if s.exposure_s > 0 else math.inf  # noqa: E731
+    statement = (f"{b.build} vs {a.build}: {_plural(b.hangs, 'hang')} in {human_duration(b.exposure_s)} "
+                 f"({rate(b):.2f}/h) against {_plural(a.hangs, 'hang')} in {human_duration(a.exposure_s)} "
+                 f"({rate(a):.2f}/h); exact Poisson rate-ratio test: {b.build} hangs less often "
+                 f"with {conf * 100:.1f}% confidence (one-sided p = {p_less:.3g}; two-sided p = {p_two:.3g})")
+    return RateTest(a.build, b.build, a.hangs, a.exposure_s, b.hangs, b.exposure_s, rr, lo, hi, p_two, p_less, statement)
+
+
+# -- costs -------------------------------------------------------------------
+
+def _clean(values: Sequence[float]) -> np.ndarray:
+    return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+
+
+def mean_cost(metric: str, a: Sequence[float], b: Sequence[float], *, confidence: float, label: str | None = None,
+              higher_is_better: bool = True) -> Cost:
+    """Welch's t interval for the difference of means (B - A)."""
+    xa, xb = _clean(a), _clean(b)
+    label = label or RUN_METRICS[metric].label
+    if xa.size < 2 or xb.size < 2:
+        ma = float(xa.mean()) if xa.size else None
+        mb = float(xb.mean()) if xb.size else None
+        delta = mb - ma if ma is not None and mb is not None else None
+        return Cost(metric, label, ma, mb, delta, None, None, delta / ma if delta is not None and ma else None,
+                    None, int(xa.size), int(xb.size), "Welch t-test (too few windows for an interval)",
+                    "not enough data")
+    ma, mb = float(xa.mean()), float(xb.mean())
+    if xa.std() == 0 and xb.std() == 0:
+        lo = hi = mb - ma
+        p = 1.0 if ma == mb else 0.0
+    else:
+        res = sps.ttest_ind(xb, xa, equal_var=False)
+        p = float(res.pvalue)
+        ci = res.confidence_interval(confidence_level=confidence)
+        lo, hi = float(ci.low), float(ci.high)
+    return _cost(metric, label, ma, mb, lo, hi, p, xa.size, xb.size, "Welch t-test on per-window means",
+                 higher_is_better, confidence)
+
+
+def quantile_cost(metric: str, q: float, a: Sequence[float], b: Sequence[float], *, confidence: float,
+                  resamples: int = 400, seed: int = 0) -> Cost:
+    """Percentile bootstrap of the difference of a quantile (B - A), as ``soak compare``."""
+    ea, da = quantile_estimate(a, q, confidence=confidence, resamples=resamples, seed=seed)
+    eb, db = quantile_estimate(b, q, confidence=confidence, resamples=resamples, seed=seed + 1)
+    label = RUN_METRICS[metric].label
+    if ea.n < 2 or eb.n < 2:
+        delta = None if ea.value is None or eb.value is None else eb.value - ea.value
+        return Cost(metric, label, ea.value, eb.value, delta, None, None, None, None, ea.n, eb.n,
+                    "bootstrap (too few requests)", "not enough data")
+    diff = db - da
+    lo, hi = (float(x) for x in np.quantile(diff, [0.5 - confidence / 2, 0.5 + confidence / 2]))
+    p = float(min(1.0, 2.0 * min((diff <= 0).mean(), (diff >= 0).mean())))
+    return _cost(metric, label, ea.value, eb.value, lo, hi, p, ea.n, eb.n,
+                 f"bootstrap of p{q * 100:g} ({resamples} resamples)", False, confidence)
+
+
+def _cost(metric, label, ma, mb, lo, hi, p, na, nb, method, higher_is_better, confidence) -> Cost:
+    delta = mb - ma
+    if p >= 1 - confidence or delta == 0:
+        verdict = "no significant difference"
+    else:
+        verdict = "better" if (delta > 0) == higher_is_better else "worse"
+    return Cost(metric, label, ma, mb, delta, lo, hi, delta / ma if ma else None, p, int(na), int(nb), method, verdict)

@@ -1,0 +1,260 @@
+"""history.json, history.csv and history.html (plots as inline PNG) from a ``History``."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import datetime as dt
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from soak.history.model import History, RunRecord
+from soak.report.stats import human_duration
+from soak.thresholds.evaluate import format_value
+
+CSV_COLUMNS = (
+    "started_at_utc", "run_id", "path", "build", "label", "vllm_version", "launch_digest", "verdict", "cut_off",
+    "exposure_s", "hangs", "times_to_hang_s", "intervals", "restarts", "output_tokens_per_s", "ttft_p50_s",
+    "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "prefix_hit_ratio", "error_rate", "thresholds_passed",
+)
+
+
+def _utc(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def run_json(r: RunRecord) -> dict[str, Any]:
+    return {
+        "path": r.path, "run_id": r.run_id, "name": r.name, "started_at": r.started_at, "started_at_utc": _utc(r.started_at),
+        "build": r.build, "label": r.label, "vllm_version": r.vllm_version, "launch_digest": r.launch_digest,
+        "verdict": r.verdict, "cut_off": r.cut_off, "exposure_s": r.exposure_s, "hangs": r.hangs,
+        "times_to_hang_s": list(r.times_to_hang_s), "restarts": r.restarts,
+        "intervals": [dataclasses.asdict(i) for i in r.intervals],
+        "incidents": [{k: i.get(k) for k in ("number", "kind", "rule", "onset_at", "detected_at")} for i in r.incidents],
+        "figures": dict(r.figures), "thresholds_passed": r.thresholds_passed,
+    }
+
+
+def history_json(h: History) -> dict[str, Any]:
+    builds = []
+    for b in h.builds:
+        m = b.mtbf
+        builds.append({
+            "build": b.build, "runs": b.runs, "clean_runs": b.clean_runs, "exposure_s": b.exposure_s, "hangs": b.hangs,
+            "mtbf_s": None if m is None else m.point_s, "mtbf_lower_s": None if m is None else m.lower_s,
+            "mtbf_upper_s": None if m is None else m.upper_s,
+            "mtbf_one_sided_lower_s": None if m is None else m.one_sided_lower_s,
+            "mtbf_statement": None if m is None else m.sentence(), "verdict": b.verdict, "fixed": b.fixed,
+            "vllm_versions": list(b.vllm_versions), "launch_digests": list(b.digests),
+        })
+    return _finite({
+        "confidence": h.confidence, "baseline": h.baseline, "baseline_mtbf_s": h.baseline_mtbf_s, "best": h.best,
+        "builds": builds, "rate_tests": [dataclasses.asdict(t) for t in h.rate_tests],
+        "costs": {k: [dataclasses.asdict(c) for c in v] for k, v in h.costs.items()},
+        "runs": [run_json(r) for r in h.runs],
+    })
+
+
+def history_csv(h: History) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in h.runs:
+        f = r.figures
+        writer.writerow([
+            _utc(r.started_at), r.run_id or "", r.path, r.build, r.label or "", r.vllm_version or "",
+            r.launch_digest or "", r.verdict, str(r.cut_off).lower(), f"{r.exposure_s:.3f}", r.hangs,
+            ";".join(f"{t:.3f}" for t in r.times_to_hang_s), len(r.intervals), r.restarts,
+            *("" if f.get(k) is None else f"{f[k]:.6g}" for k in
+              ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")),
+            "" if r.thresholds_passed is None else str(r.thresholds_passed).lower(),
+        ])
+    return out.getvalue()
+
+
+# -- plots -------------------------------------------------------------------
+
+def _figure(height: float = 3.2):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(9, height), dpi=100)
+
+
+def _png(fig) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _colors(h: History) -> dict[str, str]:
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    return {b.build: palette[i % len(palette)] for i, b in enumerate(h.builds)}
+
+
+def plot_mtbf(h: History) -> bytes:
+    fig = _figure(0.8 + 0.5 * max(1, len(h.builds)))
+    ax = fig.add_subplot(1, 1, 1)
+    colors = _colors(h)
+    finite = [x for b in h.builds if b.mtbf for x in (b.mtbf.lower_s, b.mtbf.upper_s, b.mtbf.one_sided_lower_s)
+              if math.isfinite(x)] + ([h.baseline_mtbf_s] if h.baseline_mtbf_s else [])
+    right = max(finite, default=60.0) / 60 * 3
+    for y, b in enumerate(h.builds):
+        if b.mtbf is None:
+            continue
+        lo, hi = b.mtbf.lower_s / 60, b.mtbf.upper_s / 60
+        if math.isfinite(hi):
+            ax.plot([lo, hi], [y, y], color=colors[b.build], lw=3)
+            ax.plot([b.mtbf.point_s / 60], [y], "o", color="black")
+        else:  # no hang: only a lower bound
+            ax.annotate("", xy=(right, y), xytext=(b.mtbf.one_sided_lower_s / 60, y),
+                        arrowprops={"arrowstyle": "->", "color": colors[b.build], "lw": 3})
+            ax.plot([b.mtbf.one_sided_lower_s / 60], [y], "|", color="black", ms=14)
+    if h.baseline_mtbf_s:
+        ax.axvline(h.baseline_mtbf_s / 60, color="grey", ls="--", label=f"baseline MTBF ({h.baseline})")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_yticks(range(len(h.builds)), [b.build for b in h.builds])
+    ax.set_xscale("log")
+    ax.set_xlim(left=max(min(finite, default=1.0) / 60 / 3, 1e-3), right=right)
+    ax.set_xlabel(f"MTBF, minutes ({h.confidence * 100:g}% exact chi-square interval; arrow: no hang, lower bound)")
+    ax.set_ylim(-0.7, len(h.builds) - 0.3)
+    return _png(fig)
+
+
+def plot_per_night(h: History, what: str) -> bytes:
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    colors = _colors(h)
+    labelled: set[str] = set()
+    for x, r in enumerate(h.runs):
+        label = r.build if r.build not in labelled else None
+        labelled.add(r.build)
+        if what == "tth":
+            for i in r.intervals:
+                marker = "x" if i.hang else "^"
+                ax.plot([x], [i.length_s / 60], marker, color=colors[r.build], ms=8, mfc="none" if not i.hang else None,
+                        label=label)
+                label = None
+        else:
+            value = r.figures.get("output_tokens_per_s")
+            if value is not None:
+                ax.bar([x], [value], color=colors[r.build], label=label)
+    ax.set_xticks(range(len(h.runs)), [_utc(r.started_at)[5:16].replace("T", " ") or str(i) for i, r in enumerate(h.runs)],
+                  rotation=30, fontsize=7)
+    if what == "tth":
+        ax.set_ylabel("minutes (x: hang; ^: no hang, censored)")
+    else:
+        ax.set_ylabel("generated tokens/s")
+    if labelled:
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+# -- html --------------------------------------------------------------------
+
+_CSS = """body{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}td.n{text-align:right}.good{color:#070}.bad{color:#b00}
+.lead{font-size:1.2em;padding:.6em;background:#eef}img{max-width:100%}.muted{color:#666}"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v))
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["<table><tr>", *(f"<th>{_e(h)}</th>" for h in header), "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _img(title: str, png: bytes) -> str:
+    return f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+def history_html(h: History) -> str:
+    pct = f"{h.confidence * 100:g}%"
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>soak history</title><style>{_CSS}</style></head><body>",
+           f"<h1>soak history: {len(h.runs)} runs, {len(h.builds)} builds</h1>"]
+    if h.best:
+        out.append(f"<p class='lead'>{_e(h.best['statement'])}</p>")
+    out.append("<h2>Builds</h2>")
+    rows = []
+    for b in h.builds:
+        m = b.mtbf
+        rows.append([b.build, b.runs, b.clean_runs, human_duration(b.exposure_s), b.hangs,
+                     "—" if m is None or m.point_s is None else human_duration(m.point_s),
+                     "—" if m is None else f"{human_duration(m.lower_s)} to {human_duration(m.upper_s)}",
+                     "—" if m is None else human_duration(m.one_sided_lower_s), b.verdict])
+    out.append(_table(["build", "runs", "clean", "exposure", "hangs", "MTBF", f"{pct} interval",
+                       f"MTBF above ({pct})", "verdict"], rows))
+    if h.baseline_mtbf_s:
+        out.append(f"<p class='muted'>Baseline: {_e(h.baseline)}, MTBF {human_duration(h.baseline_mtbf_s)}. Hangs are a "
+                   "Poisson process in exposure (time at risk); exact chi-square intervals.</p>")
+    if h.rate_tests:
+        out.append("<h2>Hang rate between builds</h2><ul>")
+        out += [f"<li>{_e(t.statement)}</li>" for t in h.rate_tests]
+        out.append("</ul>")
+    for build, costs in h.costs.items():
+        out.append(f"<h2>Cost of {_e(build)} against {_e(h.baseline)}</h2>")
+        rows = []
+        for c in costs:
+            fmt = (lambda v, m=c.metric: format_value(m, v))
+            interval = "—" if c.delta_lower is None else f"[{fmt(c.delta_lower)}, {fmt(c.delta_upper)}]"
+            rel = "" if c.relative is None else f" ({c.relative * 100:+.1f}%)"
+            rows.append([c.label, fmt(c.a), fmt(c.b), (fmt(c.delta) + rel) if c.delta is not None else "—", interval,
+                         "—" if c.p_value is None else f"{c.p_value:.3g}", c.verdict, c.method])
+        out.append(_table(["figure", str(h.baseline), build, "change", f"{pct} interval", "p", "verdict", "method"], rows))
+    out.append("<h2>Plots</h2>")
+    if h.builds:
+        out.append(_img("MTBF interval per build", plot_mtbf(h)))
+    if h.runs:
+        out.append(_img("Time to hang per night", plot_per_night(h, "tth")))
+        out.append(_img("Throughput per night", plot_per_night(h, "throughput")))
+    out.append("<h2>Runs</h2>")
+    rows = []
+    for r in h.runs:
+        f = r.figures
+        rows.append([_utc(r.started_at), r.build, r.verdict + (" (cut off)" if r.cut_off else ""),
+                     human_duration(r.exposure_s), r.hangs, ", ".join(human_duration(t) for t in r.times_to_hang_s) or "—",
+                     *(format_value(k, f.get(k)) for k in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50",
+                                                            "tpot_p99", "prefix_hit_ratio")),
+                     "—" if r.thresholds_passed is None else ("pass" if r.thresholds_passed else "breached"), r.path])
+    out.append(_table(["start (UTC)", "build", "verdict", "exposure", "hangs", "time to hang", "tok/s", "TTFT p50",
+                       "TTFT p99", "TPOT p50", "TPOT p99", "hit ratio", "thresholds", "run"], rows))
+    out.append("<p class='muted'>Exposure is time at risk: load start (or a restart) to a hang's onset or the end of "
+               "load; cut-off runs count up to their last record.</p></body></html>")
+    return "".join(out)
+
+
+def write_history(h: History, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"html": out_dir / "history.html", "csv": out_dir / "history.csv", "json": out_dir / "history.json"}
+    paths["json"].write_text(json.dumps(history_json(h), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    paths["csv"].write_text(history_csv(h), encoding="utf-8")
+    paths["html"].write_text(history_html(h), encoding="utf-8")
+    return paths

@@ -1,0 +1,55 @@
+"""The ``thresholds:`` section of a run config, k6 style.
+
+    thresholds:
+      ttft_p99: "< 90s"                  # over the whole run
+      tpot_p50: ["< 40ms", "< 60ms"]     # several conditions on one metric
+      error_rate:
+        threshold: "< 1%"
+        window: 5m                       # also over every sliding 5-minute window
+        abort_on_fail: true              # a breach ends the run at once (exit 99)
+        delay_abort_eval: 1m             # no abort in the first minute of load
+
+Keys are names from ``soak.thresholds.metrics.RUN_METRICS``. Each key and
+expression is checked when the config is read: an unknown metric, operator or
+unit is one ``ConfigError`` naming ``thresholds.<metric>`` (exit 2).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+from pydantic import AfterValidator, Field, model_validator
+
+from soak.configbase import Duration, StrictModel
+from soak.thresholds.metrics import RUN_METRICS
+
+
+def _known_metric(name: str) -> str:
+    known = [m.name for m in RUN_METRICS.values() if m.thresholdable]
+    if name not in known:
+        raise ValueError(f"unknown metric {name!r}, known: {', '.join(known)}")
+    return name
+
+
+class ThresholdRule(StrictModel):
+    threshold: tuple[str, ...]
+    window: Optional[Annotated[Duration, Field(gt=0)]] = None
+    abort_on_fail: bool = False
+    delay_abort_eval: Duration = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"threshold": (value,)}
+        if isinstance(value, list):
+            return {"threshold": tuple(value)}
+        if isinstance(value, dict) and isinstance(value.get("threshold"), str):
+            return {**value, "threshold": (value["threshold"],)}
+        if not isinstance(value, dict):
+            raise ValueError('expected an expression such as "< 90s", a list of them, or {threshold: ..., window: ...}')
+        return value
+
+
+MetricName = Annotated[str, AfterValidator(_known_metric)]
+ThresholdsConfig = dict[MetricName, ThresholdRule]

@@ -1,0 +1,81 @@
+"""Thresholds over a recorded run directory: the adapter between the files and
+the pure evaluation. The run loop (for its exit status), summarize() (for
+summary.json) and ``soak report`` all call ``run_thresholds``, so a run judged
+live and re-rendered later reads the same."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from soak.store.jsonl import read_jsonl
+from soak.store.store import CONFIG, EVENTS, REQUESTS, SAMPLES
+from soak.thresholds.evaluate import (
+    ThresholdConfigError, ThresholdResult, compile_thresholds, evaluate_run, evaluate_windows, thresholds_entry,
+)
+
+
+def recorded_thresholds_section(run_dir: Path) -> Mapping[str, Any] | None:
+    try:
+        text = (Path(run_dir) / CONFIG).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        # A redacted value written bare (`key: ***`) reads as a YAML alias: quote it and retry.
+        try:
+            config = yaml.safe_load(re.sub(r"^(\s*(?:[^#\n]*?:|-)\s+)\*\*\*\s*$", r"\1'***'", text, flags=re.M))
+        except yaml.YAMLError:
+            return None
+    section = config.get("thresholds") if isinstance(config, dict) else None
+    return section if isinstance(section, dict) and section else None
+
+
+def run_thresholds(run_dir: str | Path, summary: Mapping[str, Any],
+                   section: Mapping[str, Any] | None = None) -> list[ThresholdResult] | None:
+    """Every threshold's result, or None when the run configured none.
+    ``section`` defaults to the one in the run's config.yaml."""
+    run_dir = Path(run_dir)
+    section = section if section is not None else recorded_thresholds_section(run_dir)
+    if not section:
+        return None
+    thresholds = compile_thresholds(section)
+    results = evaluate_run(thresholds, summary)
+    if any(t.window_s is not None for t in thresholds):
+        start = end = None
+        for event in read_jsonl(run_dir / EVENTS):
+            if event.get("type") == "load_started" and start is None:
+                start = event.get("ts")
+            elif event.get("type") == "load_stopped":
+                end = event.get("ts")
+        requests = [r for r in read_jsonl(run_dir / REQUESTS)]
+        server = [(s["ts"], s.get("values") or {}) for s in read_jsonl(run_dir / SAMPLES)
+                  if s.get("kind") == "server" and s.get("ok") and isinstance(s.get("ts"), (int, float))]
+        if end is None:  # cut off: up to the last thing recorded
+            ends = [r.get("ended_at") for r in requests if isinstance(r.get("ended_at"), (int, float))]
+            end = max(ends, default=None)
+        results += evaluate_windows(thresholds, requests, server, start=start, end=end)
+    return results
+
+
+def summary_thresholds(run_dir: str | Path, summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """summary.json's ``thresholds`` entry (None without thresholds); a recorded
+    config that no longer compiles is reported, never raised."""
+    try:
+        results = run_thresholds(run_dir, summary)
+    except ThresholdConfigError as exc:
+        return {"passed": False, "breached": [], "results": [], "error": f"{exc.field}: {exc.message}"}
+    if results is None:
+        return None
+    entry = thresholds_entry(results)
+    for event in read_jsonl(Path(run_dir) / EVENTS):
+        if event.get("type") == "threshold_breached":  # a live abort_on_fail stop
+            entry["aborted_by"] = {k: event.get(k) for k in ("ts", "threshold", "observed", "reason")}
+            entry["passed"] = False
+            if event.get("threshold") not in entry["breached"]:
+                entry["breached"].insert(0, event.get("threshold"))
+    return entry

@@ -1,0 +1,165 @@
+"""The nightly's results through Debian's real ``prometheus-pushgateway`` into a real
+Prometheus, read back through Prometheus's HTTP API.
+
+A real ``soak run`` against the simulator pushes its night at the end
+(``pushgateway:`` section); ``soak history --pushgateway`` pushes each build's
+pooled figures; Prometheus (the shipped config's ``pushgateway`` job, honor_labels)
+scrapes the gateway. Then the values must be the ones in summary.json and
+history.json, and every expression of the "soak nights" dashboard returns data.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prom_helpers import free_port
+from soak.export.lint import NIGHTS_DASHBOARD_PATH, dashboard_expressions, load_dashboard
+
+pytestmark = pytest.mark.timeout(240)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "history"
+RUN_HELPERS = Path(__file__).resolve().parents[1] / "run"
+sys.path.insert(0, str(RUN_HELPERS))
+
+from soakrun_helpers import small_config, soak_cmd, write_config  # noqa: E402
+
+
+@pytest.fixture
+def pushgateway(tmp_path):
+    binary = shutil.which("prometheus-pushgateway")
+    if binary is None:
+        pytest.fail("prometheus-pushgateway is not installed; scripts/test installs Debian's package")
+    for _attempt in range(3):
+        port = free_port()
+        log = open(tmp_path / f"pushgateway-{port}.log", "w")
+        popen = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while popen.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            popen.kill()
+            popen.wait(timeout=10)
+            log.close()
+            continue
+        try:
+            yield port
+        finally:
+            popen.terminate()
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(timeout=10)
+            log.close()
+        return
+    pytest.fail("the Pushgateway never became ready")
+
+
+def instant(prometheus, expr: str) -> dict[tuple, float]:
+    result = prometheus.api("query", query=expr)["result"]
+    return {tuple(sorted((k, v) for k, v in r["metric"].items() if k not in ("__name__", "instance", "job")
+                         or k == "job")): float(r["value"][1]) for r in result}
+
+
+def one(prometheus, expr: str) -> float:
+    values = list(instant(prometheus, expr).values())
+    assert len(values) == 1, (expr, values)
+    return values[0]
+
+
+def wait_for(prometheus, expr: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not prometheus.api("query", query=expr)["result"]:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no data for {expr} within {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_path, pushgateway, make_prometheus):
+    gateway = f"127.0.0.1:{pushgateway}"
+    prometheus = make_prometheus({"pushgateway": (gateway, "/metrics")})
+
+    # one real night of build "fixed", pushed by soak run itself
+    config = small_config(duration="4s", build="fixed")
+    config["pushgateway"] = {"url": f"http://{gateway}", "job": "soak-nightly", "grouping": {"box": "test-box"}}
+    run_dir = tmp_path / "runs" / "n09-fixed-live"
+    done = subprocess.run(soak_cmd("run", str(write_config(tmp_path / "night.yaml", config)), "--out", str(run_dir)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    pushed = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if '"pushed"' in line]
+    assert pushed and pushed[0]["grouping"] == {"box": "test-box", "build": "fixed"}
+
+    # history over the recorded nights plus this one, pushed per build
+    for night in FIXTURES.iterdir():
+        if night.is_dir():
+            shutil.copytree(night, tmp_path / "runs" / night.name)
+    done = subprocess.run(soak_cmd("history", str(tmp_path / "runs"), "--pushgateway", f"http://{gateway}",
+                                   "--label", "box=test-box"), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    history = json.loads((tmp_path / "runs" / "history.json").read_text())
+    builds = {b["build"]: b for b in history["builds"]}
+
+    wait_for(prometheus, 'soak_build_hangs{build="unfixed"}')
+    wait_for(prometheus, 'soak_night_exposure_seconds{build="fixed"}')
+    night = 'box="test-box",build="fixed",job="soak-nightly"'
+    assert one(prometheus, f"soak_night_exposure_seconds{{{night}}}") == pytest.approx(summary["duration_s"])
+    assert one(prometheus, f"soak_night_verdict{{{night}}}") == 0
+    assert one(prometheus, f"soak_night_exit_code{{{night}}}") == 0
+    assert one(prometheus, f"soak_night_hangs{{{night}}}") == 0
+    assert one(prometheus, f'soak_night_incidents{{{night},kind="hang"}}') == 0
+    assert one(prometheus, f"soak_night_start_time_seconds{{{night}}}") == pytest.approx(summary["started_at"])
+    # one clean night of T seconds proves MTBF > T / -ln(0.05)
+    assert one(prometheus, f"soak_night_mtbf_lower_bound_seconds{{{night}}}") == pytest.approx(
+        summary["duration_s"] / 2.995732, rel=1e-5)
+    assert one(prometheus, f"soak_night_output_tokens_per_second{{{night}}}") == pytest.approx(
+        summary["throughput"]["generated_tokens_per_s"])
+    assert one(prometheus, f'soak_night_ttft_seconds{{{night},quantile="0.99"}}') == pytest.approx(
+        summary["latency"]["ttft_s"]["p99"])
+    assert one(prometheus, f'soak_night_tpot_seconds{{{night},quantile="0.5"}}') == pytest.approx(
+        summary["latency"]["tpot_s"]["p50"])
+    assert one(prometheus, f"soak_night_prefix_hit_ratio{{{night}}}") == pytest.approx(summary["prefix_cache_hit_ratio"])
+    info = prometheus.api("query", query=f"soak_night_info{{{night}}}")["result"][0]["metric"]
+    assert info["verdict"] == "pass" and info["build_label"] == "fixed" and info["vllm_version"]
+
+    for build in ("unfixed", "fixed"):
+        sel = f'box="test-box",build="{build}",job="soak_history"'
+        b = builds[build]
+        assert one(prometheus, f"soak_build_exposure_seconds{{{sel}}}") == pytest.approx(b["exposure_s"])
+        assert one(prometheus, f"soak_build_hangs{{{sel}}}") == b["hangs"]
+        assert one(prometheus, f"soak_build_runs{{{sel}}}") == b["runs"]
+        assert one(prometheus, f"soak_build_mtbf_lower_bound_seconds{{{sel}}}") == pytest.approx(
+            b["mtbf_one_sided_lower_s"])
+    assert builds["unfixed"]["hangs"] == 3 and builds["fixed"]["hangs"] == 0
+    assert one(prometheus, 'soak_build_mtbf_seconds{build="unfixed"}') == pytest.approx(5200 / 3)
+    assert instant(prometheus, 'soak_build_mtbf_seconds{build="fixed"}') == {}  # no hang: no point estimate
+    assert one(prometheus, 'soak_build_mtbf_interval_seconds{build="unfixed",bound="upper"}') == pytest.approx(
+        builds["unfixed"]["mtbf_upper_s"])
+    assert one(prometheus, 'soak_build_fixed{build="fixed"}') == 1
+    assert one(prometheus, 'soak_build_better_confidence{build="fixed"}') == pytest.approx(
+        1 - next(t for t in history["rate_tests"] if t["b"] == "fixed")["p_b_lower"])
+
+    # every query of the "soak nights" dashboard returns data
+    dashboard = load_dashboard(NIGHTS_DASHBOARD_PATH)
+    empty = []
+    for e in dashboard_expressions(dashboard):
+        expr = e.expr.replace("$box", ".*").replace("$build", ".*")
+        if not prometheus.api("query", query=expr)["result"]:
+            empty.append(f"{e.where}: {expr}")
+    assert empty == []
