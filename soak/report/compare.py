@@ -117,29 +117,31 @@ def _clamp(d: Difference, lo: float, hi: float) -> Difference:
 
 def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: float = 60.0,
                  confidence: float = 0.95, resamples: int = 400) -> Comparison:
-    rows = [
-        compare_means("throughput (generated tokens/s per window)", "tok/s", window_throughput(a, window_s),
-                      window_throughput(b, window_s), better=Better.HIGHER, confidence=confidence),
-        compare_quantiles("TTFT p50", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.50, better=Better.LOWER,
-                          confidence=confidence, resamples=resamples),
-        compare_quantiles("TTFT p99", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.99, better=Better.LOWER,
-                          confidence=confidence, resamples=resamples),
-        compare_means("ITL (mean per request)", "s", _ok(a, "itl_mean_s"), _ok(b, "itl_mean_s"),
-                      better=Better.LOWER, confidence=confidence),
-        compare_quantiles("ITL p99 per request, p50 over requests", "s", _ok(a, "itl_p99_s"), _ok(b, "itl_p99_s"),
-                          0.50, better=Better.LOWER, confidence=confidence, resamples=resamples),
-        _clamp(compare_means("prefix-cache hit ratio (per window)", "", window_hit_ratio(a, window_s),
-                             window_hit_ratio(b, window_s), better=Better.HIGHER, confidence=confidence), 0.0, 1.0),
+    # Each row carries the name thresholds and `soak history` use (one table: soak.thresholds.metrics).
+    named = [
+        ("output_tokens_per_s", compare_means("throughput (generated tokens/s per window)", "tok/s",
+                                              window_throughput(a, window_s), window_throughput(b, window_s),
+                                              better=Better.HIGHER, confidence=confidence)),
+        ("ttft_p50", compare_quantiles("TTFT p50", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.50,
+                                       better=Better.LOWER, confidence=confidence, resamples=resamples)),
+        ("ttft_p99", compare_quantiles("TTFT p99", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.99,
+                                       better=Better.LOWER, confidence=confidence, resamples=resamples)),
+        ("itl_mean", compare_means("ITL (mean per request)", "s", _ok(a, "itl_mean_s"), _ok(b, "itl_mean_s"),
+                                   better=Better.LOWER, confidence=confidence)),
+        ("itl_p99_p50", compare_quantiles("ITL p99 per request, p50 over requests", "s", _ok(a, "itl_p99_s"),
+                                          _ok(b, "itl_p99_s"), 0.50, better=Better.LOWER, confidence=confidence,
+                                          resamples=resamples)),
+        ("prefix_hit_ratio", _clamp(compare_means("prefix-cache hit ratio (per window)", "",
+                                                  window_hit_ratio(a, window_s), window_hit_ratio(b, window_s),
+                                                  better=Better.HIGHER, confidence=confidence), 0.0, 1.0)),
     ]
     (fa, na), (fb, nb) = failed_and_finished(a), failed_and_finished(b)
-    rows.append(compare_proportions("error rate (failed / finished requests)", fa, na, fb, nb,
-                                    better=Better.LOWER, confidence=confidence))
+    named.append(("error_rate", compare_proportions("error rate (failed / finished requests)", fa, na, fb, nb,
+                                                    better=Better.LOWER, confidence=confidence)))
     (ha, ta), (hb, tb) = hangs_and_exposure(a), hangs_and_exposure(b)
     if ta > 0 and tb > 0:
-        rows.append(compare_rates("hang rate", ha, ta, hb, tb, confidence=confidence))
-    # The same names thresholds and `soak history` use (one table: soak.thresholds.metrics).
-    names = ("output_tokens_per_s", "ttft_p50", "ttft_p99", "itl_mean", "itl_p99_p50", "prefix_hit_ratio", "hang_rate")
-    rows = [dataclasses.replace(row, name=name) for row, name in zip(rows, names)] + rows[len(names):]
+        named.append(("hang_rate", compare_rates("hang rate", ha, ta, hb, tb, confidence=confidence)))
+    rows = [dataclasses.replace(row, name=name) for name, row in named]
     return Comparison(a_name, b_name, window_s, confidence, tuple(rows))
 
 

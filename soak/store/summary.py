@@ -273,6 +273,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "prefix_cache_hit_ratio": hit_ratio,
         "server_metrics": metrics,
         "criteria": {**decision.to_json(), **({"note": criteria_note} if criteria_note else {})},
+        # The one error-rate figure: the criterion judges it, thresholds, compare and history read it.
+        "error_rate": (tally.failed / tally.finished) if tally.finished else None,
         "throughput": {
             "generated_tokens_per_s": measured_generated / measured_s if measured_s > 0 else None,
             "requests_per_s": measured_requests / measured_s if measured_s > 0 else None,

@@ -55,7 +55,8 @@ def test_a_breached_threshold_is_exit_99_a_summary_entry_and_a_failed_testcase(t
 
     schema.validate(str(run_dir / "junit.xml"))
     suite, cases = _cases(run_dir)
-    assert suite.get("tests") == "4" and suite.get("failures") == "1"
+    # the soak, its two failure criteria (error_rate, no_success) and the three thresholds
+    assert suite.get("tests") == "6" and suite.get("failures") == "1"
     assert cases["test"].find("failure") is None  # the soak itself: no incident
     assert cases["ttft_p99 < 90s"].find("failure") is None
     failure = cases["output_tokens_per_s > 1000000"].find("failure")
