@@ -118,4 +118,5 @@ def test_thresholds_that_hold_keep_exit_0(tmp_path, harness, schema):
     assert summary["verdict"] == "pass" and summary["thresholds"]["passed"] is True
     schema.validate(str(run_dir / "junit.xml"))
     suite, cases = _cases(run_dir)
-    assert suite.get("tests") == "6" and suite.get("failures") == "0"
+    # the soak, its two failure criteria and the five thresholds
+    assert suite.get("tests") == "8" and suite.get("failures") == "0"
