@@ -36,6 +36,8 @@ class IncidentRecord:
     # One line per evidence or kill step that failed, timed out or was skipped.
     notes: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The flight-recorder diagnosis line (soak.report.diagnose), when the ranks dumped.
+    diagnosis: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +57,7 @@ class IncidentRecord:
             "survivors": list(self.survivors),
             "notes": list(self.notes),
             "extra": dict(self.extra),
+            "diagnosis": self.diagnosis,
         }
 
     @classmethod

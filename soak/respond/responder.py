@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -296,7 +297,10 @@ class Responder:
                 self._write_failed(exc)
 
         all_notes = tuple(bundle.notes() + notes)
+        diagnosis = _diagnosis_line(bundle.dir / "flight_recorder_summary.json")
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
+        if diagnosis:
+            summary += f"; flight recorder: {diagnosis}"
         record = IncidentRecord(
             number=number,
             kind=str(kind),
@@ -313,6 +317,7 @@ class Responder:
             gpus_free_at=release.free_at,
             survivors=tuple(result.survivors) if result is not None else (),
             notes=all_notes,
+            diagnosis=diagnosis,
             extra={
                 "killed": [i.to_json() for i in killed],
                 **({"shm_removed": [seg.path for seg in shm.removed]} if shm is not None else {}),
@@ -529,6 +534,16 @@ def _loopback_port(base_url: str) -> int | None:
     if parts.port is not None:
         return parts.port
     return 443 if parts.scheme == "https" else 80
+
+
+def _diagnosis_line(path: Path) -> str | None:
+    """The diagnosis the flight-recorder step wrote beside the dumps, if any."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    line = data.get("diagnosis") if isinstance(data, dict) else None
+    return str(line)[:500] if line else None
 
 
 def _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result) -> str:

@@ -136,7 +136,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             run_ended = event
             ended_at = ts
         elif kind == "incident":
-            incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s")})
+            incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis")})
         elif kind == "restart_done":
             restarts += 1
         elif kind == "gpu_source_stale":
@@ -442,7 +442,7 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
             record = obj.get("record")
             decision = obj.get("decision") if isinstance(obj.get("decision"), dict) else {}
             if isinstance(record, dict):
-                entry.update({k: record.get(k) for k in (*INCIDENT_FIELDS, "summary", "gpu_free_s")})
+                entry.update({k: record.get(k) for k in (*INCIDENT_FIELDS, "summary", "gpu_free_s", "diagnosis")})
             else:
                 entry.update({
                     "kind": decision.get("kind"), "rule": decision.get("rule"),
