@@ -27,7 +27,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 REDACTED = "***"
 
@@ -195,14 +195,39 @@ class Redactor:
                 return False
         if not any(v in data for v in values):
             return False
-        for value in values:
-            data = data.replace(value, REDACTED.encode())
+        structured = self._yaml(data) if path.suffix in (".yaml", ".yml") else None
+        if structured is not None:
+            data = structured
+        else:
+            for value in values:
+                data = data.replace(value, REDACTED.encode())
         if packed:
             data = gzip.compress(data, 6)
         tmp = path.with_name(f".{path.name}.redact")
         tmp.write_bytes(data)
         os.replace(tmp, path)
         return True
+
+    def structure(self, obj: Any) -> Any:
+        """``obj`` with every string in it redacted (keys too); a YAML or JSON dump
+        of the result quotes ``***`` where a bare one would not parse."""
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, Mapping):
+            return {self.structure(k): self.structure(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.structure(v) for v in obj]
+        return obj
+
+    def _yaml(self, data: bytes) -> bytes | None:
+        """A YAML file redacted value by value, so it still parses (config.yaml)."""
+        import yaml
+
+        try:
+            obj = yaml.safe_load(data.decode("utf-8"))
+        except (UnicodeDecodeError, yaml.YAMLError):
+            return None
+        return yaml.safe_dump(self.structure(obj), sort_keys=False, allow_unicode=True).encode("utf-8")
 
     def scrub_tree(self, root: Path) -> list[Path]:
         """Every file under ``root`` that still held a known secret, now rewritten."""

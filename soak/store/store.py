@@ -64,6 +64,7 @@ class RunStore:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         # Every byte this store writes passes the run's redactor (soak.redact).
+        self._redactor = redactor
         self._redact: Callable[[str], str] | None = redactor.text if redactor is not None else None
         self._events = JsonlWriter(self.run_dir / EVENTS, redact=self._redact)
         self._requests = JsonlWriter(self.run_dir / REQUESTS, redact=self._redact)
@@ -73,8 +74,11 @@ class RunStore:
 
     # -- files written once ----------------------------------------------------
     def write_config(self, config: Mapping[str, Any]) -> None:
-        text = yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True)
-        (self.run_dir / CONFIG).write_text(self.redact(text), encoding="utf-8")
+        # Redacted value by value before the dump, so a secret becomes a quoted
+        # '***' and config.yaml still parses.
+        redacted = self._redactor.structure(dict(config)) if self._redactor is not None else dict(config)
+        text = yaml.safe_dump(redacted, sort_keys=False, allow_unicode=True)
+        (self.run_dir / CONFIG).write_text(text, encoding="utf-8")
 
     def write_plan(self, plan: Mapping[str, Any]) -> None:
         write_json_atomic(self.run_dir / PLAN, dict(plan), redact=self._redact)

@@ -103,3 +103,27 @@ def test_the_guardian_kills_the_watched_tree_when_its_pipe_closes_and_not_after_
         for p in (kept, doomed):
             p.kill()
             p.wait()
+
+
+def test_a_redacted_config_yaml_still_parses(tmp_path):
+    """A secret that is a whole YAML value becomes a quoted '***', never a bare
+    alias marker that breaks yaml.safe_load (at write time and in the final scrub)."""
+    import yaml
+
+    from soak.redact import Redactor
+    from soak.store.store import RunStore
+
+    redactor = Redactor(["hunter2-secret-value"])
+    store = RunStore(tmp_path, clock=None, redactor=redactor)
+    store.write_config({"target": {"api_key_env": "K", "token": "hunter2-secret-value",
+                                   "command": ["vllm", "serve", "--api-key", "hunter2-secret-value"]}})
+    text = (tmp_path / "config.yaml").read_text()
+    assert "hunter2" not in text
+    loaded = yaml.safe_load(text)
+    assert loaded["target"]["token"] == "***" and loaded["target"]["command"][-1] == "***"
+
+    late = tmp_path / "late.yaml"
+    late.write_text("build: learned-late-value\nother: [a, learned-late-value]\n")
+    redactor.learn("learned-late-value")
+    assert redactor.scrub_file(late)
+    assert yaml.safe_load(late.read_text()) == {"build": "***", "other": ["a", "***"]}
