@@ -110,3 +110,15 @@ def test_incident_dir_maps_ranks_to_stage_gpu_pid(tmp_path, capsys):
     assert soak_main(["diagnose", str(tmp_path / "run")]) == 1
     line = capsys.readouterr().out.splitlines()[0]
     assert "(rank 2: stage 2, GPU 2, PID 4244)" in line
+
+
+def test_eight_rank_race_names_the_last_rank_as_fr_trace_does():
+    """gloo_pp8_race: `make_gloo.py OUT --pp-size 8 --fault pp_race` (torch 2.13.0+cpu);
+    fr_trace.txt beside it is PyTorch's analyzer on the same dumps (pg_config filled in)."""
+    folder = REAL / "gloo_pp8_race"
+    d = _diag(folder)
+    g = _group(d, "pp_broadcast")
+    assert (g.kind, g.seq, g.odd_ranks, g.reference_ranks) == ("size", 91, (7,), tuple(range(7)))
+    theirs = (folder / "fr_trace.txt").read_text()
+    assert theirs.startswith("Collective sequence number: 91 has errors")
+    assert "Culprit rank 7; Error type: SIZE_OR_SYNTAX_MISMATCH" in theirs.split("Collective sequence number: 92")[0]

@@ -109,6 +109,9 @@ async def test_hang_response_kills_the_whole_tree_keeps_evidence_and_spares_the_
     assert incident["steps"]["flight_recorder"]["pipes_written"] == 3
     summary = json.loads((bundle / "flight_recorder_summary.json").read_text())
     assert sorted(summary["ranks"]) == [0, 1, 2]
+    # soak diagnose's line reaches the record (incident.json), whatever these dumps say
+    assert summary.get("diagnosis") and record.diagnosis == summary["diagnosis"]
+    assert incident["record"]["diagnosis"] == record.diagnosis and record.diagnosis in record.summary
 
 
 async def test_a_worker_orphaned_before_the_kill_is_still_killed(tmp_path, start_tree, start_decoy):
