@@ -220,9 +220,20 @@ ODD_BODIES = {
 }
 
 
+# Usage objects as vLLM versions write them (read by the version-aware hook).
+USAGE_BODIES = {
+    "usage_without_details": _OK + _data({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+    + _DONE,
+    "usage_with_bad_details": _OK + _data({"choices": [], "usage": {
+        "prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": "7"}}}) + _DONE,
+    "no_usage": _OK + _DONE,
+}
+
+
 async def odd_body(request: web.Request) -> web.StreamResponse:
     await request.read()
-    body = ODD_BODIES[request.match_info["name"]][0]
+    name = request.match_info["name"]
+    body = ODD_BODIES[name][0] if name in ODD_BODIES else USAGE_BODIES[name]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     for i in range(0, len(body), 7919):  # odd-sized pieces, as a proxy might forward them
@@ -255,3 +266,24 @@ async def test_odd_stream_bytes_are_a_recorded_outcome(odd_url, make_client, nam
     # The client goes on: the next request on the same session is served.
     again = await client.send(Turn(path="/crlf_framing/v1/chat/completions", body=b"{}"), request_id="r2")
     assert again.outcome == "ok"
+
+
+async def test_a_missing_cached_field_reads_as_the_version_says_and_an_unreadable_one_stays_unknown(
+        odd_url, make_client) -> None:
+    """vLLM 0.11.x leaves prompt_tokens_details out when nothing was cached: with
+    the run's version-aware reader that is 0; an unreadable field stays unknown
+    (an anomaly), and a stream with no usage at all has no cached count."""
+    from soak.versions import cached_tokens, profile_for
+
+    client = await make_client(odd_url)
+    profile = profile_for("0.11.2")
+    client.usage_cached_tokens = lambda usage: cached_tokens(usage, profile=profile, details_enabled=True)
+    records = {}
+    for name in ("usage_without_details", "usage_with_bad_details", "no_usage"):
+        records[name] = await client.send(Turn(path=f"/{name}/v1/chat/completions", body=b"{}"), request_id=name)
+    assert records["usage_without_details"].cached_tokens == 0
+    assert records["usage_with_bad_details"].cached_tokens is None and records["usage_with_bad_details"].anomalies
+    assert records["no_usage"].cached_tokens is None
+    client.usage_cached_tokens = None  # no reader: a missing field is unknown
+    again = await client.send(Turn(path="/usage_without_details/v1/chat/completions", body=b"{}"), request_id="x")
+    assert again.cached_tokens is None
