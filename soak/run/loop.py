@@ -477,6 +477,8 @@ class SoakRun:
         # so summary.json's server-side deltas cover exactly the load applied.
         await self._scrape_metrics()
         self.event("load_started", mode=config.load.mode, concurrency=config.load.concurrency)
+        # What the summary judges the requests by, as JSON (config.yaml is for people).
+        self.event("criteria_config", criteria=config.criteria.model_dump(mode="json"))
         result = await self.generator.run()
         await self._scrape_metrics()
         self.event(

@@ -120,6 +120,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     server_version: dict[str, Any] | None = None
     warnings: list[str] = []
     build: dict[str, Any] = {}
+    criteria_section: dict[str, Any] | None = None
     for event in read_jsonl(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
@@ -147,6 +148,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
                 gpu_source["max_age_s"] = max(age, gpu_source["max_age_s"] or 0.0)
             if event.get("message") and len(gpu_source["messages"]) < 5:
                 gpu_source["messages"].append(str(event["message"]))
+        elif kind == "criteria_config" and isinstance(event.get("criteria"), dict):
+            criteria_section = event["criteria"]
         elif kind == "server_version":
             server_version = {k: event.get(k) for k in ("server_version", "basis", "covered", "covered_versions")}
         elif kind == "warning" and event.get("message") and len(warnings) < 20:
@@ -156,8 +159,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
     ok = failed = warmup = measured_requests = 0
     cut = {cause: 0 for cause in CUT_CAUSES}
-    criteria_config, criteria_note = _criteria_config(run_dir)
-    tally = RequestTally.for_config(criteria_config)
+    criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
     stored: list[dict[str, Any]] = []
     by_outcome: dict[str, int] = {}
     prompt_tokens = generated_tokens = cached_tokens = 0
@@ -309,10 +311,21 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _criteria_config(run_dir: Path) -> tuple[CriteriaConfig, str | None]:
-    """The run's own ``criteria:`` settings (config.yaml), defaults when absent."""
-    section = _read_config(run_dir).get("criteria")
+def _criteria_config(run_dir: Path, recorded: dict[str, Any] | None = None) -> tuple[CriteriaConfig, str | None]:
+    """The run's own ``criteria:`` settings: the ``criteria_config`` event the run
+    loop writes at start (JSON, so a config.yaml a redactor or a hand made
+    unparsable cannot silently swap in the defaults), else config.yaml's section,
+    else the defaults (said so when config.yaml cannot be read)."""
+    if recorded is not None:
+        try:
+            return CriteriaConfig.model_validate(recorded), None
+        except Exception as exc:
+            return CriteriaConfig(), f"recorded criteria unreadable ({type(exc).__name__}), defaults used"
+    config = _read_config(run_dir)
+    section = config.get("criteria")
     if section is None:
+        if not config and (run_dir / CONFIG).exists():
+            return CriteriaConfig(), "config.yaml unreadable: the failure criteria were judged with their defaults"
         return CriteriaConfig(), None
     try:
         return CriteriaConfig.model_validate(section), None

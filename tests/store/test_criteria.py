@@ -145,3 +145,28 @@ def test_metrics_coverage_names_the_stale_tail_and_the_gaps() -> None:
     for t in range(10):
         whole.add({"kind": "server", "ts": float(t), "ok": True, "values": fresh})
     assert whole.report(0.0, 10.0)["complete"] is True and whole.report(0.0, 10.0)["note"] is None
+
+
+def test_the_summary_judges_by_the_recorded_criteria_even_when_config_yaml_does_not_parse(tmp_path) -> None:
+    """config.yaml is for people (a redacted ``***`` is not valid YAML): the run's
+    own criteria come from its criteria_config event, never silently the defaults."""
+    import json
+
+    from soak.store.summary import summarize
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("workload:\n  tokenizer:\n    chars_per_token: ***\n")
+    events = [{"ts": 100.0, "type": "run_started", "run_id": "x"},
+              {"ts": 100.0, "type": "criteria_config",
+               "criteria": {"error_rate": {"enabled": False}, "no_success": {"window": 1.5, "min_failures": 3}}},
+              {"ts": 110.0, "type": "run_ended", "verdict": "fail", "reason": "criterion", "exit_code": 1}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run / "requests.jsonl").write_text("".join(
+        json.dumps({"outcome": "http_status", "ended_at": 100.0 + t / 2}) + "\n" for t in range(5)))
+    summary = summarize(run)
+    assert summary["criteria"]["failed"] == ["no_success"] and "note" not in summary["criteria"]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events if e["type"] != "criteria_config"))
+    summary = summarize(run)
+    assert summary["criteria"]["failed"] == ["error_rate"]
+    assert "config.yaml unreadable" in summary["criteria"]["note"]
