@@ -717,7 +717,7 @@ class SoakRun:
         else:
             exit_code, verdict = 0, "pass"
         breached: list[str] = []
-        if exit_code in (0, 1, 4) and not self._failed:
+        if exit_code in (0, 1, 4) and not failed:  # a failed criterion or an incident on disk is exit 1, above 99
             breached = self._thresholds_breached()
             if self._threshold_breach is not None and self._threshold_breach.name not in breached:
                 breached.insert(0, self._threshold_breach.name)
