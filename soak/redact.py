@@ -54,7 +54,18 @@ def secret_name(name: str) -> bool:
     last = words[-1]
     if last in ("env", "file", "path", "dir", "len", "length", "id", "type", "mode", "name", "count", "size"):
         return False
+    # A token *count* or a token *position*, not a credential: chars_per_token,
+    # max_token, first_token, prompt_token.
+    if last in ("token", "tokens", "key", "keys") and len(words) > 1 and words[-2] in _NOT_CREDENTIAL_BEFORE:
+        return False
     return last in _EXACT or last.endswith(_ENDINGS)
+
+
+_NOT_CREDENTIAL_BEFORE = {
+    "per", "max", "min", "num", "first", "last", "next", "prev", "stop", "eos", "bos", "pad", "special",
+    "prompt", "output", "input", "generation", "cached", "draft", "sort", "group", "partition", "cache",
+    "sequence", "seq", "chars", "char", "bytes", "dedup", "prefix", "primary", "foreign", "lookup",
+}
 
 
 # A secret word right before a separator and a value: ``--api-key K``,

@@ -127,3 +127,13 @@ def test_a_redacted_config_yaml_still_parses(tmp_path):
     redactor.learn("learned-late-value")
     assert redactor.scrub_file(late)
     assert yaml.safe_load(late.read_text()) == {"build": "***", "other": ["a", "***"]}
+
+
+def test_token_counts_and_positions_are_not_secrets():
+    from soak.redact import secret_name
+
+    for name in ("chars_per_token", "max_tokens", "first_token", "--max-num-batched-tokens", "prefix_key",
+                 "sort_key", "eos_token"):
+        assert not secret_name(name), name
+    for name in ("--api-key", "hf_token", "HF_TOKEN", "PGPASSWORD", "X-Auth", "access_token", "openai_api_key"):
+        assert secret_name(name), name
