@@ -384,6 +384,14 @@ def write(self, obj):
             raise OSError(errno.ENOSPC, "No space left on device")
     return real(self, obj)
 jsonl.JsonlWriter.write = write
+import soak.store.segments as segments  # samples.jsonl is written by the rolling writer
+real_rolling = segments.RollingJsonlWriter.write
+def rolling_write(self, obj):
+    count["n"] += 1
+    if count["n"] > {after}:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real_rolling(self, obj)
+segments.RollingJsonlWriter.write = rolling_write
 {extra}
 from soak.cli import main
 sys.exit(main(sys.argv[1:]))
