@@ -37,6 +37,8 @@ import sys
 import time
 from typing import IO, Any
 
+from soak.respond.tree import protected_pids  # the one rule of what no signal may reach
+
 _SAME_START_S = 0.05
 
 
@@ -95,22 +97,10 @@ class Record:
                 frontier.append(child.pid)
 
 
-def _protected() -> set[int]:
-    import psutil
-
-    me = psutil.Process()
-    pids = {0, 1, me.pid}
-    try:
-        pids.update(p.pid for p in me.parents())
-    except psutil.Error:
-        pass
-    return pids
-
-
 def kill_all(record: Record, marker: tuple[str, str] | None) -> list[int]:
     import psutil
 
-    protected = _protected()
+    protected = set(protected_pids())
     record.walk(protected)
     if marker is not None:
         for proc in psutil.process_iter():
@@ -175,7 +165,7 @@ def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str,
                     record.add(msg["watch"], msg.get("create_time"))
         if os.getppid() != parent:
             break  # reparented: the harness died without its pipe closing (inherited fd)
-        record.walk(_protected())
+        record.walk(set(protected_pids()))
     killed = kill_all(record, marker)
     if log is not None:
         print(f"soak guardian: harness {parent} gone; SIGKILL to {len(killed)} processes: {killed}",
