@@ -29,6 +29,7 @@ class ViewState:
         self.info: RunInfo | None = None
         self.ok = 0
         self.failed = 0
+        self.cut = 0  # cut short by the harness itself (drain, kill, Ctrl-C): not the server's failures
         self.tokens_total = 0
         self._recent_tokens: deque[tuple[float, int]] = deque()
         self._ttft: deque[float] = deque(maxlen=TTFT_WINDOW)
@@ -50,6 +51,8 @@ class ViewState:
             self.ok += 1
             if record.ttft_s is not None and not record.warmup:
                 self._ttft.append(record.ttft_s)
+        elif record.cut_by:
+            self.cut += 1
         else:
             self.failed += 1
         self.tokens_total += record.output_tokens
@@ -102,7 +105,8 @@ class ViewState:
         gpus = " ".join(f"{g.util_pct:.0f}" for g in self.gpus) or "-"
         return (
             f"soak {self.phase} {format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left | "
-            f"requests ok {self.ok} failed {self.failed} | {self.tokens_per_s(now):.1f} tok/s | "
+            f"requests ok {self.ok} failed {self.failed}" + (f" cut {self.cut}" if self.cut else "")
+            + f" | {self.tokens_per_s(now):.1f} tok/s | "
             f"ttft p50 {_s(p50)} p99 {_s(p99)} | context {_k(self.context_tokens)} | "
             f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
@@ -121,7 +125,8 @@ class ViewState:
         table.add_column()
         table.add_row("phase", self.phase)
         table.add_row("time", f"{format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left")
-        table.add_row("requests", f"[green]{self.ok} ok[/]  [red]{self.failed} failed[/]")
+        table.add_row("requests", f"[green]{self.ok} ok[/]  [red]{self.failed} failed[/]"
+                      + (f"  {self.cut} cut by the harness" if self.cut else ""))
         table.add_row("tokens/s", f"{self.tokens_per_s(now):.1f}  ({self.tokens_total} generated)")
         table.add_row("TTFT", f"p50 {_s(self.ttft(50))}  p99 {_s(self.ttft(99))}")
         table.add_row("context", f"{_k(self.context_tokens)} (max {_k(self.max_context_tokens or None)})")

@@ -58,3 +58,14 @@ async def test_rich_status_on_a_terminal() -> None:
     for words in ("requests", "18 ok", "2 failed", "tokens/s", "TTFT", "prefix hit", "94.0%", "gpu 7", "detector", "suspect"):
         assert words in text, words
     assert "█" in text  # utilization bars
+
+
+async def test_requests_the_harness_cut_are_not_shown_as_failed() -> None:
+    clock = ManualClock(1000.0)
+    view = LiveView(clock=clock, mode="plain", stream=io.StringIO(), plain_interval_s=3600)
+    view.on_start(info(clock))
+    for i, (outcome, cut_by) in enumerate([("ok", None), ("http_status", None), ("aborted", "incident"),
+                                           ("aborted", "drain")]):
+        view.on_request(RequestRecord(request_id=f"r{i}", session="s", turn=i, started_at=clock.now(),
+                                      ended_at=clock.now(), outcome=outcome, cut_by=cut_by))
+    assert "requests ok 1 failed 1 cut 2 |" in view.state.line(clock.now())
