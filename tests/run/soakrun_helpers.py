@@ -3,6 +3,8 @@ subprocess, and cleanup of whatever it started."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -138,3 +140,18 @@ class Harness:
             except OSError:
                 pass
         self._out.close()
+
+
+@pytest.fixture
+def harness():
+    """Factory: ``h = harness(config_path, run_dir, *flags)``; every one closed at teardown."""
+    created: list[Harness] = []
+
+    def make(config_path: Path, run_dir: Path, *extra: str) -> Harness:
+        h = Harness(config_path, run_dir, *extra)
+        created.append(h)
+        return h
+
+    yield make
+    for h in created:
+        h.close()
