@@ -94,6 +94,8 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
     if s.generated_since_start:
         threshold = cfg.threshold(learned)
         basis = f"longest healthy gap {learned:.1f}s x {cfg.safety_factor:g}, clamped to [{cfg.floor:g}s, {cfg.ceiling:g}s]"
+        if s.cold:
+            basis += " (the server's first requests are still running: cold-start gaps count)"
     else:
         threshold = max(cfg.startup_grace, cfg.floor)
         basis = f"start-up grace {cfg.startup_grace:g}s (no token generated since start)"
@@ -111,6 +113,7 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
         "thresholds": {
             "threshold_s": threshold,
             "learned_gap_s": learned,
+            "cold_start": s.cold,
             "safety_factor": cfg.safety_factor,
             "floor_s": cfg.floor,
             "ceiling_s": cfg.ceiling,

@@ -72,6 +72,11 @@ class SignalTracker:
         gen = config.generation_frozen
         self.progress_gaps: Deque[float] = deque(maxlen=gen.history)
         self.client_gaps: Deque[float] = deque(maxlen=config.client_stall.history)
+        # Gaps while a server life works through its first requests (cold caches, every
+        # session's first long prompt at once, lazy compiles) are kept apart: they guard
+        # the next cold start, but one such pause must not set the threshold for a whole
+        # night (seen on the real vLLM: 7 s at each start, 1-1.6 s after).
+        self.cold_gaps: Deque[float] = deque(maxlen=gen.history)
         self.reset(float("-inf"))
 
     def reset(self, now: float) -> None:
@@ -91,6 +96,10 @@ class SignalTracker:
         self.busy_since: float | None = None
         self.last_change: dict[str, float] = {}
         self.generated_since_start = False
+        # This life's first requests: how many were in flight at its first token, and
+        # the client's done count then (None: no client progress seen yet).
+        self.cold_requests: int = 0
+        self.cold_done_base: int | None = None
         # Client progress
         self.client: ClientSample | None = None
         self._client_prev: dict[str, float] = {}
@@ -120,8 +129,20 @@ class SignalTracker:
         return None
 
     @property
+    def cold(self) -> bool:
+        """Some of the requests in flight at the server life's first token are still
+        prefilling: fewer streams have started (or ended) since than were in flight."""
+        if not self.generated_since_start or self.cold_done_base is None or self.client is None:
+            return False
+        done_since = self.client.requests_done - self.cold_done_base
+        return self.client.streaming + done_since < self.cold_requests
+
+    @property
     def learned_gap_s(self) -> float:
-        return max(self.progress_gaps, default=0.0)
+        """The longest healthy gap that bounds silence now: steady gaps, and cold-start
+        gaps as well while the server is still cold."""
+        steady = max(self.progress_gaps, default=0.0)
+        return max(steady, max(self.cold_gaps, default=0.0)) if self.cold else steady
 
     @property
     def learned_client_gap_s(self) -> float:
@@ -158,7 +179,7 @@ class SignalTracker:
             return  # idle gaps and start-up pauses are not healthy gaps to learn from
         start = max(previous, self.busy_since) if previous is not None else self.busy_since
         if ts > start:
-            self.progress_gaps.append(ts - start)
+            (self.cold_gaps if self.cold else self.progress_gaps).append(ts - start)
 
     def _observe_gpu(self, sample: GpuSample) -> None:
         if sample.error is not None or not sample.gpus:
@@ -228,13 +249,14 @@ class SignalTracker:
             if old is None or value == old:
                 continue
             if key == GENERATION_KEY and not first:
-                self.generated_since_start = True
+                self._generated()
             self._progress(key, sample.ts)
         for key in ("num_requests_running", "num_requests_waiting"):
             if key in values:
                 self.server_values[key] = values[key]
 
     def _observe_client(self, sample: ClientSample) -> None:
+        previous_tokens = self._client_prev.get("client_tokens", float(sample.tokens_total))
         current = {
             "client_bytes": float(sample.bytes_total),
             "client_tokens": float(sample.tokens_total),
@@ -264,10 +286,25 @@ class SignalTracker:
             self.busy_since = sample.ts
         elif sample.in_flight == 0 and not (self.running and self.running > 0):
             self.busy_since = None
-        if self.running is None and sample.tokens_total > self._client_prev.get("client_tokens", sample.tokens_total):
-            self.generated_since_start = True
         self._client_prev = current
         self.client = sample
+        if self.generated_since_start and self.cold_done_base is None:
+            self._open_cold_period(sample)  # the first token was seen before any client progress
+        if self.running is None and sample.tokens_total > previous_tokens:
+            self._generated()
+
+    def _generated(self) -> None:
+        """A token was generated: the first one of a server life opens its cold period,
+        which lasts until every request in flight then has streamed."""
+        if self.generated_since_start:
+            return
+        self.generated_since_start = True
+        if self.client is not None:
+            self._open_cold_period(self.client)
+
+    def _open_cold_period(self, sample: ClientSample) -> None:
+        self.cold_requests = sample.in_flight
+        self.cold_done_base = sample.requests_done
 
     def _client_gap(self, ts: float) -> None:
         previous = self.last_bytes_change

@@ -390,6 +390,53 @@ def test_reset_keeps_learned_gaps_and_restores_startup_grace():
     assert status.threshold_s == pytest.approx(30.0)
 
 
+
+def cold_start_then_steady(start, *, cold_gap, steady_until):
+    """A server life as the real vLLM showed it: 4 sessions' first long prompts prefill
+    at once (one stream at a time starts, ``cold_gap`` s apart), then every stream
+    decodes with a progress signal each second until ``steady_until``."""
+    out, gen, sent = [], 100.0, 5000
+    t = start
+    for streaming in range(1, 5):  # the first token, then a long silent prefill per stream
+        gen += 30
+        sent += 300
+        out += [server(t, gen), ClientSample(T0 + t, 4, sent, sent // 10, 0, 0.0, streaming)]
+        t += cold_gap if streaming < 4 else 1.0
+    while t <= steady_until:
+        gen += 30
+        sent += 300
+        out += [server(t, gen), client(t, sent)]
+        t += 1.0
+    return out, gen, sent
+
+
+def test_a_cold_start_pause_does_not_set_the_threshold_once_every_stream_runs():
+    det = make(client_stall={"enabled": False})
+    det.observe(server(0, 100.0))  # the life's first scrape: counters are a baseline
+    samples, gen, sent = cold_start_then_steady(1.0, cold_gap=7.0, steady_until=60.0)
+    for s in samples:
+        det.observe(s)
+    status = det.assess(T0 + 60).rule("generation_frozen")
+    # the 7 s prefill gaps ran while streams were still waiting for their first token;
+    # the steady gaps are 1 s, so the floor holds, not 7 s x 5
+    assert status.threshold_s == pytest.approx(DetectorConfig().generation_frozen.floor)
+    # a freeze from here is a hang at the floor
+    frozen = [s for t in range(61, 80) for s in (server(t, gen), client(t, sent))]
+    decisions, _ = feed(det, frozen, 80, start=60.5)
+    assert len(decisions) == 1 and decisions[0].rule == "generation_frozen"
+    assert decisions[0].decided_at - T0 == pytest.approx(60 + 15, abs=1.0)
+
+    # the next server life's cold start is judged with the cold gaps seen before
+    det.reset(T0 + 90)
+    det.observe(server(90, 100.0))
+    life2, _, _ = cold_start_then_steady(91.0, cold_gap=1.0, steady_until=92.0)
+    for s in life2[:4]:  # first token; the other streams still prefilling
+        det.observe(s)
+    status = det.assess(T0 + 92).rule("generation_frozen")
+    assert status.threshold_s == pytest.approx(7.0 * 5)
+    assert status.evidence["thresholds"]["cold_start"] is True
+
+
 # -- config ------------------------------------------------------------------------------
 
 
