@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from soak.detect import Detector, DetectorConfig, Topology  # noqa: E402
+from soak.detect import Detector, DetectorConfig  # noqa: E402
+from soak.records import Topology  # noqa: E402
 from soak.detect.replay import read_samples, replay  # noqa: E402
 
 

@@ -40,12 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module_name, help_text) in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # a stage not landed yet must not take the other commands down
+        module = importlib.import_module(module_name)
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(command_parser)
         command_parser.set_defaults(_module=module)
@@ -62,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SoakError as exc:
         print(f"soak {args.command}: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 1)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"soak {args.command}: interrupted", file=sys.stderr)
         return 130

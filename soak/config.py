@@ -17,12 +17,12 @@ from soak.configbase import Duration, StrictModel, load_yaml, parse_duration
 from soak.criteria.config import CriteriaConfig
 from soak.detect.config import DetectorConfig
 from soak.errors import ArgumentError, ConfigError
-from soak.export.config import ExporterConfig
+from soak.export.config import ExporterConfig, ViewConfig
 from soak.export.push_config import PushgatewayConfig
 from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
 from soak.respond.config import ResponseConfig
-from soak.run.config import SimulatorTarget, TargetConfig, ViewConfig, redact_target
+from soak.target.config import SimulatorTarget, TargetConfig, redact_target
 from soak.thresholds.config import ThresholdsConfig
 from soak.workload.config import SyntheticAgenticConfig, WorkloadConfig
 

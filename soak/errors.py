@@ -25,12 +25,12 @@ edges only ever sees these classes.
     │   ├── StreamErrorObject      the server put an `error` object in the stream
     │   ├── RequestTimeout         carries .phase: connect | first_token | stall | total
     │   └── RequestAborted         the harness cut it short (drain over, target killed or restarted)
-    ├── ProbeError                 one sample could not be taken; the probe goes on
-    │   ├── ProbeTimeout           a call ran past its deadline (a wedged driver)
-    │   └── MetricsUnavailable
-    └── ResponseError              the kill path could not finish (recorded in the incident)
+    └── ProbeError                 one sample could not be taken; the probe goes on
+        ├── ProbeTimeout           a call ran past its deadline (a wedged driver)
+        └── MetricsUnavailable
 
-``exit_code_for(exc)`` maps an error to the exit status of CONTRACTS.md.
+``exc.exit_code`` is the exit status of CONTRACTS.md for an error that ends a
+command (1 unless a branch above says otherwise).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from pathlib import Path
 
 class SoakError(Exception):
     """Base of every error soak raises on purpose."""
+
+    exit_code = 1
 
 
 class UsageError(SoakError):
@@ -185,11 +187,3 @@ class ProbeTimeout(ProbeError):
 class MetricsUnavailable(ProbeError):
     pass
 
-
-class ResponseError(SoakError):
-    pass
-
-
-def exit_code_for(exc: BaseException) -> int | None:
-    """The CONTRACTS.md exit status for an error that ends a command, or None."""
-    return getattr(exc, "exit_code", None)

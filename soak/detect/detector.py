@@ -14,7 +14,7 @@ from __future__ import annotations
 from soak.detect.config import DetectorConfig
 from soak.detect.rules import RULES
 from soak.detect.signals import SignalTracker
-from soak.detect.types import (
+from soak.records import (
     Assessment,
     Decision,
     DetectorState,

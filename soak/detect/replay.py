@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from soak.detect.detector import Detector
-from soak.detect.types import Decision, DetectorState
+from soak.records import Decision, DetectorState
 from soak.errors import ConfigError
 from soak.samples import Sample, sample_from_json
 

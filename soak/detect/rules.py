@@ -8,7 +8,7 @@ from typing import Callable
 
 from soak.detect.config import DetectorConfig
 from soak.detect.signals import SignalTracker
-from soak.detect.types import IncidentKind, RuleState, RuleStatus
+from soak.records import IncidentKind, RuleState, RuleStatus
 
 Rule = Callable[[SignalTracker, DetectorConfig, float], RuleStatus]
 

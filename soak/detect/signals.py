@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Deque
 
 from soak.detect.config import DetectorConfig
-from soak.detect.types import Topology
+from soak.records import Topology
 from soak.samples import (
     ClientSample,
     GpuSample,

@@ -1,6 +1,9 @@
-"""The harness's own Prometheus endpoint (section ``exporter:``)."""
+"""What the run shows the outside world: the harness's own Prometheus endpoint
+(section ``exporter:``) and the live view on the terminal (section ``view:``)."""
 
 from __future__ import annotations
+
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -18,3 +21,12 @@ class ExporterConfig(StrictModel):
     # final incident and verdict reach Prometheus (only when something has
     # been scraping; 0: never wait). Above docker-compose's 5 s interval.
     final_scrape_wait: Duration = 6.0
+
+
+class ViewConfig(StrictModel):
+    """The live view: a refreshing status on a terminal, plain lines otherwise."""
+
+    # auto: rich on a terminal, plain lines when stdout is not one.
+    mode: Literal["auto", "rich", "plain", "off"] = "auto"
+    refresh: Annotated[Duration, Field(gt=0)] = 1.0
+    plain_interval: Annotated[Duration, Field(gt=0)] = 30.0

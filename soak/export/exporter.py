@@ -7,9 +7,9 @@ requests, assessments, incidents, events) into the ``soak_*`` families of
 daemon thread, so a scrape never waits on the event loop and a busy loop never
 delays a scrape.
 
-Objects from other stages (RunInfo, Assessment, RuleStatus, IncidentRecord)
-are read by attribute or mapping key, so the exporter only depends on the
-fields docs/ARCHITECTURE.md names.
+What other stages hand it (RunInfo, Assessment, IncidentRecord) are the
+typed records of ``soak.records``; only ``RunInfo.config``, the resolved config
+as plain JSON, is read as open data.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import functools
 import threading
-from enum import Enum
 from pathlib import PurePath
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -25,10 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from soak.clock import Clock, SystemClock
-from soak.detect.types import IncidentKind
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
+from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord, RunInfo
 from soak.samples import (
     ClientSample,
     GpuSample,
@@ -41,32 +40,22 @@ from soak.samples import (
 )
 
 _MIB = 1024 * 1024
-_INCIDENT_KINDS = frozenset(kind.value for kind in IncidentKind)
 _FAMILY_CLASSES = {Kind.COUNTER: Counter, Kind.GAUGE: Gauge, Kind.HISTOGRAM: Histogram, Kind.INFO: Info}
 
 
-def _field(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
+def _label(value: object) -> str:
+    return "" if value is None else str(value)
 
 
-def _label(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, Enum):
-        return str(value.value)
-    return str(value)
-
-
-def _workload_label(workload: Any) -> str:
-    """``synthetic_agentic``, or ``mooncake_trace:trace.jsonl`` for a file-backed kind."""
+def _workload_label(workload: object) -> str:
+    """``synthetic_agentic``, or ``mooncake_trace:trace.jsonl`` for a file-backed kind.
+    ``workload`` is the resolved config's plain JSON: a section, or a file name."""
     if workload is None:
         return ""
-    if isinstance(workload, str):
-        return workload
-    kind = _label(_field(workload, "kind"))
-    path = _field(workload, "path")
+    if not isinstance(workload, Mapping):
+        return str(workload)
+    kind = _label(workload.get("kind"))
+    path = workload.get("path")
     return f"{kind}:{PurePath(str(path)).name}" if path else kind
 
 
@@ -162,7 +151,7 @@ class Exporter:
         # Series that exist from the start, so rates and alerts have data
         # before the first request finishes or the detector first speaks.
         self._m["soak_requests"].labels(outcome="ok")
-        self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES["healthy"])
+        self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[DetectorState.HEALTHY])
 
     # serving -------------------------------------------------------------
     def start(self) -> None:
@@ -218,25 +207,20 @@ class Exporter:
 
     # RunSink -------------------------------------------------------------
     @_marks_change
-    def on_start(self, info: Any) -> None:
-        started_at = _field(info, "started_at")
-        duration = _field(info, "duration_s")
-        config = _field(info, "config") or {}
+    def on_start(self, info: RunInfo) -> None:
+        config = info.config
         self._m["soak_run"].info(
             {
-                "run": _label(_field(info, "run_id")),
-                "name": _label(_field(config, "name")),
-                "workload": _workload_label(_field(config, "workload")),
-                "target": _label(_field(info, "target_kind")),
-                "model": _label(_field(info, "model")),
+                "run": info.run_id,
+                "name": _label(config.get("name")),
+                "workload": _workload_label(config.get("workload")),
+                "target": info.target_kind.value,
+                "model": _label(info.model),
             }
         )
-        if started_at is not None:
-            self._m["soak_run_start_time_seconds"].set(float(started_at))
-        if duration is not None:
-            self._m["soak_run_planned_duration_seconds"].set(float(duration))
-        if started_at is not None and duration is not None:
-            self._ends_at = float(started_at) + float(duration)
+        self._m["soak_run_start_time_seconds"].set(info.started_at)
+        self._m["soak_run_planned_duration_seconds"].set(info.duration_s)
+        self._ends_at = info.started_at + info.duration_s
 
     @_marks_change
     def on_sample(self, sample: Sample) -> None:
@@ -275,36 +259,27 @@ class Exporter:
                 m[family].observe(value)
 
     @_marks_change
-    def on_assessment(self, assessment: Any) -> None:
-        state = _label(_field(assessment, "state"))
-        if state in DETECTOR_STATE_VALUES:
-            self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[state])
-        for rule in _field(assessment, "rules", ()) or ():
-            name = _label(_field(rule, "rule", _field(rule, "name")))
-            rule_state = _label(_field(rule, "state"))
-            if name and rule_state in RULE_STATE_VALUES:
-                self._m["soak_detector_rule_state"].labels(rule=name).set(RULE_STATE_VALUES[rule_state])
-            if name and name not in self._rules_seen:
+    def on_assessment(self, assessment: Assessment) -> None:
+        self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[assessment.state])
+        for rule in assessment.rules:
+            name = rule.rule
+            self._m["soak_detector_rule_state"].labels(rule=name).set(RULE_STATE_VALUES[rule.state])
+            if name not in self._rules_seen:
                 # The rule's incident counters exist at 0 before it first fires,
                 # so increase() sees the step to 1 (a series born at 1 shows
                 # none). Every kind: a rule may decide a crash or a hang.
                 self._rules_seen.add(name)
-                for kind in _INCIDENT_KINDS | {_label(_field(rule, "kind"))} - {""}:
-                    self._m["soak_incidents"].labels(kind=kind, rule=name)
+                for kind in IncidentKind:
+                    self._m["soak_incidents"].labels(kind=kind.value, rule=name)
 
     @_marks_change
-    def on_incident(self, incident: Any) -> None:
+    def on_incident(self, incident: IncidentRecord) -> None:
         m = self._m
-        m["soak_incidents"].labels(kind=_label(_field(incident, "kind")), rule=_label(_field(incident, "rule"))).inc()
-        onset = _field(incident, "onset_at")
-        detected = _field(incident, "detected_at")
-        gpu_free = _field(incident, "gpu_free_s")
-        if onset is not None:
-            m["soak_last_incident_onset_timestamp_seconds"].set(float(onset))
-        if onset is not None and detected is not None:
-            m["soak_last_incident_detection_delay_seconds"].set(float(detected) - float(onset))
-        if gpu_free is not None:
-            m["soak_last_incident_gpu_free_seconds"].set(float(gpu_free))
+        m["soak_incidents"].labels(kind=incident.kind.value, rule=incident.rule).inc()
+        m["soak_last_incident_onset_timestamp_seconds"].set(incident.onset_at)
+        m["soak_last_incident_detection_delay_seconds"].set(incident.detected_at - incident.onset_at)
+        if incident.gpu_free_s is not None:
+            m["soak_last_incident_gpu_free_seconds"].set(incident.gpu_free_s)
 
     @_marks_change
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature

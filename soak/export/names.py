@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from soak.records import DetectorState, RuleState
+
 
 class Kind(str, Enum):
     COUNTER = "counter"
@@ -55,11 +57,12 @@ CONTEXT_BUCKETS = (
 )
 
 # Detector states as numbers, so a state timeline can colour them and an alert
-# can compare them. Keys are soak.detect's DetectorState values; a rule's
-# RuleState maps onto the same scale (inactive below it), so one colour scheme
-# reads both.
-DETECTOR_STATE_VALUES: dict[str, int] = {"healthy": 0, "suspect": 1, "hung": 2}
-RULE_STATE_VALUES: dict[str, int] = {"inactive": -1, "clear": 0, "pending": 1, "fired": 2}
+# can compare them. A rule's RuleState maps onto the same scale (inactive below
+# it), so one colour scheme reads both.
+DETECTOR_STATE_VALUES: dict[DetectorState, int] = {DetectorState.HEALTHY: 0, DetectorState.SUSPECT: 1,
+                                                   DetectorState.HUNG: 2}
+RULE_STATE_VALUES: dict[RuleState, int] = {RuleState.INACTIVE: -1, RuleState.CLEAR: 0, RuleState.PENDING: 1,
+                                           RuleState.FIRED: 2}
 
 # The probes whose health the exporter reports (soak_probe_ok{probe=...}).
 PROBES: tuple[str, ...] = ("gpu", "server", "health", "process", "client")

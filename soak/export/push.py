@@ -12,15 +12,20 @@ build keeps every build's last night beside the others.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway
 
 from soak.export.names import PUSHED_METRICS, Kind
+from soak.records import Verdict
 from soak.thresholds.metrics import run_value
 
-VERDICT_VALUES = {"pass": 0, "fail": 1, "aborted": 2}
+if TYPE_CHECKING:
+    from soak.history.model import History
+
+# Keys are str enums: summary.json's "pass" finds Verdict.PASS.
+VERDICT_VALUES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.ABORTED: 2}
 
 
 class _Families:
@@ -96,7 +101,7 @@ def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None =
     return {"job": config.job, "grouping": grouping}
 
 
-def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
+def push_history(history: History, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
     """One group per build (``build`` added to ``grouping``): pooled exposure, hangs, MTBF."""
     tests = {t.b: t for t in history.rate_tests}
     for b in history.builds:

@@ -32,7 +32,7 @@ from soak.errors import (
 )
 from soak.load.chunks import ContentTemplate, Usage, interpret, preview
 from soak.load.config import TimeoutsConfig
-from soak.load.progress import ProgressTracker, StreamProgress
+from soak.load.progress import ProgressTracker, StreamCut, StreamProgress
 from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
 from soak.samples import RequestRecord
 
@@ -152,8 +152,8 @@ class StreamingClient:
         count = 0
         for stream_id, stream in self._tracker.streams():
             task = self._tasks.get(stream_id)
-            if task is not None and stream.timed_out is None:
-                stream.timed_out = "aborted"
+            if task is not None and stream.cut is None:
+                stream.cut = StreamCut.ABORTED
                 self._cuts[stream_id] = (reason, cut_by)
                 task.cancel()
                 count += 1
@@ -165,20 +165,20 @@ class StreamingClient:
             await asyncio.sleep(self._sweep_interval_s)
             now = self._clock.monotonic()
             for stream_id, stream in self._tracker.streams():
-                if stream.timed_out is not None:
+                if stream.cut is not None:
                     continue
                 phase = None
                 if now - stream.started_at > timeouts.total:
-                    phase = "total"
+                    phase = StreamCut.TOTAL
                 elif stream.first_token_at is None:
                     if now - stream.started_at > timeouts.first_token:
-                        phase = "first_token"
+                        phase = StreamCut.FIRST_TOKEN
                 elif now - stream.last_byte_at > timeouts.stall:
-                    phase = "stall"
+                    phase = StreamCut.STALL
                 if phase is not None:
                     task = self._tasks.get(stream_id)
                     if task is not None:
-                        stream.timed_out = phase
+                        stream.cut = phase
                         task.cancel()
 
     async def send(self, request: TurnLike, *, request_id: str, warmup: bool = False) -> RequestRecord:
@@ -197,18 +197,18 @@ class StreamingClient:
         try:
             await self._stream(request, progress, state)
         except asyncio.CancelledError:
-            if progress.timed_out is None or task.uncancel() > 0:
+            if progress.cut is None or task.uncancel() > 0:
                 self._cuts.pop(stream_id, None)
                 raise
-            if progress.timed_out == "aborted":
+            if progress.cut is StreamCut.ABORTED:
                 reason, cut_by = self._cuts.pop(stream_id, ("aborted by the harness", "drain"))
                 error = RequestAborted(reason)
             else:
-                error = RequestTimeout(progress.timed_out, clock.monotonic() - t0)
+                error = RequestTimeout(progress.cut.value, clock.monotonic() - t0)
         except TransportError as exc:
             error = exc
         except asyncio.TimeoutError as exc:  # aiohttp's sock_connect
-            error = RequestTimeout("connect", self._timeouts.connect)
+            error = RequestTimeout(StreamCut.CONNECT.value, self._timeouts.connect)
             error.__cause__ = exc
         except aiohttp.ClientConnectorError as exc:
             error = ConnectRefused(str(exc))

@@ -16,13 +16,26 @@ when it ends; only totals are kept.
 
 from __future__ import annotations
 
+from enum import Enum
+
 from soak.samples import ClientSample
+
+
+class StreamCut(str, Enum):
+    """Why the harness cancelled an in-flight stream: the timeout of the phase the
+    stream was in (``RequestTimeout.phase``), or an abort (drain, incident, interrupt)."""
+
+    CONNECT = "connect"
+    FIRST_TOKEN = "first_token"
+    STALL = "stall"
+    TOTAL = "total"
+    ABORTED = "aborted"
 
 
 class StreamProgress:
     """One in-flight stream. Times are monotonic seconds from the run's clock."""
 
-    __slots__ = ("started_at", "first_token_at", "last_byte_at", "bytes", "tokens", "timed_out")
+    __slots__ = ("started_at", "first_token_at", "last_byte_at", "bytes", "tokens", "cut")
 
     def __init__(self, started_at: float) -> None:
         self.started_at = started_at
@@ -30,8 +43,9 @@ class StreamProgress:
         self.last_byte_at = started_at
         self.bytes = 0
         self.tokens = 0
-        # Set by the client's deadline sweep to the timeout phase that fired.
-        self.timed_out: str | None = None
+        # Set when the harness cancels the stream: by the client's deadline sweep
+        # to the timeout that fired, or by an abort.
+        self.cut: StreamCut | None = None
 
 
 class ProgressTracker:

@@ -30,6 +30,8 @@ from soak.samples import GpuReading, GpuSample, GpuSource
 
 
 class GpuSourceLike(Protocol):
+    async def open(self) -> None: ...  # before the run: NVML missing raises GpuUnavailable (exit 3)
+
     async def read(self) -> GpuSample: ...
 
     async def aclose(self) -> None: ...
@@ -149,6 +151,9 @@ class DcgmGpuSource:
             readings = tuple(r for r in readings if r.index in self._indices)
         return GpuSample(ts, GpuSource.DCGM, readings, fresh_at=self._changed_at)
 
+    async def open(self) -> None:
+        pass  # an HTTP source: an unreachable exporter is a failed reading, not a missing environment
+
     async def aclose(self) -> None:
         pass
 
@@ -179,6 +184,9 @@ class SimGpuSource:
             dataclasses.replace(r, pids=pids.get(r.index, r.pids)) for r in readings
         )
         return GpuSample(ts, GpuSource.SIM, readings)
+
+    async def open(self) -> None:
+        pass  # an HTTP source: nothing to open
 
     async def aclose(self) -> None:
         pass

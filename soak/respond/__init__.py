@@ -8,7 +8,6 @@ from soak.respond.flight import (
     flight_recorder_env,
     ownership_env,
 )
-from soak.respond.incident import IncidentRecord
 from soak.respond.policy import Action, NextAction, next_action
 from soak.respond.responder import Responder
 
@@ -16,7 +15,6 @@ __all__ = [
     "Action",
     "EvidenceConfig",
     "FlightRecorderPaths",
-    "IncidentRecord",
     "NextAction",
     "Responder",
     "ResponseConfig",

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Collection, Iterable, Mapping
+from typing import Awaitable, Callable, Collection, Iterable, Mapping
 
 from soak.clock import Clock
-from soak.samples import GpuSample, GpuSource
+from soak.samples import GpuSample, GpuSource, Sample
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class GpuRelease:
     notes: tuple[str, ...]
 
 
-def learn_baselines(samples: Iterable[Any], into: dict[int, float] | None = None) -> dict[int, float]:
+def learn_baselines(samples: Iterable[Sample], into: dict[int, float] | None = None) -> dict[int, float]:
     """Per GPU, the least memory used in a reading that listed no process."""
     out = into if into is not None else {}
     for sample in samples:
@@ -110,7 +110,7 @@ async def wait_gpus_free(
     baselines: Mapping[int, float] | None = None,
     default_baseline: float | None = None,
     read_timeout_s: float = 3.0,
-    source_hint: Any = None,
+    source_hint: GpuSource | None = None,
     before: GpuSample | None = None,
 ) -> GpuRelease:
     """Poll the GPU source until the hung server's GPUs list no target PID and

@@ -33,18 +33,25 @@ from soak.respond.flight import (
     ownership_variable,
     request_dumps,
 )
+from soak.probes.gpu import GpuSourceLike
+from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
+from soak.redact import Redactor
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
-from soak.respond.incident import IncidentRecord
+from soak.respond.identity import Identity
 from soak.respond.shm import ShmLedger
-from soak.respond.tree import ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
+from soak.respond.tree import KillResult, ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
 from soak.samples import GpuSample, Sample
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
 class _TargetLike(Protocol):
+    """What the responder reads of soak.run's Target."""
+
     base_url: str
     root_pid: int | None
+    # The root process as checked at start (None: not checked, e.g. attached without a PID).
+    identity: Identity | None
     log_path: Path | None
     flight_recorder_pipe_stem: str | None
 
@@ -60,12 +67,12 @@ class Responder:
         *,
         run_dir: Path,
         target: _TargetLike,
-        gpu_source: Any,
+        gpu_source: GpuSourceLike | None,
         clock: Clock,
         recent_samples: Callable[[], Sequence[Sample]],
         ownership_token: str | None = None,
         flight_recorder_paths: FlightRecorderPaths | None = None,
-        redactor: Any = None,
+        redactor: Redactor | None = None,
         on_write_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._redactor = redactor
@@ -73,7 +80,7 @@ class Responder:
         self._config = config
         self._run_dir = Path(run_dir)
         self._target = target
-        self._read_gpus = _reader(gpu_source)
+        self._read_gpus = gpu_source.read if gpu_source is not None else None
         self._clock = clock
         self._recent_samples = recent_samples
         self._marker = (ownership_variable, ownership_token) if ownership_token else None
@@ -93,7 +100,7 @@ class Responder:
 
     def root_pid(self) -> int | None:
         pid = self._target.root_pid
-        identity = getattr(self._target, "identity", None)
+        identity = self._target.identity
         if pid is not None and identity is not None and identity.pid == pid and not identity.alive():
             # The process checked at start is gone; its number may be a stranger's now.
             self._root_lost = f"root pid {pid} is no longer the process checked at start (gone or reused): not adopted"
@@ -164,7 +171,7 @@ class Responder:
 
     # --- the response --------------------------------------------------------------
 
-    async def handle(self, decision: Any, number: int) -> IncidentRecord:
+    async def handle(self, decision: Decision, number: int) -> IncidentRecord:
         """Evidence, kill, GPUs free. Once begun, the response runs to its end even
         when the caller is cancelled (a run ending mid-incident): a hung tree must
         not be left half-killed. ``aclose()`` waits for it."""
@@ -173,11 +180,11 @@ class Responder:
         task.add_done_callback(self._inflight.discard)
         return await asyncio.shield(task)
 
-    async def _handle_locked(self, decision: Any, number: int) -> IncidentRecord:
+    async def _handle_locked(self, decision: Decision, number: int) -> IncidentRecord:
         async with self._lock:
             return await self._handle(decision, number)
 
-    async def _handle(self, decision: Any, number: int) -> IncidentRecord:
+    async def _handle(self, decision: Decision, number: int) -> IncidentRecord:
         cfg = self._config
         rel = f"incidents/{number}"
         try:
@@ -186,21 +193,18 @@ class Responder:
             self._write_failed(exc)
             bundle = ev.Bundle.__new__(ev.Bundle)
             bundle.dir, bundle.redactor, bundle.steps = self._run_dir / rel, self._redactor, {}
-        kind = getattr(getattr(decision, "kind", None), "value", getattr(decision, "kind", "unknown"))
-        rule = str(getattr(decision, "rule", "unknown"))
-        onset_at = float(getattr(decision, "onset_at", self._clock.now()))
-        detected_at = float(getattr(decision, "decided_at", self._clock.now()))
-        reasons = tuple(str(r) for r in getattr(decision, "reasons", ()) or ())
-        header = {
+        kind, rule = decision.kind, decision.rule
+        onset_at, detected_at = decision.onset_at, decision.decided_at
+        header: dict[str, Any] = {
             "number": number,
-            "status": "collecting",
+            "status": IncidentStatus.COLLECTING.value,
             "decision": {
-                "kind": kind,
+                "kind": kind.value,
                 "rule": rule,
                 "onset_at": onset_at,
                 "decided_at": detected_at,
-                "reasons": list(reasons),
-                "evidence": ev.plain(getattr(decision, "evidence", {}) or {}),
+                "reasons": list(decision.reasons),
+                "evidence": ev.plain(decision.evidence),
             },
             "target": {
                 "base_url": self._target.base_url,
@@ -232,12 +236,12 @@ class Responder:
 
         # 1. Evidence.
         if cfg.evidence.enabled:
-            header["status"] = "evidence"
+            header["status"] = IncidentStatus.EVIDENCE.value
             await self._collect(bundle, decision, detected_at, members, gpu_sample, gpu_error)
         else:
             bundle.record("evidence", ok=True, elapsed_s=0.0, note="disabled by config")
         header["steps"] = bundle.steps
-        header["status"] = "killing"
+        header["status"] = IncidentStatus.KILLING.value
         self._save(bundle, header)
 
         # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
@@ -246,8 +250,8 @@ class Responder:
         await asyncio.to_thread(self.shm.record, [info.pid for info in to_kill])
         killed_at = self._clock.now()
         try:
-            result = await asyncio.to_thread(kill_processes, to_kill, timeout_s=cfg.kill_timeout)
-        except Exception as exc:  # ResponseError territory: record it, go on to the GPU wait
+            result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, timeout_s=cfg.kill_timeout)
+        except Exception as exc:  # the kill could not finish: record it, go on to the GPU wait
             notes.append(f"kill failed: {type(exc).__name__}: {exc}")
             result = None
         killed = result.killed if result is not None else ()
@@ -303,7 +307,7 @@ class Responder:
             summary += f"; flight recorder: {diagnosis}"
         record = IncidentRecord(
             number=number,
-            kind=str(kind),
+            kind=kind,
             rule=rule,
             onset_at=onset_at,
             detected_at=detected_at,
@@ -312,7 +316,7 @@ class Responder:
             gpu_free_s=None if gpu_free_s is None else round(gpu_free_s, 3),
             evidence=rel,
             summary=summary,
-            reasons=reasons,
+            reasons=decision.reasons,
             killed_at=killed_at if killed else None,
             gpus_free_at=release.free_at,
             survivors=tuple(result.survivors) if result is not None else (),
@@ -323,7 +327,7 @@ class Responder:
                 **({"shm_removed": [seg.path for seg in shm.removed]} if shm is not None else {}),
             },
         )
-        header["status"] = "done"
+        header["status"] = IncidentStatus.DONE.value
         header["steps"] = bundle.steps
         header["record"] = record.to_json()
         self._save(bundle, header)
@@ -354,7 +358,7 @@ class Responder:
     async def _collect(
         self,
         bundle: ev.Bundle,
-        decision: Any,
+        decision: Decision,
         detected_at: float,
         members: Sequence[ProcInfo],
         gpu_sample: GpuSample | None,
@@ -513,17 +517,6 @@ def same_process_pid(pid: int) -> bool:
         return False
 
 
-def _reader(gpu_source: Any) -> Callable[[], Awaitable[GpuSample]] | None:
-    if gpu_source is None:
-        return None
-    read = getattr(gpu_source, "read", None)
-    if callable(read):
-        return read
-    if callable(gpu_source):
-        return gpu_source
-    raise TypeError("gpu_source needs an async read() -> GpuSample")
-
-
 def _loopback_port(base_url: str) -> int | None:
     try:
         parts = urlsplit(base_url)
@@ -546,8 +539,9 @@ def _diagnosis_line(path: Path) -> str | None:
     return str(line)[:500] if line else None
 
 
-def _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result) -> str:
-    text = f"{kind} ({rule}): detected {detected_at - onset_at:.1f}s after onset; SIGKILL to {len(killed)} processes"
+def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[ProcInfo],
+             release: GpuRelease, gpu_free_s: float | None, result: KillResult | None) -> str:
+    text = f"{kind.value} ({rule}): detected {detected_at - onset_at:.1f}s after onset; SIGKILL to {len(killed)} processes"
     if result is not None and result.survivors:
         text += f", {len(result.survivors)} survived"
     if release.released:

@@ -64,7 +64,7 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     summary = outcome.summary
     requests = summary.get("requests", {})
     print(
-        f"soak run: {outcome.verdict} ({outcome.reason}); requests ok {requests.get('ok')} "
+        f"soak run: {outcome.verdict.value} ({outcome.reason}); requests ok {requests.get('ok')} "
         f"failed {requests.get('failed')}; incidents {len(summary.get('incidents', []))}; "
         f"{soak_run.run_dir}/summary.json",
         file=sys.stderr,

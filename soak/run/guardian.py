@@ -35,9 +35,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from soak.respond.tree import protected_pids  # the one rule of what no signal may reach
+
+if TYPE_CHECKING:
+    import psutil
 
 _SAME_START_S = 0.05
 
@@ -60,7 +63,7 @@ class Record:
             return  # the PID is someone else's already
         self.known[pid] = actual
 
-    def same(self, pid: int) -> Any:
+    def same(self, pid: int) -> psutil.Process | None:
         import psutil
 
         try:

@@ -1,9 +1,12 @@
 """The soak loop: target up, load on, probes sampling, detector judging, responder
 acting, everything recorded; then a bounded drain, a clean box and a verdict.
 
-``SoakRun`` takes its parts as keyword-only dependencies (workload, target,
-sinks, clock, and factories for the parts that need a live target: probes,
-detector, responder), so tests wire real parts in-process and swap one.
+``SoakRun`` is told, never probed: keyword-only options, the target's layout
+(``soak.records.TargetLayout``) and its parts (``RunParts``: the workload, the
+detector, and factories for the parts that need a live target). Once the target
+answers, the loop reads its facts once (``TargetFacts``: URL, model,
+max_model_len, vLLM version profile, root PID) and hands that record to the
+factories, so no part reaches into the run object.
 
 Order of the end, whatever ended the run (duration, request cap, incident,
 Ctrl-C/SIGTERM, an error): stop sending, drain (cut short on interrupt), stop
@@ -20,13 +23,16 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
+
+import aiohttp
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig
 from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
+from soak.detect.detector import Detector
 from soak.errors import (
     ConfigError,
     EnvironmentProblem,
@@ -39,12 +45,24 @@ from soak.errors import (
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
-from soak.run.sinks import FanOut, RunInfo, RunSink
+from soak.probes.gpu import GpuFreshness, GpuSourceLike
+from soak.probes.scheduler import Probe, ProbeScheduler
+from soak.records import Decision, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
+from soak.redact import Redactor
+from soak.respond.responder import Responder
+from soak.run.sinks import FanOut
 from soak.run.target import Target
-from soak.samples import GpuSample, RequestRecord, Sample
+from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.jsonl import read_jsonl
 from soak.store.store import REQUESTS, RunStore
 from soak.store.summary import disk_incidents, summarize
+from soak.versions import VllmProfile
+from soak.workload import Workload
+
+if TYPE_CHECKING:  # imported where used: the run's end and its options pull these in late
+    from soak.report.child import ReportChild
+    from soak.run.guardian import Guardian
+    from soak.thresholds.evaluate import ThresholdResult, WindowBook
 
 # The responder's "last minutes" come from here; bounded whatever the run's length.
 RECENT_SAMPLES_MAX = 20_000
@@ -54,24 +72,55 @@ HARNESS_ERROR = "harness_error.txt"
 @dataclass(frozen=True)
 class RunOutcome:
     exit_code: int
-    verdict: str
+    verdict: Verdict
     reason: str
     summary: Mapping[str, Any]
 
 
-class NullDetector:
-    """The seam's default when no detector is wired: always healthy, never decides."""
+class GpuSourceFactory(Protocol):
+    """The configured GPU source for the server at ``base_url``, opened (None: no
+    GPU source). A missing NVML raises ``GpuUnavailable`` (exit 3)."""
 
-    def observe(self, sample: Sample) -> None:
-        pass
+    def __call__(self, base_url: str, *, session: aiohttp.ClientSession) -> Awaitable[GpuSourceLike | None]: ...
 
-    def assess(self, now: float) -> Any:
-        from soak.detect.types import Assessment, DetectorState
 
-        return Assessment(now, DetectorState.HEALTHY, ())
+class ProbesFactory(Protocol):
+    """The probes for the target as ``facts`` describe it (called again after a restart)."""
 
-    def reset(self, now: float) -> None:
-        pass
+    def __call__(self, facts: TargetFacts, *, session: aiohttp.ClientSession, gpu_source: GpuSourceLike | None,
+                 progress: ProgressTracker, log_from_start: bool) -> Sequence[Probe]: ...
+
+
+class ResponderFactory(Protocol):
+    def __call__(self, facts: TargetFacts, *, gpu_source: GpuSourceLike | None,
+                 recent_samples: Callable[[], Sequence[Sample]],
+                 on_write_error: Callable[[BaseException], None]) -> Responder: ...
+
+
+class Calibrate(Protocol):
+    """Count the workload's text once, on the target ``facts`` describe."""
+
+    def __call__(self, workload: Workload, facts: TargetFacts) -> Awaitable[None]: ...
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """The concrete part each stage gets (``soak.run.wiring`` picks them)."""
+
+    workload: Callable[[str | None], Workload]  # model -> workload
+    calibrate: Calibrate
+    detector: Detector
+    gpu_source: GpuSourceFactory
+    probes: ProbesFactory
+    responder: ResponderFactory
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """The report rendered at the end, in a child process (``soak.report.child``)."""
+
+    command: Sequence[str] | None = None  # None: ``python -m soak report``
+    timeout_s: float | None = None  # None: the child's default
 
 
 class SoakRun:
@@ -81,27 +130,19 @@ class SoakRun:
         config: RunConfig,
         run_id: str,
         run_dir: Path,
-        workload_factory: Callable[[str | None], Any],
         target: Target,
+        layout: TargetLayout,
+        parts: RunParts,
         store: RunStore,
         redacted_config: Mapping[str, Any],
         clock: Clock | None = None,
         sinks: Sequence[RunSink] = (),
         api_key: str | None = None,
-        detector_factory: Callable[["SoakRun"], Any] | None = None,
-        probes_factory: Callable[["SoakRun"], Sequence[Any]] | None = None,
-        responder_factory: Callable[["SoakRun"], Any] | None = None,
-        gpu_source_factory: Callable[["SoakRun"], Any] | None = None,
-        counter_factory: Callable[["SoakRun"], Any] | None = None,
-        topology: Any = None,
-        block_size: int = 256,
+        report: ReportOptions | None = ReportOptions(),  # None: no report at the end
         install_signal_handlers: bool = True,
-        render_report: bool = True,
-        report_command: Sequence[str] | None = None,
-        report_timeout_s: float | None = None,
         config_path: Path | None = None,
-        redactor: Any = None,
-        guardian: Any = None,
+        redactor: Redactor | None = None,
+        guardian: Guardian | None = None,
     ) -> None:
         self._config_path = config_path
         self.redactor = redactor
@@ -113,43 +154,32 @@ class SoakRun:
         self.config = config
         self.run_id = run_id
         self.run_dir = Path(run_dir)
-        self._workload_factory = workload_factory
-        self.workload: Any = None
-        self.model: str | None = None
         self.target = target
+        self.layout = layout
+        self._parts = parts
+        self.workload: Workload | None = None
+        self.facts: TargetFacts | None = None  # once the target answered
         self.store = store
         self.clock = clock or SystemClock()
         self.sinks = FanOut([store, *sinks], on_error=self._sink_error)
         self._redacted_config = redacted_config
         self._api_key = api_key
-        self._detector_factory = detector_factory
-        self._probes_factory = probes_factory
-        self._responder_factory = responder_factory
-        self._gpu_source_factory = gpu_source_factory
-        self._counter_factory = counter_factory
-        self.topology = topology
-        self.block_size = block_size
         self._install_signals = install_signal_handlers
-        self._render_report = render_report
-        self._report_command = report_command
-        self._report_timeout_s = report_timeout_s
-        self._report_child: Any = None
+        self._report = report
+        self._report_child: ReportChild | None = None
 
         self.tracker = ProgressTracker()
         self.client: StreamingClient | None = None
         self.generator: LoadGenerator | None = None
-        self.detector: Any = NullDetector()
-        self.responder: Any = None
-        self.gpu_source: Any = None
-        self.version_profile: Any = None  # soak.versions.VllmProfile once GET /version was read
-        from soak.probes.gpu import GpuFreshness
-
+        self.detector = parts.detector
+        self.responder: Responder | None = None
+        self.gpu_source: GpuSourceLike | None = None
         self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
-        self.probe_session: Any = None
-        self._scheduler: Any = None
+        self.probe_session: aiohttp.ClientSession | None = None
+        self._scheduler: ProbeScheduler | None = None
         self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
         self._watch_task: asyncio.Task[None] | None = None
-        self._main_task: asyncio.Task[Any] | None = None
+        self._main_task: asyncio.Task[RunOutcome] | None = None
         self._incidents = 0
         self.restarts = 0
         self._failed = False
@@ -170,8 +200,8 @@ class SoakRun:
         self._fault_cancel = False
         self._fault_where = ""
         self._traceback: str | None = None
-        self._threshold_book: Any = None  # soak.thresholds.evaluate.WindowBook when a threshold aborts
-        self._threshold_breach: Any = None
+        self._threshold_book: WindowBook | None = None  # when a threshold aborts the run
+        self._threshold_breach: ThresholdResult | None = None
 
     # -- the harness's own failures ------------------------------------------------
     def _sink_error(self, sink: object, method: str, exc: BaseException) -> None:
@@ -239,10 +269,10 @@ class SoakRun:
             change = self._gpu_freshness.observe(sample)
             if change is not None:
                 self.event(change.pop("type"), **change)
-        if sample.kind == "server":
+        if isinstance(sample, ServerSample):
             self._metrics_freshness(sample)
 
-    def _metrics_freshness(self, sample: Any) -> None:
+    def _metrics_freshness(self, sample: ServerSample) -> None:
         from soak.store.summary import SERVER_KEYS
 
         fresh = sample.ok and any(k in sample.values for k in SERVER_KEYS)
@@ -262,7 +292,7 @@ class SoakRun:
             error = sample.error or "the scrape has none of the server counters"
             self.event("metrics_stale", since=since, error=str(error)[:200],
                        note="server token totals and the prefix-cache hit ratio cover only the time before")
-        if self._threshold_book is not None and getattr(sample, "kind", None) == "server" and sample.ok:
+        if self._threshold_book is not None and sample.ok:
             self._threshold_book.add_server(sample.ts, sample.values)
 
     def _on_record(self, record: RequestRecord) -> None:
@@ -381,53 +411,44 @@ class SoakRun:
             pass
 
     async def _run(self) -> None:
-        config = self.config
+        config, layout, parts = self.config, self.layout, self._parts
         self.store.write_config(self._redacted_config)
         if self._guardian is not None:
             self._guardian.start()  # before the server exists: a SIGKILLed harness takes it along
-        self.event("run_created", run_id=self.run_id, target=config.target.kind)
+        self.event("run_created", run_id=self.run_id, target=layout.kind.value)
         if self.target.base_url:
             # The URL is known before start (launched, attached): check the GPU
             # source now, so a box without NVML exits 3 before a server is started.
             await self._open_gpu_source()
-        self.event("target_starting", target=config.target.kind)
+        self.event("target_starting", target=layout.kind.value)
         await self.target.start()
         self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
-        await self._read_server_version()
+        version_profile = await self._read_server_version()
         # The model the requests name: the config's, else the first the server lists.
-        self.model = getattr(config.target, "model", None) or (self.target.models[0] if self.target.models else None)
-        await self._record_build()
-        self.workload = self._workload_factory(self.model)
-
-        if self._counter_factory is not None and hasattr(self.workload, "calibrate"):
-            counter = self._counter_factory(self)
-            try:
-                await self.workload.calibrate(counter)
-            finally:
-                close = getattr(counter, "aclose", None)
-                if close is not None:
-                    await close()
-        plan: Mapping[str, Any] = {}
-        if hasattr(self.workload, "plan"):
-            planned = self.workload.plan(
-                duration_s=config.duration, concurrency=config.load.concurrency, block_size=self.block_size
-            )
-            plan = planned.to_json() if hasattr(planned, "to_json") else dict(planned)
-            self.store.write_plan(plan)
-            await self._check_fit(plan)
+        model = layout.model or (self.target.models[0] if self.target.models else None)
+        facts = self.facts = TargetFacts(
+            layout=layout,
+            base_url=self.target.base_url,
+            model=model,
+            models=tuple(self.target.models),
+            root_pid=self.target.root_pid,
+            max_model_len=await self._max_model_len(model),
+            version_profile=version_profile,
+        )
+        await self._record_build(facts)
+        workload = self.workload = parts.workload(model)
+        await parts.calibrate(workload, facts)
+        plan = workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
+                             block_size=layout.block_size).to_json()
+        self.store.write_plan(plan)
+        self._check_fit(plan, facts)
 
         await self._open_gpu_source()
-        if self._detector_factory is not None:
-            self.detector = self._detector_factory(self)
-        if self._responder_factory is not None:
-            self.responder = self._responder_factory(self)
-            if hasattr(self.responder, "start"):
-                await self.responder.start()
+        self.responder = parts.responder(facts, gpu_source=self.gpu_source, recent_samples=self.recent_samples,
+                                         on_write_error=self._evidence_write_failed)
+        await self.responder.start()
 
-        gpu_count = None
-        if self.topology is not None:
-            gpu_count = sum(len(stage) for stage in self.topology.stages)
         started_at = self.clock.now()
         self.sinks.on_start(
             RunInfo(
@@ -436,31 +457,31 @@ class SoakRun:
                 started_at=started_at,
                 duration_s=config.duration,
                 warmup_s=config.warmup,
-                target_kind=config.target.kind,
-                base_url=self.target.base_url,
-                model=self.model,
-                root_pid=self.target.root_pid,
+                target_kind=layout.kind,
+                base_url=facts.base_url,
+                model=model,
+                root_pid=facts.root_pid,
                 config=self._redacted_config,
-                gpu_count=gpu_count,
+                gpu_count=layout.topology.gpu_count,
                 plan=plan,
             )
         )
 
         self.client = StreamingClient(
-            base_url=self.target.base_url,
+            base_url=facts.base_url,
             timeouts=config.load.timeouts,
             tracker=self.tracker,
             max_connections=config.load.concurrency,
             api_key=self._api_key,
             clock=self.clock,
         )
-        self.client.usage_cached_tokens = self._cached_tokens_reader()
+        self.client.usage_cached_tokens = self._cached_tokens_reader(facts)
         await self.client.start()
         self._start_probes()
         # The report's process imports its renderer now, off the harness, so the run's end only renders.
         self._report_child = await self._start_report()
         self.generator = LoadGenerator(
-            workload=self.workload,
+            workload=workload,
             client=self.client,
             config=config.load,
             duration_s=config.duration,
@@ -491,43 +512,42 @@ class SoakRun:
         if self._stop_reason is None:
             self._stop_reason = result.stop_reason
 
-    async def _read_server_version(self) -> None:
-        """GET /version: the run adapts to the server's vLLM version (soak.versions)."""
-        import aiohttp
+    def _evidence_write_failed(self, exc: BaseException) -> None:
+        self.fault(exc, where="writing incident evidence")
 
-        from soak.versions import profile_for, version_from_body
-
+    def _session(self) -> aiohttp.ClientSession:
+        """The run's session for its own reads of the server (and the probes')."""
         if self.probe_session is None:
             self.probe_session = aiohttp.ClientSession()
+        return self.probe_session
+
+    async def _read_server_version(self) -> VllmProfile:
+        """GET /version: the run adapts to the server's vLLM version (soak.versions)."""
+        from soak.versions import profile_for, version_from_body
+
         version = None
         try:
             url = self.target.base_url.rstrip("/") + "/version"
-            async with self.probe_session.get(url, timeout=aiohttp.ClientTimeout(total=self.config.probes.timeout)) as resp:
+            async with self._session().get(url, timeout=aiohttp.ClientTimeout(total=self.config.probes.timeout)) as resp:
                 if resp.status == 200:
                     version = version_from_body(await resp.json(content_type=None))
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             version = None
-        self.version_profile = profile_for(version)
-        self.event("server_version", **self.version_profile.to_json())
-        if self.version_profile.warning:
-            self.event("warning", message=self.version_profile.warning)
+        profile = profile_for(version)
+        self.event("server_version", **profile.to_json())
+        if profile.warning:
+            self.event("warning", message=profile.warning)
+        return profile
 
-    def _cached_tokens_reader(self):
+    def _cached_tokens_reader(self, facts: TargetFacts) -> Callable[[Mapping[str, Any]], int | None]:
         """How a usage object's cached tokens read on this server (a missing field
         is 0 on vLLM 0.11.x when --enable-prompt-tokens-details is known on)."""
         from soak.versions import cached_tokens
 
-        target = self.config.target
-        enabled = None
-        sim = getattr(target, "sim", None)
-        if sim is not None:
-            enabled = bool(getattr(sim, "enable_prompt_tokens_details", False))
-        elif isinstance(getattr(target, "command", None), list):
-            enabled = "--enable-prompt-tokens-details" in target.command or None
-        profile = getattr(self, "version_profile", None)
+        profile, enabled = facts.version_profile, facts.layout.prompt_tokens_details
         return lambda usage: cached_tokens(usage, profile=profile, details_enabled=enabled)
 
-    async def _check_fit(self, plan: Mapping[str, Any]) -> None:
+    def _check_fit(self, plan: Mapping[str, Any], facts: TargetFacts) -> None:
         """Refuse a workload whose largest request cannot fit the target's
         ``max_model_len`` (vLLM lists it on each model of /v1/models): every such
         request would be an HTTP 400, so the soak would measure nothing."""
@@ -535,7 +555,7 @@ class SoakRun:
         prompt, max_tokens = largest.get("prompt_tokens") or 0, largest.get("max_tokens") or 0
         if not prompt:
             return
-        limit = await self._max_model_len()
+        limit = facts.max_model_len
         if limit is None:
             self.event("max_model_len_unknown", note="/v1/models lists no max_model_len: the fit is not checked")
             return
@@ -556,43 +576,36 @@ class SoakRun:
             return
         raise WorkloadDoesNotFit(message + ": the server would refuse those requests (HTTP 400)")
 
-    async def _max_model_len(self) -> int | None:
-        import aiohttp
-
-        if self.probe_session is None:
-            self.probe_session = aiohttp.ClientSession()
+    async def _max_model_len(self, model: str | None) -> int | None:
+        """``max_model_len`` of ``model`` (else the first model) as /v1/models lists it."""
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            async with self.probe_session.get(self.target.base_url.rstrip("/") + "/v1/models", headers=headers,
-                                              timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            async with self._session().get(self.target.base_url.rstrip("/") + "/v1/models", headers=headers,
+                                           timeout=aiohttp.ClientTimeout(total=10)) as resp:
                 if resp.status != 200:
                     return None
                 body = await resp.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
             return None
+        # The server's JSON, read defensively: any shape may come back.
         models = body.get("data") if isinstance(body, dict) else None
         if not isinstance(models, list):
             return None
         entries = [m for m in models if isinstance(m, dict)]
-        chosen = next((m for m in entries if m.get("id") == self.model), entries[0] if entries else None)
+        chosen = next((m for m in entries if m.get("id") == model), entries[0] if entries else None)
         limit = chosen.get("max_model_len") if chosen is not None else None
         return limit if type(limit) is int and limit > 0 else None
 
     async def _open_gpu_source(self) -> None:
-        import aiohttp
-
-        if self.probe_session is None:
-            self.probe_session = aiohttp.ClientSession()
-        if self._gpu_source_factory is not None and self.gpu_source is None:
-            self.gpu_source = self._gpu_source_factory(self)
-            if self.gpu_source is not None and hasattr(self.gpu_source, "open"):
-                await self.gpu_source.open()  # NVML missing: GpuUnavailable, exit 3
+        session = self._session()
+        if self.gpu_source is None:
+            self.gpu_source = await self._parts.gpu_source(self.target.base_url, session=session)
 
     def _start_probes(self) -> None:
-        from soak.probes.scheduler import ProbeScheduler
-
-        probes = list(self._probes_factory(self)) if self._probes_factory is not None else []
-        self._scheduler = ProbeScheduler(probes, emit=self._on_sample)
+        assert self.facts is not None
+        probes = self._parts.probes(self.facts, session=self._session(), gpu_source=self.gpu_source,
+                                    progress=self.tracker, log_from_start=self.restarts == 0)
+        self._scheduler = ProbeScheduler(list(probes), emit=self._on_sample)
         self._scheduler.start()
 
     async def _scrape_metrics(self) -> None:
@@ -637,31 +650,28 @@ class SoakRun:
                 if self.generator is not None and self.generator.stopping:
                     return
 
-    async def _incident(self, decision: Any) -> None:
+    async def _incident(self, decision: Decision) -> None:
         self._incident_idle.clear()
         try:
             await self._respond(decision)
         finally:
             self._incident_idle.set()
 
-    async def _respond(self, decision: Any) -> None:
-        assert self.generator is not None and self.client is not None
+    async def _respond(self, decision: Decision) -> None:
+        assert self.generator is not None and self.client is not None and self.responder is not None
         self._incidents += 1
         self._failed = True
         number = self._incidents
         self.generator.pause()
         cut = self.client.abort_in_flight(f"incident {number}", cut_by="incident")
-        self.event("incident_started", number=number, rule=decision.rule,
-                   kind=getattr(decision.kind, "value", str(decision.kind)), aborted_requests=cut)
-        if self.responder is not None:
-            record = await self.responder.handle(decision, number)
-        else:
-            record = _unhandled_incident(decision, number)
+        self.event("incident_started", number=number, rule=decision.rule, kind=decision.kind.value,
+                   aborted_requests=cut)
+        record = await self.responder.handle(decision, number)
         self.sinks.on_incident(record)
 
         from soak.respond.policy import Action, next_action
 
-        can_restart = self.config.target.kind != "attached"
+        can_restart = self.layout.kind is not TargetKind.ATTACHED
         action = next_action(self.config.response, restarts_done=self.restarts, can_restart=can_restart)
         if action.action is not Action.RESTART or self._interrupted or self.generator.stopping:
             self._stop_reason = f"incident {number}: {action.reason}"
@@ -669,7 +679,8 @@ class SoakRun:
             return
         self.event("restart_started", number=number, reason=action.reason)
         try:
-            await self._scheduler.close()
+            if self._scheduler is not None:
+                await self._scheduler.close()
             await self.target.restart()
         except (TargetNotReady, SoakError) as exc:
             self.event("restart_failed", number=number, error=str(exc))
@@ -678,6 +689,8 @@ class SoakRun:
             return
         self.restarts += 1
         self.detector.reset(self.clock.now())
+        if self.facts is not None:
+            self.facts = replace(self.facts, root_pid=self.target.root_pid)
         self._start_probes()
         self.event("restart_done", number=number, restarts=self.restarts, root_pid=self.target.root_pid)
         self.generator.resume()
@@ -693,7 +706,7 @@ class SoakRun:
             if report is not None:
                 await report.aclose()
 
-    async def _end(self, problem: BaseException | None, report: Any) -> RunOutcome:
+    async def _end(self, problem: BaseException | None, report: ReportChild | None) -> RunOutcome:
         await self._stop_parts()
         # What the verdict rests on is read back from disk: an incident whose
         # response finished after the load (its record never reached the sinks)
@@ -705,24 +718,24 @@ class SoakRun:
         criteria = self._final_criteria()
         failed = self._failed or incidents > 0 or not criteria.passed
         if isinstance(problem, EnvironmentProblem):
-            exit_code, verdict = 3, "aborted"
+            exit_code, verdict = 3, Verdict.ABORTED
         elif isinstance(problem, UsageError):
-            exit_code, verdict = 2, "aborted"
+            exit_code, verdict = 2, Verdict.ABORTED
         elif failed and not self._interrupted:
-            exit_code, verdict = 1, "fail"  # an incident or a failed criterion outranks a harness fault
+            exit_code, verdict = 1, Verdict.FAIL  # an incident or a failed criterion outranks a harness fault
         elif self._fault is not None or problem is not None:
-            exit_code, verdict = 4, "aborted"
+            exit_code, verdict = 4, Verdict.ABORTED
         elif self._interrupted:
-            exit_code, verdict = 130, ("fail" if failed else "aborted")
+            exit_code, verdict = 130, (Verdict.FAIL if failed else Verdict.ABORTED)
         else:
-            exit_code, verdict = 0, "pass"
+            exit_code, verdict = 0, Verdict.PASS
         breached: list[str] = []
         if exit_code in (0, 1, 4) and not failed:  # a failed criterion or an incident on disk is exit 1, above 99
             breached = self._thresholds_breached()
             if self._threshold_breach is not None and self._threshold_breach.name not in breached:
                 breached.insert(0, self._threshold_breach.name)
         if breached:  # CONTRACTS: 1 (an incident) outranks 99 (a threshold), which outranks a harness fault
-            exit_code, verdict = 99, "fail"
+            exit_code, verdict = 99, Verdict.FAIL
             if not (self._stop_reason or "").startswith("threshold"):
                 self._stop_reason = "thresholds breached: " + "; ".join(breached)
         reason = self._stop_reason or "finished"
@@ -733,23 +746,23 @@ class SoakRun:
         if not isinstance(problem, (EnvironmentProblem, UsageError)) and not criteria.passed \
                 and not reason.startswith("criterion"):
             reason = "; ".join(criteria.reasons) + f" (load stopped: {reason})"
-        self.event("run_ended", verdict=verdict, reason=reason, exit_code=exit_code,
+        self.event("run_ended", verdict=verdict.value, reason=reason, exit_code=exit_code,
                    incidents=incidents, restarts=self.restarts,
                    criteria_failed=[r.name for r in criteria.failed])
         try:
             summary = summarize(self.run_dir)
         except Exception as exc:  # a damaged record still ends the run in order
             self.fault(exc, where="summarizing the run")
-            summary = {"verdict": verdict, "stop_reason": reason}
+            summary = {"verdict": verdict.value, "stop_reason": reason}
         try:
             self.store.write_summary(summary)
         except OSError as exc:
             self.fault(exc, where="writing summary.json")
             if exit_code in (0, 130):
-                exit_code, verdict = 4, "aborted"
+                exit_code, verdict = 4, Verdict.ABORTED
         await self._push(summary, exit_code=exit_code)
         if report is not None:
-            await self._report(report)
+            await self._render(report)
         self.sinks.close()
         if self.redactor is not None:
             try:
@@ -761,12 +774,12 @@ class SoakRun:
         return self._outcome
 
     # -- build, thresholds, push (docs/nightly.md) ------------------------------
-    async def _record_build(self) -> None:
+    async def _record_build(self, facts: TargetFacts) -> None:
         """The ``build`` event: /version (bounded, best effort) and the launch digest."""
         from soak.history.build import build_identity, fetch_vllm_version
 
-        version = await fetch_vllm_version(self.target.base_url, api_key=self._api_key)
-        self.event("build", **build_identity(self._redacted_config, vllm_version=version, served_model=self.model))
+        version = await fetch_vllm_version(facts.base_url, api_key=self._api_key)
+        self.event("build", **build_identity(self._redacted_config, vllm_version=version, served_model=facts.model))
 
     def _start_threshold_book(self) -> None:
         from soak.thresholds.evaluate import WindowBook, compile_thresholds
@@ -822,17 +835,17 @@ class SoakRun:
             tally = self.tally  # the file is gone: what the run saw live
         return judge(self.config.criteria, tally, final=True)
 
-    async def _start_report(self) -> Any:
-        if not self._render_report:
+    async def _start_report(self) -> ReportChild | None:
+        if self._report is None:
             return None
         from soak.report.child import DEFAULT_TIMEOUT_S, ReportChild
 
-        child = ReportChild(self.run_dir, command=self._report_command,
-                            timeout_s=self._report_timeout_s or DEFAULT_TIMEOUT_S)
+        child = ReportChild(self.run_dir, command=self._report.command,
+                            timeout_s=self._report.timeout_s or DEFAULT_TIMEOUT_S)
         await child.start()
         return child
 
-    async def _report(self, child: Any) -> None:
+    async def _render(self, child: ReportChild) -> None:
         """Render in the child; whatever happens there, the run's exit status stays
         the run's (the record is complete; `soak report DIR` can render again)."""
         outcome = await child.render()
@@ -846,7 +859,7 @@ class SoakRun:
         """Every part stopped, each on its own: one that fails (a harness fault)
         never keeps the server running."""
 
-        async def step(what: str, make: Callable[[], Any]) -> None:
+        async def step(what: str, make: Callable[[], Awaitable[object]]) -> None:
             try:
                 await make()
             except Exception as exc:
@@ -865,11 +878,11 @@ class SoakRun:
             await asyncio.gather(self._watch_task, return_exceptions=True)
         if self._scheduler is not None:
             await step("the probes", self._scheduler.close)
-        if self.responder is not None and hasattr(self.responder, "aclose"):
+        if self.responder is not None:
             await step("the responder", self.responder.aclose)
         if self.client is not None:
             await step("the client", self.client.aclose)
-        if self.gpu_source is not None and hasattr(self.gpu_source, "aclose"):
+        if self.gpu_source is not None:
             try:
                 await self.gpu_source.aclose()
             except Exception:
@@ -881,10 +894,9 @@ class SoakRun:
         if self._guardian is not None:
             await step("the guardian", lambda: asyncio.to_thread(self._guardian.close))
         self.event("target_stopped", stop_s=round(time.monotonic() - started, 3))
-        release = getattr(self.responder, "release_shm", None)
-        if release is not None:
+        if self.responder is not None:
             try:
-                released = await release()
+                released = await self.responder.release_shm()
             except Exception as exc:  # housekeeping never fails a run
                 released = {"error": f"{type(exc).__name__}: {exc}"}
             if released:
@@ -901,21 +913,3 @@ class SoakRun:
         if self._report_child is not None:
             await self._report_child.aclose()
 
-
-def _unhandled_incident(decision: Any, number: int) -> Any:
-    """The record when no responder is wired (nothing killed, no evidence)."""
-    from soak.respond.incident import IncidentRecord
-
-    return IncidentRecord(
-        number=number,
-        kind=getattr(decision.kind, "value", str(decision.kind)),
-        rule=decision.rule,
-        onset_at=decision.onset_at,
-        detected_at=decision.decided_at,
-        killed_pids=(),
-        gpus_released=False,
-        gpu_free_s=None,
-        evidence=f"incidents/{number}",
-        summary="no responder wired: nothing captured or killed",
-        reasons=tuple(decision.reasons),
-    )

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import yaml
 
@@ -28,8 +28,11 @@ from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
-from soak.run.config import AttachedTarget as AttachedTargetConfig
-from soak.run.config import LaunchedTarget, SimulatorTarget
+from soak.target.config import AttachedTarget as AttachedTargetConfig
+from soak.target.config import LaunchedTarget, SimulatorTarget
+
+if TYPE_CHECKING:
+    from soak.run.guardian import Guardian
 
 SERVER_LOG = "server.log"
 
@@ -37,6 +40,8 @@ SERVER_LOG = "server.log"
 class Target(Protocol):
     base_url: str
     root_pid: int | None
+    # The root process as checked when it started (None: not known, e.g. attached without a PID).
+    identity: ident.Identity | None
     log_path: Path | None
     flight_recorder_pipe_stem: str | None
     models: tuple[str, ...]
@@ -52,12 +57,12 @@ class Target(Protocol):
 
 async def wait_ready(
     *,
-    url: Any,
+    url: Callable[[], str | None],
     timeout_s: float,
     interval_s: float,
     headers: Mapping[str, str],
     clock: Clock,
-    exited: Any = lambda: None,
+    exited: Callable[[], int | None] = lambda: None,
     what: str = "the target",
 ) -> tuple[str, tuple[str, ...]]:
     """Poll until ``/health`` and ``/v1/models`` both answer; returns (base URL, models).
@@ -140,9 +145,9 @@ class ProcessTarget:
         api_key: str | None = None,
         flight_recorder_pipe_stem: str | None = None,
         clock: Clock | None = None,
-        restart_command: Any = None,
+        restart_command: Callable[["ProcessTarget"], Sequence[str]] | None = None,
         redactor: Redactor | None = None,
-        guardian: Any = None,
+        guardian: Guardian | None = None,
         on_log_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._redactor = redactor or Redactor()
@@ -167,7 +172,7 @@ class ProcessTarget:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._clock = clock or SystemClock()
         self._proc: asyncio.subprocess.Process | None = None
-        self._log: Any = None
+        self._log: IO[bytes] | None = None
         self.starts = 0
         self._closed = False
 
@@ -434,7 +439,7 @@ def build_target(
     flight_recorder_pipe_stem: str | None = None,
     clock: Clock | None = None,
     redactor: Redactor | None = None,
-    guardian: Any = None,
+    guardian: Guardian | None = None,
     on_log_error: Callable[[BaseException], None] | None = None,
 ) -> Target:
     """The target the config names. ``extra_env`` (flight recorder, ownership

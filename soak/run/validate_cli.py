@@ -27,25 +27,26 @@ def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:
     import json
 
     from soak.config import duration_flag, load_run_config
-    from soak.run.config import server_layout
+    from soak.records import TargetKind
     from soak.run.wiring import workload_factory
+    from soak.target.config import target_layout
 
     config = load_run_config(config_path, duration=duration_flag(duration))
-    layout = server_layout(config.target)
-    workload = workload_factory(config, config_path=Path(config_path), block_size=layout["block_size"])(None)
+    layout = target_layout(config.target)
+    workload = workload_factory(config, config_path=Path(config_path), block_size=layout.block_size)(None)
 
     async def plan():
         from soak.workload import make_counter
 
         counter = make_counter(
-            getattr(config.workload, "tokenizer", None),
-            target_is_simulator=config.target.kind == "simulator",
+            config.workload.tokenizer,
+            target_is_simulator=layout.kind is TargetKind.SIMULATOR,
             base_url=None,
             config_path=config_path,
         )
         await workload.calibrate(counter)
         return workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
-                             block_size=layout["block_size"])
+                             block_size=layout.block_size)
 
     planned = asyncio.run(plan())
     if as_json:

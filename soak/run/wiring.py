@@ -8,17 +8,29 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
+
+import aiohttp
 
 from soak.clock import Clock, SystemClock
 from soak.config import RunConfig, redacted_config
 from soak.errors import ArgumentError, HarnessFault, PortInUse
+from soak.export.live import LiveView
+from soak.load.progress import ProgressTracker
+from soak.probes.gpu import GpuSourceLike
+from soak.probes.scheduler import Probe
+from soak.records import RunSink, TargetFacts, TargetKind
 from soak.redact import Redactor
-from soak.run.config import server_layout
-from soak.run.live import LiveView
-from soak.run.loop import SoakRun
+from soak.respond.responder import Responder
+from soak.run.loop import ReportOptions, RunParts, SoakRun
 from soak.run.target import api_key_from_env, build_target
+from soak.samples import GpuSample, Sample
 from soak.store.store import RunStore
+from soak.target.config import AttachedTarget, LaunchedTarget, SimulatorTarget, target_layout
+from soak.workload import Workload
+
+if TYPE_CHECKING:
+    from soak.export.exporter import Exporter
 
 
 def new_run_id(name: str, now: float) -> str:
@@ -52,7 +64,7 @@ def workload_factory(config: RunConfig, *, config_path: Path, block_size: int):
 
     base_dir = config_path.resolve().parent
 
-    def make(model: str | None) -> Any:
+    def make(model: str | None) -> Workload:
         return build_workload(
             config.workload,
             base_dir=base_dir,
@@ -69,7 +81,7 @@ def provisional_model(config: RunConfig) -> str:
     target = config.target
     if target.model:
         return target.model
-    if target.kind == "simulator":
+    if isinstance(target, SimulatorTarget):
         return target.sim.model
     return "model"
 
@@ -90,15 +102,16 @@ def build_soak_run(
 ) -> SoakRun:
     environ = dict(os.environ if environ is None else environ)
     clock = clock or SystemClock()
-    layout = server_layout(config.target)
-    make_workload = workload_factory(config, config_path=config_path, block_size=layout["block_size"])
+    layout = target_layout(config.target)
+    make_workload = workload_factory(config, config_path=config_path, block_size=layout.block_size)
     make_workload(None)  # a bad workload or trace file fails here, before anything starts
     api_key = api_key_from_env(config.target.api_key_env, environ)
+    target_config = config.target
     redactor = Redactor.for_run(
         environ=environ,
-        api_key_env=config.target.api_key_env,
-        command=getattr(config.target, "command", ()) or (),
-        env=getattr(config.target, "env", None),
+        api_key_env=target_config.api_key_env,
+        command=target_config.command if isinstance(target_config, LaunchedTarget) else (),
+        env=target_config.env if isinstance(target_config, LaunchedTarget) else None,
     )
 
     # What can fail for want of the environment fails before the run directory exists.
@@ -116,28 +129,33 @@ def build_soak_run(
             exporter.close()
         raise
 
+    from soak.respond.flight import (
+        attached_flight_recorder_paths,
+        default_flight_recorder_paths,
+        flight_recorder_env,
+        ownership_env,
+        ownership_variable,
+    )
+
     extra_env: dict[str, str] = {}
     pipe_stem = None
-    fr_paths = None
-    if config.target.kind != "attached":
-        from soak.respond.flight import default_flight_recorder_paths, flight_recorder_env, ownership_env
-
+    if isinstance(target_config, AttachedTarget):
+        fr_paths = attached_flight_recorder_paths(target_config.pid, run_dir=run_dir)
+        pipe_stem = config.response.evidence.flight_recorder_pipe_stem or fr_paths.pipe_stem
+    else:
+        fr_paths = None
         extra_env.update(ownership_env(run_id))
-        wants_fr = config.response.evidence.flight_recorder and getattr(config.target, "flight_recorder", True)
+        wants_fr = config.response.evidence.flight_recorder and (
+            not isinstance(target_config, LaunchedTarget) or target_config.flight_recorder)
         if wants_fr:
             fr_paths = default_flight_recorder_paths(run_dir)
             dump_dir = Path(fr_paths.dump_prefix).parent
             dump_dir.mkdir(parents=True, exist_ok=True)
             extra_env.update(flight_recorder_env(dump_dir, fr_paths.pipe_stem))
             pipe_stem = fr_paths.pipe_stem
-    else:
-        from soak.respond.flight import attached_flight_recorder_paths
-
-        fr_paths = attached_flight_recorder_paths(getattr(config.target, "pid", None), run_dir=run_dir)
-        pipe_stem = config.response.evidence.flight_recorder_pipe_stem or fr_paths.pipe_stem
+    ours = layout.kind is not TargetKind.ATTACHED
     guardian = None
-    if config.target.kind != "attached" and (guard if guard is not None else True):
-        from soak.respond.flight import ownership_variable
+    if ours and (guard if guard is not None else True):
         from soak.run.guardian import Guardian
 
         guardian = Guardian(marker=(ownership_variable, run_id))
@@ -148,7 +166,7 @@ def build_soak_run(
             late["run"].fault(exc, where="writing server.log")
 
     target = build_target(
-        config.target,
+        target_config,
         run_dir=run_dir,
         environ=environ,
         extra_env=extra_env,
@@ -159,7 +177,7 @@ def build_soak_run(
         on_log_error=log_failed,
     )
 
-    sinks: list[Any] = []
+    sinks: list[RunSink] = []
     view = config.view
     sinks.append(
         LiveView(clock=clock, mode=view_mode or view.mode, refresh_s=view.refresh,
@@ -170,80 +188,83 @@ def build_soak_run(
         sinks.append(exporter)
 
     from soak.detect.detector import Detector
-    from soak.detect.types import Topology
+    from soak.probes.build import build_gpu_source, build_probes
 
-    topology = Topology.pipeline(layout["pp_size"], layout["tp_size"])
-    is_sim = config.target.kind == "simulator"
+    is_sim = layout.kind is TargetKind.SIMULATOR
 
-    def gpu_source(run: SoakRun) -> Any:
-        from soak.probes.build import build_gpu_source
+    async def gpu_source(base_url: str, *, session: aiohttp.ClientSession) -> GpuSourceLike | None:
+        source = build_gpu_source(config.probes, base_url=base_url, session=session, clock=clock,
+                                  is_simulator=is_sim)
+        if source is not None:
+            await source.open()  # NVML missing: GpuUnavailable, exit 3
+        return source
 
-        return build_gpu_source(config.probes, base_url=run.target.base_url, session=run.probe_session,
-                                clock=run.clock, is_simulator=is_sim)
-
-    def probes(run: SoakRun) -> list[Any]:
-        from soak.probes.build import build_probes
-
+    def probes(facts: TargetFacts, *, session: aiohttp.ClientSession, gpu_source: GpuSourceLike | None,
+               progress: ProgressTracker, log_from_start: bool) -> list[Probe]:
         return build_probes(
             config.probes,
-            base_url=run.target.base_url,
-            session=run.probe_session,
-            clock=run.clock,
-            gpu_source=_Unclosed(run.gpu_source) if run.gpu_source is not None else None,
-            root_pid=run.target.root_pid,
-            returncode=run.target.returncode,
-            log_path=run.target.log_path,
-            log_from_start=run.restarts == 0,
-            progress=run.tracker,
-            version_profile=run.version_profile,
+            base_url=facts.base_url,
+            session=session,
+            clock=clock,
+            gpu_source=_Unclosed(gpu_source) if gpu_source is not None else None,
+            root_pid=facts.root_pid,
+            returncode=target.returncode,
+            log_path=target.log_path,
+            log_from_start=log_from_start,
+            progress=progress,
+            version_profile=facts.version_profile,
         )
 
-    def responder(run: SoakRun) -> Any:
-        from soak.respond.responder import Responder
-
+    def responder(facts: TargetFacts, *, gpu_source: GpuSourceLike | None,
+                  recent_samples: Callable[[], Sequence[Sample]],
+                  on_write_error: Callable[[BaseException], None]) -> Responder:
         return Responder(
             config.response,
-            run_dir=run.run_dir,
-            target=run.target,
-            gpu_source=run.gpu_source,
-            clock=run.clock,
-            recent_samples=run.recent_samples,
-            ownership_token=run_id if config.target.kind != "attached" else None,
+            run_dir=run_dir,
+            target=target,
+            gpu_source=gpu_source,
+            clock=clock,
+            recent_samples=recent_samples,
+            ownership_token=run_id if ours else None,
             flight_recorder_paths=fr_paths,
             redactor=redactor,
-            on_write_error=lambda exc: run.fault(exc, where="writing incident evidence"),
+            on_write_error=on_write_error,
         )
 
-    def counter(run: SoakRun) -> Any:
-        from soak.workload import make_counter
+    async def calibrate(workload: Workload, facts: TargetFacts) -> None:
+        from soak.workload import TargetCounter, make_counter
 
-        tokenizer = getattr(config.workload, "tokenizer", None)
-        return make_counter(tokenizer, target_is_simulator=is_sim, base_url=run.target.base_url,
-                            model=run.model or "", config_path=config_path)
+        counter = make_counter(config.workload.tokenizer, target_is_simulator=is_sim, base_url=facts.base_url,
+                               model=facts.model or "", config_path=config_path)
+        try:
+            await workload.calibrate(counter)
+        finally:
+            if isinstance(counter, TargetCounter):  # the one counter with a session of its own
+                await counter.aclose()
 
     soak_run = SoakRun(
-        redactor=redactor,
-        guardian=guardian,
         config=config,
         run_id=run_id,
         run_dir=run_dir,
-        workload_factory=make_workload,
         target=target,
+        layout=layout,
+        parts=RunParts(
+            workload=make_workload,
+            calibrate=calibrate,
+            detector=Detector(config.detector, topology=layout.topology),
+            gpu_source=gpu_source,
+            probes=probes,
+            responder=responder,
+        ),
         store=store,
         redacted_config=redacted_config(config),
         clock=clock,
         sinks=sinks,
         api_key=api_key,
-        detector_factory=lambda run: Detector(config.detector, topology=topology),
-        probes_factory=probes,
-        responder_factory=responder,
-        gpu_source_factory=gpu_source,
-        counter_factory=counter,
-        topology=topology,
-        block_size=layout["block_size"],
+        report=ReportOptions(command=report_command, timeout_s=report_timeout_s),
         config_path=config_path,
-        report_command=report_command,
-        report_timeout_s=report_timeout_s,
+        redactor=redactor,
+        guardian=guardian,
     )
     late["run"] = soak_run
     return soak_run
@@ -253,17 +274,20 @@ class _Unclosed:
     """The GPU source as the GPU probe sees it: the responder still needs the
     source after the probes are closed (and rebuilt on a restart)."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: GpuSourceLike) -> None:
         self._source = source
 
-    async def read(self) -> Any:
+    async def open(self) -> None:
+        pass  # opened once, by the run
+
+    async def read(self) -> GpuSample:
         return await self._source.read()
 
     async def aclose(self) -> None:
         pass
 
 
-def _start_exporter(config: RunConfig, clock: Clock, port: int | None = None) -> Any:
+def _start_exporter(config: RunConfig, clock: Clock, port: int | None = None) -> Exporter:
     """The exporter, listening. ``port`` (``--exporter-port``) overrides the config's.
     A port the operator chose (flag or config) that is taken is exit 3; the
     default 9464 taken (another soak, another exporter) falls back to a free

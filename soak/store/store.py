@@ -26,7 +26,9 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from soak.run.sinks import RunInfo
+from soak.clock import Clock
+from soak.records import Assessment, DetectorState, IncidentRecord, RuleState, RunInfo
+from soak.redact import Redactor
 from soak.samples import RequestRecord, Sample, to_json
 from soak.store.jsonl import JsonlWriter, dumps
 from soak.store.segments import DEFAULT_SEGMENT_BYTES, RollingJsonlWriter
@@ -58,7 +60,7 @@ class RunStore:
     """A ``RunSink`` writing the run directory. Its clock is the caller's:
     events carry the ``ts`` they are given, or ``clock.now()``."""
 
-    def __init__(self, run_dir: Path, *, clock: Any, redactor: Any = None,
+    def __init__(self, run_dir: Path, *, clock: Clock, redactor: Redactor | None = None,
                  samples_segment_bytes: int | None = DEFAULT_SEGMENT_BYTES) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +71,7 @@ class RunStore:
         self._events = JsonlWriter(self.run_dir / EVENTS, redact=self._redact)
         self._requests = JsonlWriter(self.run_dir / REQUESTS, redact=self._redact)
         self._samples = RollingJsonlWriter(self.run_dir, segment_bytes=samples_segment_bytes, redact=self._redact)
-        self._detector_state: str | None = None
+        self._detector_state: DetectorState | None = None
         self._closed = False
 
     # -- files written once ----------------------------------------------------
@@ -106,7 +108,7 @@ class RunStore:
             "run_started",
             ts=info.started_at,
             run_id=info.run_id,
-            target=info.target_kind,
+            target=info.target_kind.value,
             base_url=info.base_url,
             model=info.model,
             root_pid=info.root_pid,
@@ -121,20 +123,19 @@ class RunStore:
     def on_request(self, record: RequestRecord) -> None:
         self._requests.write(record.to_json())
 
-    def on_assessment(self, assessment: Any) -> None:
-        state = getattr(assessment.state, "value", str(assessment.state))
-        if state != self._detector_state:
-            self._detector_state = state
+    def on_assessment(self, assessment: Assessment) -> None:
+        if assessment.state is not self._detector_state:
+            self._detector_state = assessment.state
             pending = [
-                {"rule": r.rule, "state": getattr(r.state, "value", str(r.state)), "reasons": list(r.reasons)}
+                {"rule": r.rule, "state": r.state.value, "reasons": list(r.reasons)}
                 for r in assessment.rules
-                if getattr(r.state, "value", r.state) in ("pending", "fired")
+                if r.state in (RuleState.PENDING, RuleState.FIRED)
             ]
-            self.event("detector_state", ts=assessment.now, state=state, rules=pending)
+            self.event("detector_state", ts=assessment.now, state=assessment.state.value, rules=pending)
         for decision in assessment.new_incidents:
             self.event("decision", ts=decision.decided_at, **decision.to_json())
 
-    def on_incident(self, incident: Any) -> None:
+    def on_incident(self, incident: IncidentRecord) -> None:
         self.event("incident", ts=incident.detected_at, **incident.to_json())
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from soak.config import load_run_config
-from soak.detect import Detector, DetectorConfig, DetectorState, IncidentKind, RuleState, Topology
+from soak.detect import Detector, DetectorConfig
+from soak.records import DetectorState, IncidentKind, RuleState, Topology
 from soak.detect.config import PpTailStallConfig
 from soak.errors import ConfigError
 from soak.probes.logwatch import parse_log_line

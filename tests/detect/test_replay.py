@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from soak.detect import Detector, DetectorConfig, DetectorState, IncidentKind, Topology
+from soak.detect import Detector, DetectorConfig
+from soak.records import DetectorState, IncidentKind, Topology
 from soak.detect.replay import read_samples, replay
 from soak.errors import ConfigError
 from soak.samples import ClientSample, ServerSample

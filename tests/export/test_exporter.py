@@ -12,13 +12,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from soak.clock import ManualClock
-from soak.detect.types import Assessment, DetectorState, IncidentKind, RuleState, RuleStatus
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.exporter import Exporter
 from soak.export.names import exported_series_names
-from soak.respond.incident import IncidentRecord
-from soak.run.sinks import FanOut, RunInfo
+from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord, RuleState, RuleStatus, RunInfo
+from soak.run.sinks import FanOut
 from soak.samples import (
     ClientSample,
     GpuReading,
@@ -81,6 +80,11 @@ def run_info(**overrides) -> RunInfo:
     )
     fields.update(overrides)
     return RunInfo(**fields)
+
+
+def incident(**fields) -> IncidentRecord:
+    return IncidentRecord(number=1, killed_pids=(), gpus_released=None, gpu_free_s=None, evidence="incidents/1",
+                          summary="", **fields)
 
 
 def deadlock_gpus(ts: float) -> GpuSample:
@@ -223,7 +227,7 @@ def test_every_series_of_the_table_is_on_the_wire_and_nothing_else(make_exporter
     exporter.on_assessment(
         Assessment(now=T0, state=DetectorState.HEALTHY, rules=(RuleStatus(rule="pp_tail_stall", state=RuleState.CLEAR),))
     )
-    exporter.on_incident({"kind": "crash", "rule": "server_gone", "onset_at": T0, "detected_at": T0 + 1})
+    exporter.on_incident(incident(kind="crash", rule="server_gone", onset_at=T0, detected_at=T0 + 1))
     exporter.on_event("run_started", {})
     on_wire = {series for series, _labels in scrape(exporter)}
     assert on_wire == exported_series_names()
@@ -274,7 +278,7 @@ def test_close_waits_for_a_scrape_of_the_final_values_when_someone_scrapes(make_
     exporter = make_exporter()
     url = exporter.url
     scrape(url)
-    exporter.on_incident({"kind": "hang", "rule": "pp_tail_stall", "onset_at": T0, "detected_at": T0 + 5})
+    exporter.on_incident(incident(kind="hang", rule="pp_tail_stall", onset_at=T0, detected_at=T0 + 5))
     closer = threading.Thread(target=exporter.close)
     closer.start()
     final = scrape(url)

@@ -9,8 +9,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from soak.clock import ManualClock
-from soak.detect import Detector, DetectorConfig, Topology
-from soak.detect.types import RuleState
+from soak.detect import Detector, DetectorConfig
+from soak.records import RuleState, Topology
 from soak.probes.gpu import DcgmGpuSource, GpuFreshness
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, ServerSample
 

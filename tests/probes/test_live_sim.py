@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("soak.sim.app")
 
 from soak.clock import SystemClock  # noqa: E402
-from soak.detect import Detector, DetectorConfig, Topology  # noqa: E402
+from soak.detect import Detector, DetectorConfig  # noqa: E402
+from soak.records import Topology  # noqa: E402
 from soak.load.progress import ProgressTracker  # noqa: E402
 from soak.probes.build import build_gpu_source, build_probes  # noqa: E402
 from soak.probes.config import ProbesConfig  # noqa: E402

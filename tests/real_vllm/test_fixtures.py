@@ -182,7 +182,8 @@ def test_a_real_hang_that_began_between_turns_is_caught_by_the_progress_rules():
     # sent. The engine, stuck in its step, never published new stats: the running
     # gauge stayed 0 while the client waited with 4 requests and no first token.
     # Before the fix only vLLM's own RPC timeout caught it, 300 s later.
-    from soak.detect import Detector, DetectorConfig, Topology
+    from soak.detect import Detector, DetectorConfig
+    from soak.records import Topology
     from soak.detect.replay import read_samples, replay
 
     stop_at = 1796295701.195

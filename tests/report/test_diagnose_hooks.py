@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from soak.respond.evidence import flight_recorder_summary
-from soak.respond.incident import IncidentRecord
+from soak.records import IncidentRecord
 from soak.respond.responder import _diagnosis_line
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -64,7 +64,7 @@ def test_summary_json_and_junit_carry_it(tmp_path):
 
 def test_the_live_view_incident_line_shows_it():
     from soak.clock import ManualClock
-    from soak.run.live import LiveView
+    from soak.export.live import LiveView
 
     out = io.StringIO()
     view = LiveView(clock=ManualClock(0.0), mode="plain", refresh_s=1.0, plain_interval_s=60.0, stream=out)

@@ -20,8 +20,8 @@ ROLES = ("api", "engine", "worker0", "worker1", "worker2", "helper")
 
 def Decision(rule: str, kind: str, onset_at: float, decided_at: float, reasons: tuple[str, ...] = (),
              evidence: Mapping[str, Any] | None = None):
-    """The detector's own Decision record (soak.detect.types), as the run loop hands it over."""
-    from soak.detect.types import Decision as DetectorDecision, IncidentKind
+    """The detector's own Decision record (soak.records), as the run loop hands it over."""
+    from soak.records import Decision as DetectorDecision, IncidentKind
 
     return DetectorDecision(rule=rule, kind=IncidentKind(kind), onset_at=onset_at, decided_at=decided_at,
                             reasons=tuple(reasons), evidence=dict(evidence or {}))
@@ -35,6 +35,7 @@ class FakeTarget:
     root_pid: int | None
     log_path: Path | None = None
     flight_recorder_pipe_stem: str | None = None
+    identity: None = None  # not checked at start: the responder takes root_pid as given
 
 
 @dataclass

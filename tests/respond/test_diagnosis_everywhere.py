@@ -10,7 +10,7 @@ from pathlib import Path
 
 from soak.report.flight_recorder import summarize_dumps
 from soak.report.junit import build_junit
-from soak.respond.incident import IncidentRecord
+from soak.records import IncidentRecord
 from soak.respond.responder import _diagnosis_line
 from soak.store.summary import summarize
 

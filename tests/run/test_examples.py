@@ -8,7 +8,7 @@ import pytest
 
 from soak.cli import main as soak_main
 from soak.config import load_run_config, redacted_config
-from soak.run.config import server_layout
+from soak.target.config import target_layout
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -28,7 +28,8 @@ def test_the_launch_example_is_the_facts_launch_line() -> None:
                  "--max-model-len 327680"):
         assert flag in command, flag
     assert config.target.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
-    assert server_layout(config.target) == {"pp_size": 8, "tp_size": 1, "block_size": 256}
+    layout = target_layout(config.target)
+    assert (layout.pp_size, layout.tp_size, layout.block_size) == (8, 1, 256)
 
 
 def test_an_api_key_in_a_launch_command_is_redacted(tmp_path) -> None:

@@ -6,9 +6,9 @@ import io
 from pathlib import Path
 
 from soak.clock import ManualClock
-from soak.detect.types import Assessment, DetectorState
-from soak.run.live import LiveView
-from soak.run.sinks import RunInfo
+from soak.records import Assessment, DetectorState
+from soak.export.live import LiveView
+from soak.records import RunInfo
 from soak.samples import GpuReading, GpuSample, GpuSource, RequestRecord, ServerSample
 
 

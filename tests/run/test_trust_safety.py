@@ -217,7 +217,7 @@ class _Target:
 
 def test_a_root_pid_reused_since_the_check_is_never_killed(tmp_path, procs):
     from soak.clock import SystemClock
-    from soak.detect.types import Decision, IncidentKind
+    from soak.records import Decision, IncidentKind
     from soak.respond.config import ResponseConfig
     from soak.respond.identity import Identity
     from soak.respond.responder import Responder
@@ -549,9 +549,9 @@ def test_the_rich_view_prints_the_start_and_incident_lines(tmp_path):
     from rich.console import Console
 
     from soak.clock import SystemClock
-    from soak.respond.incident import IncidentRecord
-    from soak.run.live import LiveView
-    from soak.run.sinks import RunInfo
+    from soak.records import IncidentRecord
+    from soak.export.live import LiveView
+    from soak.records import RunInfo
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=200, color_system=None)

@@ -125,7 +125,7 @@ def test_store_writes_flushed_lines_and_strict_json(make_store) -> None:
 
 
 def test_assessments_become_events_only_on_change(make_store) -> None:
-    from soak.detect.types import Assessment, DetectorState
+    from soak.records import Assessment, DetectorState
 
     store = make_store()
     for t in range(10):

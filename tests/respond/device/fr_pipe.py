@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from soak.clock import SystemClock
-from soak.detect.types import Decision, IncidentKind
+from soak.records import Decision, IncidentKind
 from soak.probes.gpu import NvmlGpuSource
 from soak.respond import Responder, ResponseConfig, default_flight_recorder_paths, flight_recorder_env
 
@@ -34,6 +34,7 @@ class Target:
     root_pid: int | None
     log_path: Path | None
     flight_recorder_pipe_stem: str | None
+    identity: None = None  # not checked at start: the responder takes root_pid as given
 
 
 async def main() -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from soak.clock import SystemClock
-from soak.detect.types import Decision, IncidentKind
+from soak.records import Decision, IncidentKind
 from soak.probes.gpu import NvmlGpuSource
 from soak.respond import Responder, ResponseConfig
 
@@ -48,6 +48,7 @@ class Target:
     root_pid: int | None
     log_path: Path | None
     flight_recorder_pipe_stem: str | None = None
+    identity: None = None  # not checked at start: the responder takes root_pid as given
 
 
 def get_json(url: str) -> dict:

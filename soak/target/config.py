@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from soak.configbase import Duration, StrictModel
+from soak.records import TargetKind, TargetLayout
 from soak.sim.config import SimConfig
 
 PositiveDuration = Annotated[Duration, Field(gt=0)]
@@ -121,8 +122,10 @@ class AttachedTarget(_TargetBase):
 def _target_kind(value: Any) -> Any:
     # A target section without ``kind`` is the simulator (the default target).
     if isinstance(value, dict):
-        return value.get("kind", "simulator")
-    return getattr(value, "kind", None)
+        return value.get("kind", TargetKind.SIMULATOR.value)
+    if isinstance(value, _TargetBase):  # pydantic's discriminator also sees model instances
+        return value.kind
+    return None
 
 
 _FLAGS = {
@@ -146,21 +149,28 @@ def command_flag(command: list[str], names: tuple[str, ...]) -> Optional[str]:
     return found
 
 
-def server_layout(config: Any) -> dict[str, int]:
-    """pp_size, tp_size and block_size of the target: the simulator's settings,
-    the config's, or a launch command's vLLM flags."""
-    if getattr(config, "kind", None) == "simulator":
+def target_layout(config: SimulatorTarget | LaunchedTarget | AttachedTarget) -> TargetLayout:
+    """The server's layout as the config gives it: pp_size, tp_size and block_size
+    from the simulator's settings, the config's, or a launch command's vLLM flags;
+    whether usage objects report cached tokens (--enable-prompt-tokens-details)."""
+    kind = TargetKind(config.kind)
+    if isinstance(config, SimulatorTarget):
         sim = config.sim
-        return {"pp_size": config.pp_size or sim.pp_size, "tp_size": config.tp_size or 1,
-                "block_size": config.block_size or sim.block_size}
-    out: dict[str, int] = {}
+        return TargetLayout(kind=kind, pp_size=config.pp_size or sim.pp_size, tp_size=config.tp_size or 1,
+                            block_size=config.block_size or sim.block_size, model=config.model,
+                            prompt_tokens_details=sim.enable_prompt_tokens_details)
+    sizes: dict[str, int] = {}
+    given = {"pp_size": config.pp_size, "tp_size": config.tp_size, "block_size": config.block_size}
     for key, names in _FLAGS.items():
-        value = getattr(config, key, None)
-        if value is None and getattr(config, "kind", None) == "launched":
+        value = given[key]
+        if value is None and isinstance(config, LaunchedTarget):
             text = command_flag(config.command, names)
             value = int(text) if text is not None and text.isdigit() else None
-        out[key] = value if value is not None else _VLLM_DEFAULTS[key]
-    return out
+        sizes[key] = value if value is not None else _VLLM_DEFAULTS[key]
+    details = None
+    if isinstance(config, LaunchedTarget) and "--enable-prompt-tokens-details" in config.command:
+        details = True
+    return TargetLayout(kind=kind, model=config.model, prompt_tokens_details=details, **sizes)
 
 
 TargetConfig = Annotated[
@@ -171,16 +181,7 @@ TargetConfig = Annotated[
     ],
     Discriminator(_target_kind),
 ]
-TARGET_KINDS = ("simulator", "launched", "attached")
 
-
-class ViewConfig(StrictModel):
-    """The live view: a refreshing status on a terminal, plain lines otherwise."""
-
-    # auto: rich on a terminal, plain lines when stdout is not one.
-    mode: Literal["auto", "rich", "plain", "off"] = "auto"
-    refresh: PositiveDuration = 1.0
-    plain_interval: PositiveDuration = 30.0
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
 _SECRET_FLAGS = ("--api-key", "--hf-token", "--token")

@@ -10,21 +10,44 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import deque
-from typing import Any, Mapping, TextIO
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
+from soak.clock import Clock
 from soak.configbase import format_duration
-from soak.run.sinks import RunInfo
-from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
+from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
+from soak.samples import GpuReading, GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.summary import CounterDelta, percentile
+
+if TYPE_CHECKING:  # rich is imported when a terminal view starts
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
 TOKENS_WINDOW_S = 30.0
 TTFT_WINDOW = 512
+_STATE_STYLES = {DetectorState.HEALTHY: "green", DetectorState.SUSPECT: "yellow", DetectorState.HUNG: "bold red"}
+
+
+class Phase(str, Enum):
+    """Where the run is, as the view names it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+# Run events that move the view to another phase.
+_PHASE_OF_EVENT = {"restart_started": Phase.RESTARTING, "load_stopped": Phase.STOPPED, "draining": Phase.DRAINING,
+                   "restart_done": Phase.RUNNING}
 
 
 class ViewState:
     """What the view shows, updated by sink calls; ``line()`` and ``table()`` read it."""
 
-    def __init__(self, *, clock: Any) -> None:
+    def __init__(self, *, clock: Clock) -> None:
         self.clock = clock
         self.info: RunInfo | None = None
         self.ok = 0
@@ -37,10 +60,10 @@ class ViewState:
         self.max_context_tokens = 0
         self._hits = CounterDelta()
         self._queries = CounterDelta()
-        self.gpus: tuple[Any, ...] = ()
-        self.detector_state = "healthy"
+        self.gpus: tuple[GpuReading, ...] = ()
+        self.detector_state = DetectorState.HEALTHY
         self.incidents = 0
-        self.phase = "starting"
+        self.phase = Phase.STARTING
         self.gpu_stale: str | None = None  # the stale-GPU-source message while it lasts
         self.warnings: list[str] = []  # e.g. a vLLM version soak has no facts for
         # Warnings that come and go by topic (metrics stale, a failure criterion at risk or failed).
@@ -104,17 +127,17 @@ class ViewState:
         ratio = self.hit_ratio
         gpus = " ".join(f"{g.util_pct:.0f}" for g in self.gpus) or "-"
         return (
-            f"soak {self.phase} {format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left | "
+            f"soak {self.phase.value} {format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left | "
             f"requests ok {self.ok} failed {self.failed}" + (f" cut {self.cut}" if self.cut else "")
             + f" | {self.tokens_per_s(now):.1f} tok/s | "
             f"ttft p50 {_s(p50)} p99 {_s(p99)} | context {_k(self.context_tokens)} | "
-            f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state}"
+            f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state.value}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
             + (" | GPU READINGS STALE" if self.gpu_stale else "")
             + "".join(f" | WARNING {text}" for text in self.alerts.values())
         )
 
-    def table(self, now: float) -> Any:
+    def table(self, now: float) -> Table:
         from rich.table import Table
         from rich.text import Text
 
@@ -123,7 +146,7 @@ class ViewState:
         table = Table(title=title, show_header=False, expand=False, box=None, padding=(0, 1))
         table.add_column(style="bold")
         table.add_column()
-        table.add_row("phase", self.phase)
+        table.add_row("phase", self.phase.value)
         table.add_row("time", f"{format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left")
         table.add_row("requests", f"[green]{self.ok} ok[/]  [red]{self.failed} failed[/]"
                       + (f"  {self.cut} cut by the harness" if self.cut else ""))
@@ -141,8 +164,8 @@ class ViewState:
             table.add_row("gpu source", Text(self.gpu_stale, style="bold yellow"))
         for warning in self.warnings[-3:]:
             table.add_row("warning", Text(warning, style="yellow"))
-        style = {"healthy": "green", "suspect": "yellow"}.get(self.detector_state, "bold red")
-        table.add_row("detector", f"[{style}]{self.detector_state}[/]")
+        style = _STATE_STYLES[self.detector_state]
+        table.add_row("detector", f"[{style}]{self.detector_state.value}[/]")
         if self.incidents:
             table.add_row("incidents", f"[bold red]{self.incidents}[/]")
         for topic, text in self.alerts.items():
@@ -184,13 +207,13 @@ class LiveView:
     def __init__(
         self,
         *,
-        clock: Any,
+        clock: Clock,
         mode: str = "auto",
         refresh_s: float = 1.0,
         plain_interval_s: float = 30.0,
         stream: TextIO | None = None,
         exporter_url: str | None = None,
-        console: Any = None,
+        console: Console | None = None,
     ) -> None:
         self._stream = stream or sys.stdout
         self._exporter_url = exporter_url
@@ -202,15 +225,15 @@ class LiveView:
         self._clock = clock
         self._interval = refresh_s if mode == "rich" else plain_interval_s
         self._task: asyncio.Task[None] | None = None
-        self._live: Any = None
+        self._live: Live | None = None
         self._closed = False
 
     def on_start(self, info: RunInfo) -> None:
         self.state.info = info
-        self.state.phase = "running"
+        self.state.phase = Phase.RUNNING
         if self.mode == "off":
             return
-        start_line = f"soak: run {info.run_id} against {info.target_kind} at {info.base_url}, writing {info.run_dir}"
+        start_line = f"soak: run {info.run_id} against {info.target_kind.value} at {info.base_url}, writing {info.run_dir}"
         if self._exporter_url:
             start_line += f"; metrics on {self._exporter_url}"
         if self.mode == "rich":
@@ -260,10 +283,10 @@ class LiveView:
     def on_request(self, record: RequestRecord) -> None:
         self.state.on_request(record)
 
-    def on_assessment(self, assessment: Any) -> None:
-        self.state.detector_state = getattr(assessment.state, "value", str(assessment.state))
+    def on_assessment(self, assessment: Assessment) -> None:
+        self.state.detector_state = assessment.state
 
-    def on_incident(self, incident: Any) -> None:
+    def on_incident(self, incident: IncidentRecord) -> None:
         self.state.incidents += 1
         self._say(f"soak: incident {incident.number}: {incident.summary}")
 
@@ -276,10 +299,8 @@ class LiveView:
                 self._say(f"soak: warning: {text}")
             else:
                 self.state.alerts.pop(topic, None)
-        if type in ("restart_started", "load_stopped", "draining"):
-            self.state.phase = {"restart_started": "restarting", "load_stopped": "stopped", "draining": "draining"}[type]
-        elif type == "restart_done":
-            self.state.phase = "running"
+        if type in _PHASE_OF_EVENT:
+            self.state.phase = _PHASE_OF_EVENT[type]
         elif type == "gpu_source_stale":
             self.state.gpu_stale = str(fields.get("message") or "GPU readings are stale")
             if self.mode == "plain":
