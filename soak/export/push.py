@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway
 
 from soak.export.names import PUSHED_METRICS, Kind
-from soak.records import Verdict
+from soak.records import IncidentKind, Verdict
 from soak.thresholds.metrics import run_value
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ def night_families(summary: Mapping[str, Any], *, exit_code: int | None, confide
     exposure = summary.get("duration_s")
     f.set("soak_night_exposure_seconds", exposure)
     incidents = [i for i in summary.get("incidents") or [] if isinstance(i, Mapping)]
-    for kind in ("hang", "crash", "server_gone", *{str(i.get("kind")) for i in incidents}):
+    for kind in (*(k.value for k in IncidentKind), *{str(i.get("kind")) for i in incidents}):
         f.set("soak_night_incidents", sum(1 for i in incidents if i.get("kind") == kind), kind=kind)
-    hangs = sum(1 for i in incidents if i.get("kind") == "hang")
+    hangs = sum(1 for i in incidents if i.get("kind") == IncidentKind.HANG)
     f.set("soak_night_hangs", hangs)
     if isinstance(exposure, (int, float)) and exposure > 0:
         f.set("soak_night_mtbf_lower_bound_seconds",

@@ -15,6 +15,8 @@ import hashlib
 import json
 from typing import Any, Mapping
 
+from soak.records import TargetKind
+
 # Flags whose values differ per run or are secret: not part of the build.
 _NOT_BUILD_FLAGS = frozenset({"--host", "--port", "--api-key", "--hf-token", "--token", "--uvicorn-log-level",
                               "--disable-log-requests", "--disable-log-stats"})
@@ -60,14 +62,14 @@ def build_identity(config: Mapping[str, Any], *, vllm_version: str | None, serve
                    ) -> dict[str, Any]:
     """The ``build`` event's fields from the redacted config and /version."""
     target = config.get("target") or {}
-    kind = target.get("kind", "simulator")
-    if kind == "launched" and isinstance(target.get("command"), list):
+    kind = target.get("kind", TargetKind.SIMULATOR.value)
+    if kind == TargetKind.LAUNCHED and isinstance(target.get("command"), list):
         basis: dict[str, Any] = launch_signature(target["command"])
         env = target.get("env") or {}
         basis["env"] = {k: v for k, v in sorted(env.items())
                         if k.startswith(_BUILD_ENV_PREFIXES) and not k.startswith(_NOT_BUILD_ENV)}
         model = basis["model"]
-    elif kind == "simulator":
+    elif kind == TargetKind.SIMULATOR:
         basis = {"sim": target.get("sim") or {}}
         model = target.get("model") or served_model
     else:

@@ -40,9 +40,12 @@ import json
 
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge
+from soak.records import Verdict
 from soak.store.jsonl import read_jsonl
 from soak.store.segments import read_sample_records
 from soak.store.store import CONFIG, EVENTS, REQUESTS
+
+_VERDICTS = frozenset(v.value for v in Verdict)
 
 # Server counters the summary derives figures from; a scrape with none of them is stale.
 SERVER_KEYS = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "generation_tokens")
@@ -237,18 +240,19 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
     incidents = merge_incidents(incidents, disk_incidents(run_dir))
     decision = judge(criteria_config, tally, final=True)
-    if run_ended is not None and run_ended.get("verdict") in ("pass", "fail", "aborted"):
-        verdict = run_ended["verdict"]
+    recorded = run_ended.get("verdict") if run_ended is not None else None
+    if recorded in _VERDICTS:
+        verdict = Verdict(recorded)
     else:
-        verdict = "aborted" if cut_off else "pass"
+        verdict = Verdict.ABORTED if cut_off else Verdict.PASS
     if incidents or not decision.passed:
-        verdict = "fail"  # whatever the loop believed at its end: the record on disk decides
+        verdict = Verdict.FAIL  # whatever the loop believed at its end: the record on disk decides
     reasons = [f"incident {i.get('number', '?')}: {i.get('kind', '?')} (rule {i.get('rule', '?')})" for i in incidents]
     reasons += list(decision.reasons)
     metrics = coverage.report(load_begin, load_end)
 
     summary = {
-        "verdict": verdict,
+        "verdict": verdict.value,
         "cut_off": cut_off,
         "run_id": run_started.get("run_id"),
         "target": run_started.get("target"),
