@@ -52,7 +52,7 @@ def test_the_launched_server_environment(tmp_path) -> None:
     """The variables reach the server process (written by a stand-in command)."""
     import asyncio
 
-    from soak.run.config import LaunchedTarget
+    from soak.target.config import LaunchedTarget
     from soak.run.target import build_target
     from soak.errors import TargetNotReady
 
