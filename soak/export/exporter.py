@@ -19,6 +19,7 @@ import functools
 import threading
 from pathlib import PurePath
 from typing import Any, Callable, Mapping, TypeVar
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
@@ -108,7 +109,8 @@ def _marks_change(method: _Method) -> _Method:
 
 
 def build_families(registry: CollectorRegistry) -> dict[str, Any]:
-    """Register every family of the table on ``registry``; name -> metric object."""
+    """Register every family of the table on ``registry``; name -> metric object
+    (a Counter, Gauge, Histogram or Info: each name is used with its own kind's methods)."""
     families: dict[str, Any] = {}
     for metric in HARNESS_METRICS.values():
         cls = _FAMILY_CLASSES[metric.kind]
@@ -140,7 +142,7 @@ class Exporter:
         registry.register(self._scrapes)
         self._m = build_families(registry)
         self._lock = threading.Lock()
-        self._server: Any = None
+        self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._ends_at: float | None = None

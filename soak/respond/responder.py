@@ -23,6 +23,9 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from soak.clock import Clock
+from soak.probes.gpu import GpuSourceLike
+from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
+from soak.redact import Redactor
 from soak.respond import evidence as ev
 from soak.respond.config import ResponseConfig
 from soak.respond.flight import (
@@ -33,9 +36,6 @@ from soak.respond.flight import (
     ownership_variable,
     request_dumps,
 )
-from soak.probes.gpu import GpuSourceLike
-from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
-from soak.redact import Redactor
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
 from soak.respond.identity import Identity
 from soak.respond.shm import ShmLedger
