@@ -124,6 +124,12 @@ class ReportOptions:
 
 
 class SoakRun:
+    """One soak run: ``await run()`` drives it to its end and returns the outcome.
+
+    ``layout`` is what the config says of the server; ``parts`` are the concrete
+    stages (``soak.run.wiring.build_soak_run`` picks both). The run's facts about
+    the live target (``self.facts``) exist once the target answered."""
+
     def __init__(
         self,
         *,

@@ -31,9 +31,6 @@ class FanOut:
         self._on_error = on_error
         self._closed = False
 
-    def add(self, sink: RunSink) -> None:
-        self._sinks.append(sink)
-
     def _each(self, method: str, call: Callable[[RunSink], None]) -> None:
         for sink in self._sinks:
             try:
