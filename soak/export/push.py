@@ -12,7 +12,7 @@ build keeps every build's last night beside the others.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway
@@ -20,9 +20,6 @@ from prometheus_client.exposition import push_to_gateway
 from soak.export.names import PUSHED_METRICS, Kind
 from soak.records import IncidentKind, Verdict
 from soak.thresholds.metrics import run_value
-
-if TYPE_CHECKING:
-    from soak.history.model import History
 
 # Keys are str enums: summary.json's "pass" finds Verdict.PASS.
 VERDICT_VALUES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.ABORTED: 2}
@@ -101,8 +98,9 @@ def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None =
     return {"job": config.job, "grouping": grouping}
 
 
-def push_history(history: History, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
-    """One group per build (``build`` added to ``grouping``): pooled exposure, hangs, MTBF."""
+def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
+    """One group per build (``build`` added to ``grouping``): pooled exposure, hangs, MTBF.
+    ``history`` is a ``soak.history.model.History`` (not imported: history imports this module)."""
     tests = {t.b: t for t in history.rate_tests}
     for b in history.builds:
         f = _Families()
