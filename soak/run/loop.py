@@ -277,6 +277,8 @@ class SoakRun:
                 self.event(change.pop("type"), **change)
         if isinstance(sample, ServerSample):
             self._metrics_freshness(sample)
+            if self._threshold_book is not None and sample.ok:
+                self._threshold_book.add_server(sample.ts, sample.values)
 
     def _metrics_freshness(self, sample: ServerSample) -> None:
         from soak.store.summary import SERVER_KEYS
@@ -298,8 +300,6 @@ class SoakRun:
             error = sample.error or "the scrape has none of the server counters"
             self.event("metrics_stale", since=since, error=str(error)[:200],
                        note="server token totals and the prefix-cache hit ratio cover only the time before")
-        if self._threshold_book is not None and sample.ok:
-            self._threshold_book.add_server(sample.ts, sample.values)
 
     def _on_record(self, record: RequestRecord) -> None:
         self.tally.add(record)

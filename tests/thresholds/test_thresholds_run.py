@@ -107,6 +107,21 @@ def test_abort_on_fail_ends_the_run_at_the_breached_window(tmp_path, harness, sc
     schema.validate(str(run_dir / "junit.xml"))
 
 
+
+def test_abort_on_fail_sees_the_servers_fresh_counters(tmp_path, harness):
+    # The hit ratio comes from the server's counters, not the client's records: a window
+    # that only ever saw scrapes from stale spans never judged it, so the run went on.
+    config = small_config(duration="60s")
+    config["thresholds"] = {
+        "prefix_hit_ratio": {"threshold": "> 1.5", "window": "2s", "abort_on_fail": True, "delay_abort_eval": "1s"},
+    }
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "t.yaml", config), run_dir)
+    assert h.wait(timeout_s=90) == 99, h.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["duration_s"] < 30
+    assert summary["stop_reason"].startswith("threshold breached (abort_on_fail): prefix_hit_ratio = ")
+
 def test_thresholds_that_hold_keep_exit_0(tmp_path, harness, schema):
     config = small_config(duration="3s")
     config["thresholds"] = {"ttft_p99": "< 90s", "tpot_p50": "< 10s", "error_rate": "< 1%",
