@@ -191,6 +191,8 @@ class SoakRun:
         self._failed = False
         self._stop_reason: str | None = None
         self._interrupted = False
+        # A relaunch under way (on_hang: restart), so Ctrl-C need not wait for it.
+        self._restart_task: asyncio.Task[None] | None = None
         self._closed = False
         self._outcome: RunOutcome | None = None
         # The failure criteria, judged live on every detector tick (soak.criteria).
@@ -326,6 +328,10 @@ class SoakRun:
             self.generator.stop(reason)
             if self.client is not None:
                 self.client.abort_in_flight(reason, cut_by="interrupt")
+            if self._restart_task is not None:
+                # Waiting for a relaunched server (minutes for a large model) is not
+                # stopping now; the end stops whatever it had started.
+                self._restart_task.cancel()
         elif self._main_task is not None:
             self._main_task.cancel()  # still starting: cut the start-up short
 
@@ -687,12 +693,20 @@ class SoakRun:
         try:
             if self._scheduler is not None:
                 await self._scheduler.close()
-            await self.target.restart()
+            self._restart_task = asyncio.ensure_future(self.target.restart())
+            await self._restart_task
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+            self.event("restart_cancelled", number=number, reason=self._stop_reason)
+            return
         except (TargetNotReady, SoakError) as exc:
             self.event("restart_failed", number=number, error=str(exc))
             self._stop_reason = f"incident {number}: restart failed: {exc}"
             self.generator.stop(self._stop_reason)
             return
+        finally:
+            self._restart_task = None
         self.restarts += 1
         self.detector.reset(self.clock.now())
         if self.facts is not None:
