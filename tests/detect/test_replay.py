@@ -127,7 +127,6 @@ def _make_module():
     import importlib.util
     import sys
 
-    pytest.importorskip("soak.sim.engine")
     spec = importlib.util.spec_from_file_location("trace_make", TRACES / "make.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["trace_make"] = module

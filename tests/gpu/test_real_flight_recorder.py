@@ -9,9 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-fr = pytest.importorskip("soak.report.flight_recorder")
+import soak.report.flight_recorder as fr
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder" / "real"
 

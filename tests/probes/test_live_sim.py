@@ -8,17 +8,14 @@ import asyncio
 import json
 
 import aiohttp
-import pytest
 
-pytest.importorskip("soak.sim.app")
-
-from soak.clock import SystemClock  # noqa: E402
-from soak.detect import Detector, DetectorConfig  # noqa: E402
-from soak.records import Topology  # noqa: E402
-from soak.load.progress import ProgressTracker  # noqa: E402
-from soak.probes.build import build_gpu_source, build_probes  # noqa: E402
-from soak.probes.config import ProbesConfig  # noqa: E402
-from soak.probes.scheduler import ProbeScheduler  # noqa: E402
+from soak.clock import SystemClock
+from soak.detect import Detector, DetectorConfig
+from soak.load.progress import ProgressTracker
+from soak.probes.build import build_gpu_source, build_probes
+from soak.probes.config import ProbesConfig
+from soak.probes.scheduler import ProbeScheduler
+from soak.records import Topology
 
 
 async def _stream(session, base, tracker, clock, stop: asyncio.Event):

@@ -55,20 +55,14 @@ def test_gloo_healthy_set_says_no_divergence():
 
 
 def test_gated_broadcast_is_a_size_mismatch_with_the_last_rank_one_behind():
-    folder = REAL / "gloo_pp4_gated"
-    if not folder.is_dir():
-        pytest.skip("fixture not made")
-    d = _diag(folder)
+    d = _diag(REAL / "gloo_pp4_gated")
     g = _group(d, "pp_broadcast")
     assert (g.kind, g.odd_ranks, g.reference_ranks, g.offsets.get(3)) == ("size", (3,), (0, 1, 2), 1)
     assert "broadcast [[" in d.line and ", 5]] Long" in d.line
 
 
 def test_race_is_a_size_mismatch_with_the_others_a_step_ahead():
-    folder = REAL / "gloo_pp3_race"
-    if not folder.is_dir():
-        pytest.skip("fixture not made")
-    d = _diag(folder)
+    d = _diag(REAL / "gloo_pp3_race")
     g = _group(d, "pp_broadcast")
     assert (g.kind, g.odd_ranks, g.reference_ranks, g.offsets.get(2)) == ("size", (2,), (0, 1), 3)
 

@@ -13,14 +13,10 @@ import os
 import time
 import urllib.request
 
-import pytest
-
 from respond_helpers import Decision, FakeTarget, is_alive, wait_for
+import soak.probes.gpu as gpu_probes
 from soak.clock import SystemClock
 from soak.respond import Responder, ResponseConfig
-
-pytest.importorskip("soak.sim.app")
-gpu_probes = pytest.importorskip("soak.probes.gpu")
 
 
 def post_json(url: str, body: dict) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +83,6 @@ def test_bad_workload_is_one_line_naming_file_and_field_or_line(tmp_path, name):
         assert fragment in line, line
 
 
-@pytest.mark.skipif(importlib.util.find_spec("soak.run.validate_cli") is None, reason="soak validate not wired yet")
 def test_soak_validate_exits_2_with_one_line(tmp_path):
     for name in sorted(CASES):
         config_path, expected = _write_case(tmp_path, name)
@@ -98,7 +96,6 @@ def test_soak_validate_exits_2_with_one_line(tmp_path):
             assert fragment in lines[0], (name, lines[0])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("soak.run.validate_cli") is None, reason="soak validate not wired yet")
 @pytest.mark.parametrize("name", ["agentic-pp8.yaml", "demo.yaml", "demo-deadlock.yaml", "mooncake-sample.yaml"])
 def test_shipped_workloads_validate_and_print_their_plan(name):
     workloads = Path(__file__).resolve().parents[2] / "workloads"
