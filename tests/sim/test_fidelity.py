@@ -166,7 +166,8 @@ def _poll(port: int, proc: subprocess.Popen, seconds: float, until=None) -> list
 
 
 def test_refused_while_loading_then_503_after_engine_death_then_refused(tmp_path):
-    proc, port, out = _sim(tmp_path, "--startup-delay", "4", "--time-scale", "1", "--fault", "crash:at=8")
+    # time_scale 2: 2 s of loading, 2 s ready, 2.5 s of 503 before the shutdown
+    proc, port, out = _sim(tmp_path, "--startup-delay", "4", "--time-scale", "2", "--fault", "crash:at=8")
     try:
         _wait_for_line(out, "simulator: loading", proc)
         seen = _poll(port, proc, 60.0, until=lambda s: len(s) >= 4)
@@ -179,11 +180,11 @@ def test_refused_while_loading_then_503_after_engine_death_then_refused(tmp_path
 
 
 def test_keep_alive_on_engine_death_keeps_answering_503(tmp_path):
-    proc, port, out = _sim(tmp_path, "--time-scale", "2", "--fault", "crash:at=2",
+    proc, port, out = _sim(tmp_path, "--time-scale", "5", "--fault", "crash:at=2",
                            env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         _wait_for_line(out, "EngineDeadError", proc)
-        time.sleep(4.0)  # 5 sim s after death is 2.5 s here: well past it
+        time.sleep(2.0)  # 10 sim s after death, twice the 5 s at which the API server would shut down
         seen = _poll(port, proc, 1.0)
     finally:
         proc.kill()
