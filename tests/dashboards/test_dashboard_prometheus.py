@@ -148,7 +148,12 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
     except subprocess.TimeoutExpired:
         pytest.fail(f"soak run did not end after the deadlock:\n{out.read_text()[-3000:]}")
     assert returncode == 1, out.read_text()[-3000:]
-    time.sleep(2 * SCRAPE_S)  # the rules' last evaluations
+    # Until Prometheus has scraped the harness as gone (up == 0): the window then
+    # holds the rules' last evaluations. Polled, not a fixed sleep a loaded box outruns.
+    deadline = time.monotonic() + 20 * SCRAPE_S
+    while not prometheus.api("query", query='up{job="soak"} == 0')["result"]:
+        assert time.monotonic() < deadline, "Prometheus never scraped the harness as down"
+        time.sleep(0.25)
     end = time.time()
 
     expressions = list(dashboard_expressions(load_dashboard())) + list(rule_expressions(load_rules()))

@@ -103,15 +103,25 @@ def check_incident(run_dir: Path, incident: dict[str, Any], number: int) -> None
         assert not is_alive(pid), pid
 
 
-def inject_deadlocks(run_dir: Path, after: list[tuple[str, int]], *, delay_s: float, timeout_s: float = 90.0):
-    """In a thread: POST a pp_deadlock to the simulator ``delay_s`` after each
-    (event type, occurrence) of events.jsonl, so the test, not the clock, decides
-    how many deadlocks a run meets."""
+def inject_deadlocks(run_dir: Path, after: list[tuple[str, int]], *, ok_requests: int = 2,
+                     timeout_s: float = 90.0):
+    """In a thread: POST a pp_deadlock to the simulator once ``ok_requests``
+    requests have finished well after each (event type, occurrence) of
+    events.jsonl, so the test, not the clock, decides how many deadlocks a run
+    meets, and each one lands on a server that is serving load (not a fixed
+    delay, which a loaded machine can outrun)."""
     import threading
     import time
     import urllib.request
 
     injected: list[float] = []
+
+    def load_flowing_since(ts: float) -> bool:
+        try:
+            records = read_jsonl(run_dir / "requests.jsonl")
+        except (OSError, ValueError):
+            return False
+        return sum(r["outcome"] == "ok" and r["ended_at"] > ts for r in records) >= ok_requests
 
     def run() -> None:
         deadline = time.monotonic() + timeout_s
@@ -123,12 +133,11 @@ def inject_deadlocks(run_dir: Path, after: list[tuple[str, int]], *, delay_s: fl
                     events = []
                 matches = [e for e in events if e["type"] == event_type]
                 ready = [e for e in events if e["type"] == "target_ready"]
-                if len(matches) >= nth and ready:
+                if len(matches) >= nth and ready and load_flowing_since(matches[nth - 1]["ts"]):
                     break
                 time.sleep(0.05)
             else:
                 return
-            time.sleep(delay_s)
             body = json.dumps(DEADLOCK).encode()
             req = urllib.request.Request(ready[0]["base_url"] + "/sim/fault", data=body,
                                          headers={"Content-Type": "application/json"})
@@ -148,7 +157,7 @@ async def test_launched_pp_deadlock_is_a_pp_tail_stall_and_the_whole_tree_dies(t
     run_dir = tmp_path / "run"
     config = run_config(tmp_path, duration="40s", target=sim_target())
     watcher = SoakRunWatcher(reaper, config, run_dir)
-    injected = inject_deadlocks(run_dir, [("load_started", 1)], delay_s=1.5)
+    injected = inject_deadlocks(run_dir, [("load_started", 1)])
     seen = watcher.wait(timeout_s=90)
     assert len(injected) == 1
 
@@ -179,7 +188,7 @@ async def test_attached_server_given_by_url_and_pid_is_killed_the_same_way(tmp_p
                                 "log_path": str(sim.log_path), "pp_size": 4, "block_size": 256},
                         probes={"gpu": {"kind": "sim"}})
     watcher = SoakRunWatcher(reaper, config, run_dir, base_url=sim.base_url, root_pid=sim.pid)
-    injected = inject_deadlocks(run_dir, [("load_started", 1)], delay_s=1.5)
+    injected = inject_deadlocks(run_dir, [("load_started", 1)])
     seen = watcher.wait(timeout_s=90)
     assert len(injected) == 1
 
@@ -199,13 +208,13 @@ async def test_attached_server_given_by_url_and_pid_is_killed_the_same_way(tmp_p
 
 @pytest.mark.slow
 async def test_on_hang_restart_two_deadlocks_two_incidents_two_restarts_full_duration(tmp_path, reaper):
-    # Two deadlocks, injected 2 s after the load starts and 2 s after the first
-    # restart is done; nothing else would hang, so exactly two incidents.
+    # Two deadlocks, injected once requests flow after the load starts and after
+    # the first restart is done; nothing else would hang, so exactly two incidents.
     run_dir = tmp_path / "run"
     config = run_config(tmp_path, duration="20s", target=sim_target(),
                         response={"on_hang": "restart", "max_restarts": 3})
     watcher = SoakRunWatcher(reaper, config, run_dir)
-    injected = inject_deadlocks(run_dir, [("load_started", 1), ("restart_done", 1)], delay_s=2.0)
+    injected = inject_deadlocks(run_dir, [("load_started", 1), ("restart_done", 1)])
     seen = watcher.wait(timeout_s=120)
 
     assert len(injected) == 2
