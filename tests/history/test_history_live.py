@@ -20,8 +20,7 @@ from soakrun_helpers import small_config, soak_cmd, write_config  # noqa: E402
 pytestmark = pytest.mark.timeout(600)
 
 
-def start_night(tmp_path: Path, name: str, *, build: str, duration: str, seed: int,
-                faults: list) -> tuple[subprocess.Popen, int]:
+def night(tmp_path: Path, name: str, *, build: str, duration: str, seed: int, faults: list) -> Path:
     config = small_config(duration=duration, build=build, seed=seed)
     config["workload"]["tokenizer"] = {"kind": "estimate"}  # no calibration pass: load begins sooner
     # time_scale 20: a simulated minute passes in 3 s
@@ -29,37 +28,21 @@ def start_night(tmp_path: Path, name: str, *, build: str, duration: str, seed: i
     config["response"] = {"on_hang": "restart", "max_restarts": 8,
                           "evidence": {"py_spy": False, "flight_recorder_wait": "0.5s"}}
     run_dir = tmp_path / "runs" / name
-    popen = subprocess.Popen(soak_cmd("run", str(write_config(tmp_path / f"{name}.yaml", config)), "--out", str(run_dir)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    return popen, (1 if faults else 0)
-
-
-def finish_nights(started: list[tuple[subprocess.Popen, int]]) -> None:
-    try:
-        for popen, expected in started:
-            _, stderr = popen.communicate(timeout=150)
-            assert popen.returncode == expected, stderr
-    finally:
-        for popen, _ in started:
-            if popen.poll() is None:
-                popen.kill()
-                popen.communicate()
-
-
-def night(tmp_path: Path, name: str, **kw) -> None:
-    finish_nights([start_night(tmp_path, name, **kw)])
+    done = subprocess.run(soak_cmd("run", str(write_config(tmp_path / f"{name}.yaml", config)), "--out", str(run_dir)),
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == (1 if faults else 0), done.stderr
+    return run_dir
 
 
 def test_history_of_five_real_nights_names_the_fixed_build(tmp_path):
     # MTBF 80 simulated seconds, 4 s of wall time at time_scale 20; the seeds draw
     # 1.1 and 1.3 times that after each start of the simulator
     deadlock = [{"kind": "pp_deadlock", "mtbf": "80s"}]
-    # The buggy nights run one at a time (their hang times are what history measures);
-    # the three fixed nights, which only need healthy load, run side by side.
     night(tmp_path, "n1-buggy", build="buggy", duration="16s", seed=6, faults=deadlock)
+    night(tmp_path, "n2-fixed", build="fixed", duration="8s", seed=2, faults=[])
     night(tmp_path, "n3-buggy", build="buggy", duration="16s", seed=2, faults=deadlock)
-    finish_nights([start_night(tmp_path, name, build="fixed", duration="8s", seed=seed, faults=[])
-                   for name, seed in (("n2-fixed", 2), ("n4-fixed", 4), ("n5-fixed", 5))])
+    night(tmp_path, "n4-fixed", build="fixed", duration="8s", seed=4, faults=[])
+    night(tmp_path, "n5-fixed", build="fixed", duration="8s", seed=5, faults=[])
 
     done = subprocess.run(soak_cmd("history", str(tmp_path / "runs"), "--window", "1s"), capture_output=True,
                           text=True, timeout=180)
