@@ -23,11 +23,12 @@ last pass over the directory at the end of a run.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+from soak.fsio import write_atomic
 
 REDACTED = "***"
 
@@ -214,9 +215,7 @@ class Redactor:
                 data = data.replace(value, REDACTED.encode())
         if packed:
             data = gzip.compress(data, 6)
-        tmp = path.with_name(f".{path.name}.redact")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data)
         return True
 
     def structure(self, obj: Any) -> Any:

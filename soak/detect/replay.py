@@ -8,7 +8,6 @@ of 66 simulated minutes replays in seconds.
 from __future__ import annotations
 
 import gzip
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -16,36 +15,39 @@ from typing import Iterable, Iterator
 from soak.detect.detector import Detector
 from soak.records import Decision, DetectorState
 from soak.errors import ConfigError
+from soak.jsonl import SKIP, JsonlLineError, parse_line, raw_lines
 from soak.samples import Sample, sample_from_json
 
 
 def read_samples(path: str | Path) -> Iterator[Sample]:
     """Samples from a run directory (its rolled ``samples-NNN.jsonl.gz`` segments,
-    then ``samples.jsonl``), or from one ``samples.jsonl`` / ``.jsonl.gz`` file.
-    A run directory's torn last line (a harness killed mid-write) is skipped; any
-    other line that is not a sample record is an error naming its file and line."""
+    then ``samples.jsonl``), or from one ``samples.jsonl`` / ``.jsonl.gz`` file,
+    read under ``soak.jsonl``'s rule: a torn last line is skipped; any other line
+    that is not a sample record is an error naming its file and line."""
     path = Path(path)
     if path.is_dir():
         from soak.store.segments import iter_sample_lines
 
-        lines: Iterable[tuple[Path, int, bytes | str]] = iter_sample_lines(path)
+        lines: Iterable[tuple[Path, int, bytes]] = iter_sample_lines(path)
     else:
         lines = _file_lines(path)
-    for source, number, line in lines:
-        if not line.strip():
-            continue
+    for source, number, raw in lines:
         try:
-            obj = json.loads(line)
+            obj = parse_line(raw, path=source, number=number)
+            if obj is SKIP:
+                continue
             yield sample_from_json(obj)
+        except JsonlLineError as exc:
+            raise ConfigError(exc.message, path=source, line=number) from exc
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(f"not a sample record: {exc}", path=source, line=number) from exc
 
 
-def _file_lines(path: Path) -> Iterator[tuple[Path, int, str]]:
+def _file_lines(path: Path) -> Iterator[tuple[Path, int, bytes]]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            yield path, number, line
+    with opener(path, "rb") as fh:
+        for number, raw in raw_lines(fh):
+            yield path, number, raw
 
 
 @dataclass

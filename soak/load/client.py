@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
@@ -34,6 +33,7 @@ from soak.load.chunks import ContentTemplate, Usage, interpret, preview
 from soak.load.config import TimeoutsConfig
 from soak.load.progress import ProgressTracker, StreamCut, StreamProgress
 from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
+from soak.percentiles import percentile
 from soak.samples import RequestRecord
 
 _ERROR_BODY_LIMIT = 2048
@@ -71,12 +71,6 @@ class _Stream:
         self.anomalies = 0
         self.anomaly_notes: list[str] = []
         self.template = ContentTemplate()
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank quantile, as vLLM's benchmark reports percentiles."""
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
 
 
 class StreamingClient:
@@ -327,8 +321,8 @@ class StreamingClient:
         if state.gaps:
             gaps = sorted(state.gaps)
             itl_mean = sum(gaps) / len(gaps)
-            itl_p50 = _quantile(gaps, 0.50)
-            itl_p99 = _quantile(gaps, 0.99)
+            itl_p50 = percentile(gaps, 50, method="nearest_rank")
+            itl_p99 = percentile(gaps, 99, method="nearest_rank")
             itl_max = gaps[-1]
         e2e = elapsed if error is None else None
         tpot = None

@@ -12,13 +12,14 @@ import datetime as dt
 import html
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from soak.fsio import write_atomic
+from soak.percentiles import percentile
 from soak.report import flight_recorder, plots, watchdog
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RunData, load_run
@@ -89,9 +90,9 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     x = np.asarray([v for v in values if isinstance(v, (int, float))], dtype=float)
     if x.size == 0:
         return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    p50, p90, p99 = np.percentile(x, [50, 90, 99])
-    return {"n": int(x.size), "mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "max": float(x.max())}
+    numbers = x.tolist()
+    return {"n": int(x.size), "mean": float(x.mean()), "p50": percentile(numbers, 50), "p90": percentile(numbers, 90),
+            "p99": percentile(numbers, 99), "max": float(x.max())}
 
 
 def request_statistics(requests: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[str, dict]], list[tuple[str, int]]]:
@@ -546,17 +547,6 @@ def junit_for(model: ReportModel) -> bytes:
                        system_out="\n".join(lines))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @dataclass(frozen=True)
 class Written:
     html: Path
@@ -570,14 +560,10 @@ def write_report(run_dir: str | Path, *, confidence: float = 0.95, write_summary
     model = build(run, confidence=confidence)
     path = Path(run_dir)
     summary_path = None
-    if write_summary:
-        from soak.report.rundir import _default_summarize
-
-        # Rewrite summary.json only from the run store's own summarize(); never clobber it with ours.
-        if _default_summarize() is not None or not (path / "summary.json").exists():
-            summary_path = path / "summary.json"
-            _write_atomic(summary_path, (json.dumps(run.summary, indent=2) + "\n").encode("utf-8"))
+    if write_summary:  # run.summary is the run store's own summarize()
+        summary_path = path / "summary.json"
+        write_atomic(summary_path, (json.dumps(run.summary, indent=2) + "\n").encode("utf-8"))
     html_path, junit_path = path / "report.html", path / "junit.xml"
-    _write_atomic(html_path, render_html(model).encode("utf-8"))
-    _write_atomic(junit_path, junit_for(model))
+    write_atomic(html_path, render_html(model).encode("utf-8"))
+    write_atomic(junit_path, junit_for(model))
     return Written(html=html_path, junit=junit_path, summary=summary_path, model=model)

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from soak.fsio import symlink_atomic
+
 RUN_MARKERS = ("events.jsonl", "summary.json", "samples.jsonl", "config.yaml")
 LATEST = "latest"
 
@@ -102,11 +104,7 @@ def update_latest(runs_dir: Path, target: Path | None) -> Path | None:
         if link.is_symlink():
             link.unlink()
         return None
-    tmp = runs_dir / f".{LATEST}.tmp{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(target.name, tmp)
-    os.replace(tmp, link)
+    symlink_atomic(target.name, link)
     return link
 
 

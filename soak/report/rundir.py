@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from soak.errors import ConfigError
+from soak.jsonl import parse_line, read_records
 from soak.store.segments import iter_sample_lines, line_head, sample_files
+from soak.store.summary import summarize
 
 # The timelines are binned to at most 720 columns; more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
@@ -69,29 +71,17 @@ class RunData:
         return min(candidates) if candidates else None
 
 
-def iter_jsonl(path: Path, bad: dict[str, int]) -> Iterator[dict[str, Any]]:
-    if not path.is_file():
-        return
-    with path.open("rb") as fh:
-        for raw in fh:
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                bad[path.name] = bad.get(path.name, 0) + 1
-                continue
-            if isinstance(obj, dict):
-                yield obj
+def _records(path: Path, bad: dict[str, int]) -> list[dict[str, Any]]:
+    """The file's JSON object lines; unreadable ones (torn or bad) counted in ``bad`` by file name."""
+    stats: dict[str, int] = {}
+    records = list(read_records(path, stats=stats))
+    unreadable = stats.get("bad_lines", 0) + stats.get("torn_lines", 0)
+    if unreadable:
+        bad[path.name] = bad.get(path.name, 0) + unreadable
+    return records
 
 
-def _default_summarize() -> Callable[[Path], dict[str, Any]] | None:
-    try:
-        from soak.store.summary import summarize
-    except ImportError:
-        return None
-    return summarize
-
-
-def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]] | None = None) -> RunData:
+def load_run(run_dir: str | Path) -> RunData:
     path = Path(run_dir)
     if not path.is_dir():
         raise ConfigError("not a run directory", path=path)
@@ -99,8 +89,8 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
     if not any((path / m).exists() for m in markers) and not sample_files(path):
         raise ConfigError(f"not a run directory (none of {', '.join(markers)})", path=path)
     bad: dict[str, int] = {}
-    events = list(iter_jsonl(path / "events.jsonl", bad))
-    requests = [r for r in iter_jsonl(path / "requests.jsonl", bad) if not r.get("warmup")]
+    events = _records(path / "events.jsonl", bad)
+    requests = [r for r in _records(path / "requests.jsonl", bad) if not r.get("warmup")]
 
     gpu_ts: list[float] = []
     gpu_rows: list[dict[int, float]] = []
@@ -110,13 +100,13 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
     log_lines: list[dict[str, Any]] = []
-    summary = _summary(path, summarize)
+    summary = dict(summarize(path))
     started, ended = summary.get("started_at"), summary.get("ended_at")
     span = ended - started if isinstance(started, (int, float)) and isinstance(ended, (int, float)) else 0.0
     gap = max(0.0, span / MAX_TIMELINE_POINTS)
     last_kept: dict[str, float] = {}
     sample_stats: dict[str, int] = {}
-    for _, _, raw in iter_sample_lines(path, stats=sample_stats):  # rolled gzip segments, then samples.jsonl
+    for source, number, raw in iter_sample_lines(path, stats=sample_stats):  # rolled gzip segments, then samples.jsonl
         kind, ts = line_head(raw)
         if kind is not None and kind not in TIMELINE_KINDS and kind != "log":
             continue  # health, process: not plotted
@@ -124,11 +114,7 @@ def load_run(run_dir: str | Path, *, summarize: Callable[[Path], dict[str, Any]]
             if ts < last_kept.get(kind, float("-inf")) + gap:
                 continue
             last_kept[kind] = ts
-        try:
-            s = json.loads(raw)
-        except ValueError:
-            sample_stats["bad_lines"] = sample_stats.get("bad_lines", 0) + 1
-            continue
+        s = parse_line(raw, path=source, number=number, errors="skip", stats=sample_stats)
         if not isinstance(s, dict):
             continue
         kind, ts = s.get("kind"), s.get("ts")
@@ -199,45 +185,6 @@ def _parse_yaml(text: str) -> dict[str, Any]:
     except yaml.YAMLError:
         return {}
     return obj if isinstance(obj, dict) else {}
-
-
-def _summary(path: Path, summarize: Callable[[Path], dict[str, Any]] | None) -> dict[str, Any]:
-    summarize = summarize or _default_summarize()
-    if summarize is not None:
-        return dict(summarize(path))
-    # Until the run store's summarize() lands: the stored summary, else a minimal one.
-    stored = _read_json(path / "summary.json")
-    if isinstance(stored, dict):
-        return stored
-    return fallback_summary(path)
-
-
-def fallback_summary(path: Path) -> dict[str, Any]:
-    """The CONTRACTS.md shape from the JSONL files alone (no run_ended: cut off)."""
-    bad: dict[str, int] = {}
-    events = list(iter_jsonl(path / "events.jsonl", bad))
-    requests = [r for r in iter_jsonl(path / "requests.jsonl", bad) if not r.get("warmup")]
-    incidents = [i.record for i in _incidents(path)]
-    ended = next((e for e in reversed(events) if e.get("type") == "run_ended"), None)
-    started = next((e for e in events if e.get("type") == "run_started"), events[0] if events else None)
-    stamps = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
-    stamps += [r["ended_at"] for r in requests if isinstance(r.get("ended_at"), (int, float))]
-    started_at = started["ts"] if started else (min(stamps) if stamps else None)
-    ended_at = ended["ts"] if ended else (max(stamps) if stamps else None)
-    verdict = (ended or {}).get("verdict") or ("fail" if incidents else "pass")
-    ok = sum(1 for r in requests if r.get("outcome") == "ok")
-    return {
-        "verdict": verdict,
-        "cut_off": ended is None,
-        "started_at": started_at,
-        "ended_at": ended_at,
-        "duration_s": (ended_at - started_at) if started_at is not None and ended_at is not None else 0.0,
-        "requests": {"ok": ok, "failed": len(requests) - ok},
-        "tokens": {"prompt": sum(r.get("prompt_tokens") or 0 for r in requests),
-                   "generated": sum(r.get("output_tokens") or 0 for r in requests)},
-        "prefix_cache_hit_ratio": None,
-        "incidents": incidents,
-    }
 
 
 def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,13 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
+from soak.fsio import write_atomic
 from soak.sim.config import SimConfig
 
 
 def _write_port_file(path: Path, port: int) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(f"{port}\n", encoding="utf-8")
-    os.replace(tmp, path)  # readers never see a half-written file
+    write_atomic(path, f"{port}\n")  # readers never see a half-written file
 
 
 async def _serve(config: SimConfig, *, host: str, port: int, port_file: Path | None, spawn_processes: bool, argv) -> int:

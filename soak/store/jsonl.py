@@ -1,12 +1,15 @@
 """Append-and-flush JSON Lines: a harness killed with SIGKILL leaves every
-complete line valid JSON (at most the last line is partial, and readers skip it)."""
+complete line valid JSON (at most the last line is partial, and ``soak.jsonl``'s
+readers skip it)."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+from soak.jsonl import read_records as read_jsonl  # noqa: F401 - run.loop reads requests.jsonl through it
 
 
 def _finite(value: Any) -> Any:
@@ -52,24 +55,3 @@ class JsonlWriter:
                 self._file.close()
             except OSError:
                 pass  # what could not be flushed is already reported by the write that failed
-
-
-def read_jsonl(path: Path, *, stats: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
-    """Every complete, valid JSON object line of ``path``; a torn last line and
-    any unreadable line are skipped (counted in ``stats['bad_lines']``)."""
-    if not path.exists():
-        return
-    with open(path, "rb") as handle:
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                if stats is not None:
-                    stats["torn_lines"] = stats.get("torn_lines", 0) + 1
-                break
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                if stats is not None:
-                    stats["bad_lines"] = stats.get("bad_lines", 0) + 1
-                continue
-            if isinstance(obj, dict):
-                yield obj

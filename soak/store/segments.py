@@ -25,7 +25,6 @@ closed file; then the open segment. Leftover ``.tmp`` files are ignored.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import re
 import shutil
@@ -34,6 +33,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
+from soak.fsio import atomic_writer
+from soak.jsonl import parse_line, raw_lines
 from soak.store.jsonl import dumps
 
 OPEN_SEGMENT = "samples.jsonl"
@@ -94,19 +95,13 @@ class RollingJsonlWriter:
         self._worker.start()
 
     def _compress(self, plain: Path) -> None:
-        target = plain.with_name(plain.name + ".gz")
-        tmp = target.with_name(target.name + ".tmp")
         try:
-            with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=self._level) as dst:
+            with open(plain, "rb") as src, atomic_writer(plain.with_name(plain.name + ".gz")) as raw, \
+                    gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=self._level) as dst:
                 shutil.copyfileobj(src, dst, 1024 * 1024)
-            os.replace(tmp, target)
             plain.unlink()
         except OSError as exc:  # a full disk: the plain closed segment stays and reads as before
             self.compress_errors.append(f"{plain.name}: {exc}")
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
 
     def _wait(self) -> None:
         if self._worker is not None:
@@ -151,20 +146,15 @@ def has_samples(run_dir: str | Path) -> bool:
 
 
 def iter_sample_lines(run_dir: str | Path, *, stats: dict[str, int] | None = None) -> Iterator[tuple[Path, int, bytes]]:
-    """(file, line number, raw line) for every complete line of every sample file.
-    A line without its newline (a harness killed mid-write, or a segment torn by a
-    full disk) is skipped and counted in ``stats['torn_lines']``; a gzip segment
-    cut short is read up to the cut and counted in ``stats['bad_segments']``."""
+    """(file, line number, raw line) for every non-blank line of every sample
+    file, for ``soak.jsonl.parse_line`` (which applies the torn-last-line rule).
+    A gzip segment cut short is read up to the cut and counted in
+    ``stats['bad_segments']``."""
     for path in sample_files(run_dir):
         opener = gzip.open if path.suffix == ".gz" else open
-        number = 0
         try:
             with opener(path, "rb") as handle:
-                for raw in handle:
-                    number += 1
-                    if not raw.endswith(b"\n"):
-                        _count(stats, "torn_lines")
-                        break
+                for number, raw in raw_lines(handle):
                     yield path, number, raw
         except (OSError, EOFError, zlib.error):
             _count(stats, "bad_segments")
@@ -199,12 +189,13 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
     ``kinds``, lines of other kinds are passed over unparsed (the writer puts
     ``"kind"`` first, so that is a prefix test). ``scan``, if given, gets
     ``lines`` (sample lines seen, parsed or passed over) and ``last_ts`` (the
-    latest ``ts`` among them). Unparseable lines are counted in ``stats['bad_lines']``."""
+    latest ``ts`` among them). Lines are read under ``soak.jsonl``'s rule, bad
+    ones counted in ``stats``."""
     wanted = frozenset(kinds) if kinds is not None else None
     lines = 0
     last_ts: float | None = None
     try:
-        for _, _, raw in iter_sample_lines(run_dir, stats=stats):
+        for path, number, raw in iter_sample_lines(run_dir, stats=stats):
             if wanted is not None:
                 kind, ts = line_head(raw)
                 if kind is not None and kind not in wanted:
@@ -212,11 +203,7 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
                     if ts is not None and (last_ts is None or ts > last_ts):
                         last_ts = ts
                     continue
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                _count(stats, "bad_lines")
-                continue
+            obj = parse_line(raw, path=path, number=number, errors="skip", stats=stats)
             if not isinstance(obj, dict):
                 continue
             lines += 1

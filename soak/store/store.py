@@ -42,18 +42,7 @@ SUMMARY = "summary.json"
 SERVER_LOG = "server.log"
 
 
-def write_json_atomic(path: Path, obj: Any, *, redact: Callable[[str], str] | None = None) -> None:
-    """Write then rename, so a reader never sees half a summary."""
-    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n"
-    if redact is not None:
-        text = redact(text)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk keeps the old file whole, never half a new one
-        raise
+from soak.fsio import write_atomic, write_json_atomic  # noqa: E402 - one atomic write (fsync, rename) for the store
 
 
 class RunStore:
@@ -91,9 +80,7 @@ class RunStore:
     def write_text(self, name: str, text: str) -> Path:
         """A text file of the run directory (harness_error.txt), redacted, whole or not at all."""
         path = self.run_dir / name
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(self.redact(text), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, self.redact(text))
         return path
 
     def redact(self, text: str) -> str:

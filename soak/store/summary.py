@@ -40,8 +40,9 @@ import json
 
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge
+from soak.jsonl import read_records
+from soak.percentiles import percentile
 from soak.records import Verdict
-from soak.store.jsonl import read_jsonl
 from soak.store.segments import read_sample_records
 from soak.store.store import CONFIG, EVENTS, REQUESTS
 
@@ -52,17 +53,6 @@ SERVER_KEYS = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "ge
 MAX_STALE_SPANS = 20
 
 INCIDENT_FIELDS = ("kind", "rule", "onset_at", "detected_at", "killed_pids", "gpus_released", "evidence")
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), ``q`` in 0..100."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
@@ -124,7 +114,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     warnings: list[str] = []
     build: dict[str, Any] = {}
     criteria_section: dict[str, Any] | None = None
-    for event in read_jsonl(run_dir / EVENTS, stats=read_stats):
+    for event in read_records(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
             last_ts = ts if last_ts is None else max(last_ts, ts)
@@ -173,7 +163,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     itl_p50: list[float] = []
     measured_generated = 0
     first_request = last_request = None
-    for record in read_jsonl(run_dir / REQUESTS, stats=read_stats):
+    for record in read_records(run_dir / REQUESTS, stats=read_stats):
         outcome = record.get("outcome")
         by_outcome[outcome] = by_outcome.get(outcome, 0) + 1
         cause = cut_cause(record)

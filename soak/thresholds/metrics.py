@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
+from soak.percentiles import percentile
+
 
 class Quantity(str, Enum):
     DURATION = "duration"  # seconds; written with a unit: 250ms, 90s, 2m
@@ -114,17 +116,6 @@ def run_value(name: str, summary: Mapping[str, Any]) -> float | None:
         return float(hangs)
     exposure = _number(summary.get("duration_s"))
     return hangs / exposure if exposure else None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), ``q`` in 0..100."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _stat(values: Sequence[float], which: str) -> float | None:

@@ -11,8 +11,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from soak.store.jsonl import read_jsonl
-from soak.store.store import CONFIG, EVENTS, REQUESTS, SAMPLES
+from soak.jsonl import read_records
+from soak.store.segments import read_sample_records
+from soak.store.store import CONFIG, EVENTS, REQUESTS
 from soak.thresholds.evaluate import (
     ThresholdConfigError, ThresholdResult, compile_thresholds, evaluate_run, evaluate_windows, thresholds_entry,
 )
@@ -47,14 +48,15 @@ def run_thresholds(run_dir: str | Path, summary: Mapping[str, Any],
     results = evaluate_run(thresholds, summary)
     if any(t.window_s is not None for t in thresholds):
         start = end = None
-        for event in read_jsonl(run_dir / EVENTS):
+        for event in read_records(run_dir / EVENTS):
             if event.get("type") == "load_started" and start is None:
                 start = event.get("ts")
             elif event.get("type") == "load_stopped":
                 end = event.get("ts")
-        requests = [r for r in read_jsonl(run_dir / REQUESTS)]
-        server = [(s["ts"], s.get("values") or {}) for s in read_jsonl(run_dir / SAMPLES)
-                  if s.get("kind") == "server" and s.get("ok") and isinstance(s.get("ts"), (int, float))]
+        requests = [r for r in read_records(run_dir / REQUESTS)]
+        # every segment, rolled ones included (samples.jsonl alone is only the open tail of a long run)
+        server = [(s["ts"], s.get("values") or {}) for s in read_sample_records(run_dir, kinds={"server"})
+                  if s.get("ok") and isinstance(s.get("ts"), (int, float))]
         if end is None:  # cut off: up to the last thing recorded
             ends = [r.get("ended_at") for r in requests if isinstance(r.get("ended_at"), (int, float))]
             end = max(ends, default=None)
@@ -72,7 +74,7 @@ def summary_thresholds(run_dir: str | Path, summary: Mapping[str, Any]) -> dict[
     if results is None:
         return None
     entry = thresholds_entry(results)
-    for event in read_jsonl(Path(run_dir) / EVENTS):
+    for event in read_records(Path(run_dir) / EVENTS):
         if event.get("type") == "threshold_breached":  # a live abort_on_fail stop
             entry["aborted_by"] = {k: event.get(k) for k in ("ts", "threshold", "observed", "reason")}
             entry["passed"] = False

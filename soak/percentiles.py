@@ -1,0 +1,31 @@
+"""The one percentile every stage reports: summary.json, thresholds, the live view,
+the report's tables and the client's per-request ITL figures."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Literal
+
+Method = Literal["linear", "nearest_rank"]
+
+
+def percentile(values: Iterable[float], q: float, *, method: Method = "linear") -> float | None:
+    """The ``q``-th percentile (``q`` in 0..100) of ``values``; None when there are none.
+
+    ``linear`` interpolates between the two nearest ranks (numpy's default, and
+    what summary.json reports). ``nearest_rank`` is the smallest value with at
+    least ``q`` percent of the values at or below it, as vLLM's benchmark
+    reports per-request ITL percentiles (``itl_p50_s``, ``itl_p99_s``).
+    """
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    if method == "nearest_rank":
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered) / 100) - 1))]
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+__all__ = ["percentile"]
