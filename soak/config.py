@@ -118,14 +118,7 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"invalid YAML: {exc}", path=path) from exc
 
 
-def duration_flag(text: str | None) -> float | None:
-    """Seconds from a ``--duration`` argument (``66m``), None when not given."""
-    if text is None:
-        return None
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise ArgumentError(f"--duration: {exc}") from None
+from soak.durations import duration_flag  # noqa: E402,F401 - the one flag parser; run.cli imports it here
 
 
 def load_run_config(path: str | Path, *, duration: float | None = None) -> RunConfig:

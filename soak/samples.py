@@ -8,10 +8,11 @@ a recorded run replays through the detector exactly as it was seen live.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Mapping, Union
+
+from soak.plain import plain
 
 
 class GpuSource(str, Enum):
@@ -121,22 +122,9 @@ SAMPLE_TYPES: dict[str, type] = {
 }
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
-
-
 def to_json(sample: Sample) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": sample.kind}
-    out.update(_plain(sample))
-    return out
+    """The line's object: ``kind`` first, then the fields (``soak.plain``)."""
+    return plain(sample)
 
 
 def sample_from_json(obj: Mapping[str, Any]) -> Sample:
@@ -194,7 +182,7 @@ class RequestRecord:
     anomaly_notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        return plain(self)
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "RequestRecord":

@@ -32,20 +32,15 @@ def main(args: argparse.Namespace) -> int:
 
 def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: str | None,
             baseline_mtbf: str | None, window: str, pushgateway: str | None, job: str, labels: list[str]) -> int:
-    from soak.configbase import parse_duration
+    from soak.durations import duration_flag
     from soak.errors import ArgumentError
     from soak.history.collect import find_runs, is_run_dir
     from soak.history.render import write_history
 
     if not 0 < confidence < 1:
         raise ArgumentError(f"--confidence must be between 0 and 1, got {confidence}")
-    try:
-        window_s = parse_duration(window)
-        baseline_mtbf_s = parse_duration(baseline_mtbf) if baseline_mtbf is not None else None
-    except ValueError as exc:
-        raise ArgumentError(str(exc)) from None
-    if window_s <= 0 or (baseline_mtbf_s is not None and baseline_mtbf_s <= 0):
-        raise ArgumentError("--window and --baseline-mtbf must be greater than 0")
+    window_s = duration_flag(window, flag="--window", positive=True)
+    baseline_mtbf_s = duration_flag(baseline_mtbf, flag="--baseline-mtbf", positive=True)
     grouping: dict[str, str] = {}
     for item in labels:
         name, eq, value = item.partition("=")

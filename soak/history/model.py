@@ -25,7 +25,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from soak.report.stats import MtbfEstimate, human_duration, mtbf_estimate, quantile_estimate, required_clean_exposure
+from soak.durations import format_duration
+from soak.report.stats import MtbfEstimate, mtbf_estimate, quantile_estimate, required_clean_exposure
 from soak.thresholds.metrics import RUN_METRICS, run_value
 
 # The per-run figures history shows: names from the one metric table.
@@ -228,20 +229,20 @@ def _plural(n: int, word: str) -> str:
 def fixed_verdict(b: BuildStats, baseline_mtbf_s: float, baseline: str, *, confidence: float) -> tuple[str, bool | None]:
     """"fixed at 95%: 5 clean nights, 330 min pooled, beat the unfixed MTBF of 15 min"."""
     pct = f"{confidence * 100:g}%"
-    base = f"the {baseline} MTBF of {human_duration(baseline_mtbf_s)}"
+    base = f"the {baseline} MTBF of {format_duration(baseline_mtbf_s, approx=True)}"
     if b.mtbf is None:
         return f"no exposure yet to judge against {base}", None
     nights = _plural(b.runs, "night") if b.hangs else _plural(b.clean_runs, "clean night")
     hangs = f", {_plural(b.hangs, 'hang')}" if b.hangs else ""
-    pooled = human_duration(b.exposure_s)
+    pooled = format_duration(b.exposure_s, approx=True)
     if b.mtbf.one_sided_lower_s > baseline_mtbf_s:
         return (f"fixed at {pct}: {nights}{hangs}, {pooled} pooled, MTBF above "
-                f"{human_duration(b.mtbf.one_sided_lower_s)}, beat {base}"), True
+                f"{format_duration(b.mtbf.one_sided_lower_s, approx=True)}, beat {base}"), True
     if b.hangs and b.mtbf.upper_s < baseline_mtbf_s:
         return f"not fixed: {nights}{hangs} in {pooled}, MTBF below {base} at {pct}", False
     needed = required_clean_exposure(baseline_mtbf_s, confidence=confidence, allowed_failures=b.hangs) - b.exposure_s
     return (f"not yet shown at {pct}: {nights}{hangs}, {pooled} pooled, MTBF above "
-            f"{human_duration(b.mtbf.one_sided_lower_s)}; {human_duration(max(0.0, needed))} more clean load "
+            f"{format_duration(b.mtbf.one_sided_lower_s, approx=True)}; {format_duration(max(0.0, needed), approx=True)} more clean load "
             f"would beat {base}"), None
 
 
@@ -268,8 +269,8 @@ def rate_test(a: BuildStats, b: BuildStats, *, confidence: float) -> RateTest:
         rr = math.inf if a.hangs == 0 else (b.hangs / b.exposure_s) / rate_a
     conf = 1.0 - p_less
     rate = lambda s: s.hangs / s.exposure_s * 3600.0 if s.exposure_s > 0 else math.inf  # noqa: E731
-    statement = (f"{b.build} vs {a.build}: {_plural(b.hangs, 'hang')} in {human_duration(b.exposure_s)} "
-                 f"({rate(b):.2f}/h) against {_plural(a.hangs, 'hang')} in {human_duration(a.exposure_s)} "
+    statement = (f"{b.build} vs {a.build}: {_plural(b.hangs, 'hang')} in {format_duration(b.exposure_s, approx=True)} "
+                 f"({rate(b):.2f}/h) against {_plural(a.hangs, 'hang')} in {format_duration(a.exposure_s, approx=True)} "
                  f"({rate(a):.2f}/h); exact Poisson rate-ratio test: {b.build} hangs less often "
                  f"with {conf * 100:.1f}% confidence (one-sided p = {p_less:.3g}; two-sided p = {p_two:.3g})")
     return RateTest(a.build, b.build, a.hangs, a.exposure_s, b.hangs, b.exposure_s, rr, lo, hi, p_two, p_less, statement)

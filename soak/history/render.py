@@ -13,8 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from soak.durations import format_duration
 from soak.history.model import History, RunRecord
-from soak.report.stats import human_duration
+from soak.plain import plain
 from soak.thresholds.evaluate import format_value
 
 CSV_COLUMNS = (
@@ -28,16 +29,6 @@ def _utc(ts: float | None) -> str:
     if ts is None:
         return ""
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def run_json(r: RunRecord) -> dict[str, Any]:
@@ -64,12 +55,12 @@ def history_json(h: History) -> dict[str, Any]:
             "mtbf_statement": None if m is None else m.sentence(), "verdict": b.verdict, "fixed": b.fixed,
             "vllm_versions": list(b.vllm_versions), "launch_digests": list(b.digests),
         })
-    return _finite({
+    return plain({
         "confidence": h.confidence, "baseline": h.baseline, "baseline_mtbf_s": h.baseline_mtbf_s, "best": h.best,
         "builds": builds, "rate_tests": [dataclasses.asdict(t) for t in h.rate_tests],
         "costs": {k: [dataclasses.asdict(c) for c in v] for k, v in h.costs.items()},
         "runs": [run_json(r) for r in h.runs],
-    })
+    }, keep_infinity=True)
 
 
 def history_csv(h: History) -> str:
@@ -206,14 +197,14 @@ def history_html(h: History) -> str:
     rows = []
     for b in h.builds:
         m = b.mtbf
-        rows.append([b.build, b.runs, b.clean_runs, human_duration(b.exposure_s), b.hangs,
-                     "—" if m is None or m.point_s is None else human_duration(m.point_s),
-                     "—" if m is None else f"{human_duration(m.lower_s)} to {human_duration(m.upper_s)}",
-                     "—" if m is None else human_duration(m.one_sided_lower_s), b.verdict])
+        rows.append([b.build, b.runs, b.clean_runs, format_duration(b.exposure_s, approx=True), b.hangs,
+                     "—" if m is None or m.point_s is None else format_duration(m.point_s, approx=True),
+                     "—" if m is None else f"{format_duration(m.lower_s, approx=True)} to {format_duration(m.upper_s, approx=True)}",
+                     "—" if m is None else format_duration(m.one_sided_lower_s, approx=True), b.verdict])
     out.append(_table(["build", "runs", "clean", "exposure", "hangs", "MTBF", f"{pct} interval",
                        f"MTBF above ({pct})", "verdict"], rows))
     if h.baseline_mtbf_s:
-        out.append(f"<p class='muted'>Baseline: {_e(h.baseline)}, MTBF {human_duration(h.baseline_mtbf_s)}. Hangs are a "
+        out.append(f"<p class='muted'>Baseline: {_e(h.baseline)}, MTBF {format_duration(h.baseline_mtbf_s, approx=True)}. Hangs are a "
                    "Poisson process in exposure (time at risk); exact chi-square intervals.</p>")
     if h.rate_tests:
         out.append("<h2>Hang rate between builds</h2><ul>")
@@ -240,7 +231,7 @@ def history_html(h: History) -> str:
     for r in h.runs:
         f = r.figures
         rows.append([_utc(r.started_at), r.build, r.verdict + (" (cut off)" if r.cut_off else ""),
-                     human_duration(r.exposure_s), r.hangs, ", ".join(human_duration(t) for t in r.times_to_hang_s) or "—",
+                     format_duration(r.exposure_s, approx=True), r.hangs, ", ".join(format_duration(t, approx=True) for t in r.times_to_hang_s) or "—",
                      *(format_value(k, f.get(k)) for k in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50",
                                                             "tpot_p99", "prefix_hit_ratio")),
                      "—" if r.thresholds_passed is None else ("pass" if r.thresholds_passed else "breached"), r.path])

@@ -23,19 +23,14 @@ def compare(run_a: Path, run_b: Path, *, confidence: float, window: str, as_json
     import dataclasses
     import json
 
-    from soak.configbase import parse_duration
+    from soak.durations import duration_flag
     from soak.errors import ArgumentError
     from soak.report.compare import compare_runs, format_comparison
     from soak.report.rundir import load_run
 
     if not 0 < confidence < 1:
         raise ArgumentError(f"--confidence must be between 0 and 1, got {confidence}")
-    try:
-        window_s = parse_duration(window)
-    except ValueError as exc:
-        raise ArgumentError(f"--window: {exc}") from exc
-    if window_s <= 0:
-        raise ArgumentError("--window must be positive")
+    window_s = duration_flag(window, flag="--window", positive=True)
     a, b = load_run(run_a), load_run(run_b)
     result = compare_runs(a, b, a_name=run_a.name or str(run_a), b_name=run_b.name or str(run_b),
                           window_s=window_s, confidence=confidence)

@@ -23,8 +23,10 @@ posted and none completed is noted (``stuck_seq``), not counted as divergence.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
+
+from soak.plain import plain
 
 MAX_SHIFT = 16
 
@@ -78,12 +80,7 @@ class Diagnosis:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        for g in out["groups"]:
-            g["offsets"] = {str(k): v for k, v in g["offsets"].items()}
-        import json
-
-        return json.loads(json.dumps(out))  # plain JSON types: tuples as lists, so it round-trips
+        return plain(self)  # plain JSON types: tuples as lists, keys as strings, so it round-trips
 
 
 def _int(v: Any) -> int | None:

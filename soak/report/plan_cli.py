@@ -19,13 +19,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def plan_lines(baseline_s: float, *, confidence: float, max_hangs: int) -> list[str]:
-    from soak.configbase import format_duration
-    from soak.report.stats import human_duration, required_clean_exposure
+    from soak.durations import format_duration
+    from soak.report.stats import required_clean_exposure
 
     pct = f"{confidence * 100:g}%"
     clean = required_clean_exposure(baseline_s, confidence=confidence)
     lines = [
-        f"To show MTBF above {human_duration(baseline_s)} at {pct} confidence, run "
+        f"To show MTBF above {format_duration(baseline_s, approx=True)} at {pct} confidence, run "
         f"{format_duration(clean)} ({clean / 60:.1f} min of load) with no hang.",
         f"  (Poisson process, one-sided exact chi-square: T = MTBF x chi2({confidence:g}; 2) / 2 "
         f"= {clean / baseline_s:.3f} x baseline)",
@@ -37,15 +37,10 @@ def plan_lines(baseline_s: float, *, confidence: float, max_hangs: int) -> list[
 
 
 def plan(baseline: str, *, confidence: float, max_hangs: int) -> int:
-    from soak.configbase import parse_duration
+    from soak.durations import duration_flag
     from soak.errors import ArgumentError
 
-    try:
-        baseline_s = parse_duration(baseline)
-    except ValueError as exc:
-        raise ArgumentError(f"--baseline-mtbf: {exc}") from exc
-    if baseline_s <= 0:
-        raise ArgumentError("--baseline-mtbf must be positive")
+    baseline_s = duration_flag(baseline, flag="--baseline-mtbf", positive=True)
     if not 0 < confidence < 1:
         raise ArgumentError(f"--confidence must be between 0 and 1, got {confidence}")
     if not 0 <= max_hangs <= 20:

@@ -18,12 +18,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from soak.durations import format_duration
 from soak.fsio import write_atomic
 from soak.percentiles import percentile
 from soak.report import flight_recorder, plots, watchdog
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RunData, load_run
-from soak.report.stats import MtbfEstimate, human_duration, mtbf_estimate
+from soak.report.stats import MtbfEstimate, mtbf_estimate
 
 
 @dataclass
@@ -478,7 +479,7 @@ def render_html(model: ReportModel) -> str:
     verdict_cls = model.verdict if model.verdict in ("pass", "fail", "aborted") else "unknown"
     label = model.verdict.upper() + (" (cut off)" if model.cut_off else "")
     facts = [
-        f"{_e(human_duration(duration))} of load" if isinstance(duration, (int, float)) else "duration unknown",
+        f"{_e(format_duration(duration, approx=True))} of load" if isinstance(duration, (int, float)) else "duration unknown",
         f"{len(s.get('incidents') or [])} incident(s)",
         f"requests {req.get('ok', 0)} ok / {req.get('failed', 0)} failed"
         + (f" / {cut} cut by the harness" if (cut := sum(v for k, v in req.items() if k.startswith("cut_by_")

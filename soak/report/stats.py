@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
+from soak.durations import format_duration
+
 
 @dataclass(frozen=True)
 class MtbfEstimate:
@@ -35,16 +37,16 @@ class MtbfEstimate:
 
     def sentence(self, what: str = "hang") -> str:
         pct = f"{self.confidence * 100:g}%"
-        exposure = human_duration(self.exposure_s)
+        exposure = format_duration(self.exposure_s, approx=True)
         if self.failures == 0:
             return (
-                f"no {what} in {exposure}: MTBF above {human_duration(self.one_sided_lower_s)} "
+                f"no {what} in {exposure}: MTBF above {format_duration(self.one_sided_lower_s, approx=True)} "
                 f"at {pct} confidence"
             )
         plural = "" if self.failures == 1 else "s"
         return (
-            f"{self.failures} {what}{plural} in {exposure}: MTBF {human_duration(self.point_s or 0)} "
-            f"({pct} interval {human_duration(self.lower_s)} to {human_duration(self.upper_s)})"
+            f"{self.failures} {what}{plural} in {exposure}: MTBF {format_duration(self.point_s or 0, approx=True)} "
+            f"({pct} interval {format_duration(self.lower_s, approx=True)} to {format_duration(self.upper_s, approx=True)})"
         )
 
 
@@ -246,13 +248,3 @@ def compare_proportions(
     delta = eb.value - ea.value
     return Difference(metric, "", ea, eb, p_value, _verdict(p_value, delta, better, 1 - confidence),
                       "Fisher exact test, Clopper-Pearson intervals")
-
-
-def human_duration(seconds: float) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "infinity"
-    if seconds < 120:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"

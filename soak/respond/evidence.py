@@ -10,40 +10,18 @@ mid-incident leaves complete files or none.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib
 import json
 import os
 import shutil
 import sys
 import time
-from enum import Enum
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from soak.fsio import write_atomic
+from soak.plain import plain
 from soak.samples import LogSample, Sample, to_json
-
-
-def plain(value: Any) -> Any:
-    """JSON-ready copy of decisions and evidence (enums, tuples, dataclasses, paths)."""
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [plain(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if hasattr(value, "kind") and hasattr(value, "ts") and hasattr(type(value), "kind"):
-            return to_json(value)  # a Sample: keep its kind tag
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
 
 
 def write_json(path: Path, obj: Any) -> None:

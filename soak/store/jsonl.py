@@ -5,21 +5,11 @@ readers skip it)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable
 
 from soak.jsonl import read_records as read_jsonl  # noqa: F401 - run.loop reads requests.jsonl through it
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+from soak.plain import plain
 
 
 def dumps(obj: Any) -> str:
@@ -27,7 +17,7 @@ def dumps(obj: Any) -> str:
     try:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
     except ValueError:
-        return json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+        return json.dumps(plain(obj), separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
 
 
 class JsonlWriter:

@@ -1,0 +1,87 @@
+"""Durations: the one parser (config values and command-line flags) and the one formatter.
+
+``parse_duration`` reads what a config or a flag may say (``90``, ``"90s"``,
+``"66m"``, ``"1h30m"``, ``"250ms"``); ``duration_flag`` is the same for a
+command-line flag, whose error names the flag and exits 2. ``format_duration``
+writes seconds back either exactly, in the form the parser reads (``1h6m``,
+``45s``: plans, the live view), or approximately for a sentence (``66 min``,
+``1.5 h``: MTBF statements, reports, history).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from soak.errors import ArgumentError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``90``, ``90.5``, ``"90s"``, ``"66m"``, ``"1h30m"``, ``"250ms"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 90s, 66m or 1h30m")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for m in _DURATION_PART.finditer(text):
+                if m.start() != pos:
+                    break
+                seconds += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+                pos = m.end()
+            if pos != len(text) or not text:
+                raise ValueError(f"{value!r} is not a duration such as 90s, 66m or 1h30m") from None
+    else:
+        raise ValueError("expected a duration such as 90s, 66m or 1h30m")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+def duration_flag(text: str | None, *, flag: str = "--duration", positive: bool = False) -> float | None:
+    """Seconds from a command-line flag's value (``66m``), None when not given;
+    a bad value is an ArgumentError naming ``flag`` (exit 2)."""
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise ArgumentError(f"{flag}: {exc}") from None
+    if positive and seconds <= 0:
+        raise ArgumentError(f"{flag} must be positive")
+    return seconds
+
+
+def format_duration(seconds: float | None, *, approx: bool = False) -> str:
+    """``seconds`` exactly as the parser reads it back (``1h6m``, ``45s``), or with
+    ``approx`` rounded for a sentence (``66 min``, ``1.5 h``; ``infinity`` for none)."""
+    if approx:
+        if seconds is None or not math.isfinite(seconds):
+            return "infinity"
+        if seconds < 120:
+            return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+        if seconds < 2 * 3600:
+            return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
+        return f"{seconds / 3600:.1f} h"
+    seconds = float(seconds)  # type: ignore[arg-type]
+    if seconds < 60:
+        return f"{seconds:g}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{hours}h"] if hours else []
+    if minutes:
+        parts.append(f"{minutes}m")
+    if secs:
+        parts.append(f"{secs}s")
+    return "".join(parts)
+
+
+__all__ = ["duration_flag", "format_duration", "parse_duration"]
