@@ -178,6 +178,21 @@ class ProcessTree:
             self._root = info
             self._known[root_pid] = info
 
+    def watch(self, pid: int, *, create_time: float | None = None, now: float | None = None) -> ProcInfo | None:
+        """Record ``pid`` as one more root (a server launched, or launched again);
+        with ``create_time``, only if the PID still belongs to that process."""
+        now = time.time() if now is None else now
+        if pid in protected_pids():
+            return None
+        try:
+            info = _info(psutil.Process(pid), via="root", now=now)
+        except psutil.Error:
+            return None
+        if info is None or (create_time is not None and abs(info.create_time - create_time) > _SAME_START_S):
+            return None  # gone, or the PID is someone else's already
+        self._known[pid] = info
+        return info
+
     def claim(self, pid: int, *, via: str, marker: tuple[str, str] | None = None,
               now: float | None = None) -> ProcInfo | None:
         """Add ``pid`` if it provably belongs to the target; return its record or None.

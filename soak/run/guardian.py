@@ -21,8 +21,9 @@ cleared by the child's own exec of a setuid binary; the engine core and the
 workers below it would reparent and live on (vllm#55510). A subreaper would
 collect those orphans only while the subreaper is alive, and the harness is the
 one that died. The guardian records the tree from outside and needs nothing of
-the server's cooperation. It uses only the standard library and psutil, and it
-never signals PID 0 or 1, itself, or any of its own ancestors.
+the server's cooperation. It keeps the record and kills through the responder's
+own ``soak.respond.tree`` (psutil), so it never signals PID 0 or 1, itself, or
+any of its own ancestors.
 """
 
 from __future__ import annotations
@@ -34,119 +35,23 @@ import select
 import signal
 import subprocess
 import sys
-import time
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
-from soak.respond.tree import protected_pids  # the one rule of what no signal may reach
-
-if TYPE_CHECKING:
-    import psutil
-
-_SAME_START_S = 0.05
+from soak.respond.tree import ProcessTree, kill_processes  # the one record and kill path of the target's tree
 
 
-class Record:
-    """pid -> create_time of every process seen in the guarded trees."""
-
-    def __init__(self) -> None:
-        self.known: dict[int, float] = {}
-
-    def add(self, pid: int, create_time: float | None = None) -> None:
-        import psutil
-
-        try:
-            proc = psutil.Process(pid)
-            actual = proc.create_time()
-        except psutil.Error:
-            return
-        if create_time is not None and abs(actual - create_time) > _SAME_START_S:
-            return  # the PID is someone else's already
-        self.known[pid] = actual
-
-    def same(self, pid: int) -> psutil.Process | None:
-        import psutil
-
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - self.known[pid]) > _SAME_START_S:
-                return None
-            return proc
-        except (psutil.Error, KeyError):
-            return None
-
-    def walk(self, protected: set[int]) -> None:
-        """Add the children of every live known process; forget nothing (a dead
-        record is harmless: its start time no longer matches anyone)."""
-        import psutil
-
-        frontier = [pid for pid in list(self.known) if self.same(pid) is not None]
-        seen = set(frontier)
-        while frontier:
-            proc = self.same(frontier.pop())
-            if proc is None:
-                continue
-            try:
-                children = proc.children()
-            except psutil.Error:
-                continue
-            for child in children:
-                if child.pid in seen or child.pid in protected:
-                    continue
-                try:
-                    self.known.setdefault(child.pid, child.create_time())
-                except psutil.Error:
-                    continue
-                seen.add(child.pid)
-                frontier.append(child.pid)
-
-
-def kill_all(record: Record, marker: tuple[str, str] | None) -> list[int]:
-    import psutil
-
-    protected = set(protected_pids())
-    record.walk(protected)
+def kill_all(tree: ProcessTree, marker: tuple[str, str] | None) -> list[int]:
+    """SIGSTOP then SIGKILL every recorded process still alive, the children
+    forked meanwhile, and every process carrying the ownership marker."""
+    tree.snapshot(None)
     if marker is not None:
-        for proc in psutil.process_iter():
-            if proc.pid in protected or proc.pid in record.known:
-                continue
-            try:
-                if proc.environ().get(marker[0]) == marker[1]:
-                    record.known[proc.pid] = proc.create_time()
-            except psutil.Error:
-                continue
-    frozen = []
-    for _ in range(5):  # freeze, then pick up what was forked before the freeze
-        for pid in list(record.known):
-            if pid in protected or pid in frozen:
-                continue
-            proc = record.same(pid)
-            if proc is None:
-                continue
-            try:
-                proc.suspend()
-                frozen.append(pid)
-            except psutil.Error:
-                pass
-        before = len(record.known)
-        record.walk(protected)
-        if len(record.known) == before:
-            break
-    killed = []
-    for pid in frozen:
-        proc = record.same(pid)
-        if proc is None:
-            continue
-        try:
-            proc.kill()
-            killed.append(pid)
-        except psutil.Error:
-            pass
-    return killed
+        tree.find_marked(marker)
+    return list(kill_processes(tree.known(), timeout_s=2.0).killed_pids)
 
 
 def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str, str] | None,
           log: IO[str] | None = None) -> int:
-    record = Record()
+    tree = ProcessTree()
     buf = b""
     fd = stream.fileno()
     while True:
@@ -165,11 +70,11 @@ def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str,
                 if msg.get("done"):
                     return 0
                 if isinstance(msg.get("watch"), int):
-                    record.add(msg["watch"], msg.get("create_time"))
+                    tree.watch(msg["watch"], create_time=msg.get("create_time"))
         if os.getppid() != parent:
             break  # reparented: the harness died without its pipe closing (inherited fd)
-        record.walk(set(protected_pids()))
-    killed = kill_all(record, marker)
+        tree.snapshot(None)  # every known process's children: a worker is recorded before it can be orphaned
+    killed = kill_all(tree, marker)
     if log is not None:
         print(f"soak guardian: harness {parent} gone; SIGKILL to {len(killed)} processes: {killed}",
               file=log, flush=True)

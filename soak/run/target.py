@@ -28,6 +28,7 @@ from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
+from soak.respond.tree import ProcessTree, kill_processes
 from soak.target.config import AttachedTarget as AttachedTargetConfig
 from soak.target.config import LaunchedTarget, SimulatorTarget
 
@@ -106,26 +107,6 @@ class _NotYet(Exception):
     pass
 
 
-def _tree(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _kill_tree(procs: Sequence[Any], sig: int) -> None:
-    import psutil
-
-    for proc in procs:
-        try:
-            proc.send_signal(sig)
-        except psutil.Error:
-            pass
-
-
 class ProcessTarget:
     """A server the harness starts and owns: the simulator or a launched vLLM."""
 
@@ -172,6 +153,9 @@ class ProcessTarget:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._clock = clock or SystemClock()
         self._proc: asyncio.subprocess.Process | None = None
+        # Every process of the server seen since its start (soak.respond.tree): a
+        # worker whose parent died is reparented, and only this record still knows it.
+        self._tree = ProcessTree()
         self._log: IO[bytes] | None = None
         self.starts = 0
         self._closed = False
@@ -230,6 +214,7 @@ class ProcessTarget:
         self._pump.start()
         if self._guardian is not None:
             self._guardian.watch(self._proc.pid)
+        self._tree = ProcessTree()
         self.identity = ident.Identity.of(self._proc.pid)
         self.starts += 1
         self.base_url, self.models = await wait_ready(
@@ -243,6 +228,7 @@ class ProcessTarget:
         )
         # Whoever answered must be ours (a server that came up on the port meanwhile is not).
         await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
+        await asyncio.to_thread(self._tree.snapshot, self._proc.pid)  # the workers, while their parents live
 
     def _write_log(self, data: bytes) -> None:
         if self._log is None or not data:
@@ -296,27 +282,29 @@ class ProcessTarget:
         if proc is None:
             return
         if proc.returncode is None:
-            # Snapshot the tree first: a worker can outlive and leave its parent.
-            tree = await asyncio.to_thread(_tree, proc.pid)
-            _kill_tree(tree[:1], signal.SIGTERM)
+            # Record the tree first: a worker can outlive and leave its parent.
+            await asyncio.to_thread(self._tree.snapshot, proc.pid)
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             try:
                 await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
             except asyncio.TimeoutError:
                 pass
-            _kill_tree(tree, signal.SIGKILL)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # Whatever of the record is left, reparented workers included (the one kill
+        # path, soak.respond.tree: SIGSTOP, SIGKILL, never a protected PID)...
+        members = await asyncio.to_thread(self._tree.snapshot, proc.pid)
+        if members:
+            await asyncio.to_thread(kill_processes, members, timeout_s=10.0)
+        try:  # ...and the session, for stragglers never seen
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), 10.0)
             except asyncio.TimeoutError:
-                pass
-        else:
-            # The root is gone; its session may still hold stragglers.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
                 pass
 
     async def aclose(self) -> None:

@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from soak.respond.tree import ProcessTree as ProcessRecord
+from soak.respond.tree import kill_processes
 from soak.sim.config import SimConfig
 from soak.sim.gpus import Activity
 from soak.sim.logs import SimLog
@@ -47,6 +49,8 @@ class ProcessTree:
         self._crashed = False
         self._closed = False
         self._orphans = False
+        # The engine core and its workers with their start times, for the one kill path.
+        self._record = ProcessRecord()
 
     async def start(self) -> None:
         c = self.config
@@ -67,6 +71,7 @@ class ProcessTree:
         except asyncio.TimeoutError:
             await self.close()
             raise RuntimeError("the simulated engine core did not start its workers") from None
+        await asyncio.to_thread(self._record.snapshot, self._proc.pid)
         self._sent = worker_commands(Activity.IDLE, c.pp_size, c.decode_util_pct)
 
     async def _read_status(self, reader: asyncio.StreamReader) -> None:
@@ -158,13 +163,13 @@ class ProcessTree:
             return
         self._closed = True
         proc = self._proc
-        if self.engine_ignores_sigterm:  # hung: nobody would leave on request
-            hung = [] if self._orphans else self._workers
-            for pid in hung + ([proc.pid] if proc is not None else []):
-                try:
-                    os.kill(pid, 9)
-                except OSError:
-                    pass
+        if self.engine_ignores_sigterm and proc is not None:  # hung: nobody would leave on request
+            if self._orphans:
+                if proc.returncode is None:
+                    proc.kill()  # the engine core alone: its hung workers stay behind, reparented
+            else:
+                members = await asyncio.to_thread(self._record.snapshot, proc.pid)
+                await asyncio.to_thread(kill_processes, members, timeout_s=5.0)
         if proc is not None and proc.returncode is None:
             try:
                 if proc.stdin is not None:
