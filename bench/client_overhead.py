@@ -267,7 +267,7 @@ def measure(client: str, streams: int, command: list[str], *, base: str, log: Pa
 def write_replay_jsonl(path: Path, *, lines: int, prompt_tokens: int, output_tokens: int, seed: int = 0) -> int:
     """Chat requests with distinct prompts of exactly ``prompt_tokens`` simulator
     tokens (stdlib source text); returns the mean body size in bytes."""
-    from soak.sim.tokenizer import count
+    from soak.tokens.tokenizer import count
 
     import sysconfig
 

@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from soak.report.diagnose import diagnose
-from soak.report.flight_recorder import load_dump_bytes
+from soak.flightrec.diagnose import diagnose
+from soak.flightrec.dumps import load_dump_bytes
 
 REAL = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "flight_recorder" / "real" / "gloo_pp4_gated"
 

@@ -33,7 +33,7 @@ def build_gpu_source(
     if isinstance(gpu, DcgmGpu):
         return DcgmGpuSource(gpu.url, session=session, clock=clock, timeout_s=config.timeout, indices=gpu.indices)
     if isinstance(gpu, NvmlGpu) and gpu.per_process:
-        from soak.gpu.process_source import NvmlProcessGpuSource
+        from soak.probes.process_source import NvmlProcessGpuSource
 
         return NvmlProcessGpuSource(stages=gpu.stages, clock=clock, device_indices=gpu.indices or (0,),
                                     deadline_s=gpu.deadline, nvml=nvml_provider)

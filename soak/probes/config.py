@@ -30,7 +30,7 @@ class NvmlGpu(StrictModel):
     # A call past this is a failed reading (a wedged driver blocks NVML calls).
     deadline: Duration = 2.0
     # Stages share GPUs (one GPU on a test box): read NVML per process and report
-    # one virtual GPU per pipeline stage (soak.gpu.process_source); ``stages``:
+    # one virtual GPU per pipeline stage (soak.probes.process_source); ``stages``:
     # the pipeline size, or None to count the stages seen.
     per_process: bool = False
     stages: Optional[int] = None

@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def find_dump_dir(path: Path) -> tuple[Path, Path | None]:
     """The folder holding the dumps, and the incident folder when there is one."""
-    from soak.report.flight_recorder import dump_files
+    from soak.flightrec.dumps import dump_files
 
     if (path / "flight_recorder").is_dir():
         return path / "flight_recorder", path
@@ -50,7 +50,7 @@ def places_from_incident(incident: Path | None) -> dict[int, Any]:
     With TP 1 (the pipelines soak drives) a rank is its stage and stage s runs
     on GPU s (Topology.pipeline); PIDs come from the tree the responder recorded.
     """
-    from soak.report.diagnose import RankPlace
+    from soak.flightrec.diagnose import RankPlace
 
     if incident is None:
         return {}
@@ -71,7 +71,7 @@ def places_from_incident(incident: Path | None) -> dict[int, Any]:
 
 
 def load(path: Path) -> tuple[dict[int, dict], Path | None]:
-    from soak.report.flight_recorder import FlightRecorderError, dump_files, load_dump_bytes, rank_from_name
+    from soak.flightrec.dumps import FlightRecorderError, dump_files, load_dump_bytes, rank_from_name
 
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run(*, path: Path, as_json: bool) -> int:
-    from soak.report.diagnose import diagnose, format_table
+    from soak.flightrec.diagnose import diagnose, format_table
 
     dumps, incident = load(path)
     try:

@@ -21,7 +21,8 @@ import numpy as np
 from soak.durations import format_duration
 from soak.fsio import write_atomic
 from soak.percentiles import percentile
-from soak.report import flight_recorder, plots, watchdog
+from soak.flightrec import dumps as flight_recorder
+from soak.report import plots, watchdog
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RunData, load_run
 from soak.report.stats import MtbfEstimate, mtbf_estimate

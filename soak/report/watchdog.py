@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from soak.probes.logwatch import parse_log_line
+from soak.logsignatures import parse_log_line
 
 # The line parser is the log probe's (one set of patterns for the live watcher
 # and the report); the report keeps its own short names for signatures and fields.

@@ -10,16 +10,17 @@ mid-incident leaves complete files or none.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
+from soak.flightrec.dumps import summarize_dumps
 from soak.fsio import write_atomic
+from soak.logsignatures import parse_log_line
 from soak.plain import plain
 from soak.samples import LogSample, Sample, to_json
 
@@ -113,20 +114,6 @@ def read_tail(path: Path, max_bytes: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _log_line_parser() -> Callable[[str], Any] | None:
-    """The probes stage's log-line parser (``soak.probes.logwatch.parse_log_line``).
-
-    Imported when called, so a missing or broken probes module costs the bundle
-    one note, never the kill.
-    """
-    try:
-        module = importlib.import_module("soak.probes.logwatch")
-    except ImportError:
-        return None
-    fn = getattr(module, "parse_log_line", None)
-    return fn if callable(fn) else None
-
-
 def watchdog_entries(samples: Iterable[Sample], log_tail: str | None) -> dict[str, Any]:
     """The log signatures seen: from the log probe's samples, and the tail re-parsed."""
     seen = []
@@ -134,19 +121,14 @@ def watchdog_entries(samples: Iterable[Sample], log_tail: str | None) -> dict[st
         if isinstance(s, LogSample):
             seen.append({"ts": s.ts, "signature": s.signature, "fatal": s.fatal, "fields": plain(s.fields), "line": s.line})
     from_tail = []
-    parser = _log_line_parser()
-    if parser is not None and log_tail:
-        for line in log_tail.splitlines():
-            try:
-                parsed = parser(line)
-            except Exception:
-                continue
-            if parsed:
-                from_tail.append({"line": line, **plain(parsed)})
+    for line in (log_tail or "").splitlines():
+        parsed = parse_log_line(line)
+        if parsed:
+            from_tail.append({"line": line, **plain(parsed)})
     return {
         "from_samples": seen,
         "from_log_tail": from_tail,
-        "parser": None if parser is None else f"{parser.__module__}.{parser.__name__}",
+        "parser": f"{parse_log_line.__module__}.{parse_log_line.__name__}",
     }
 
 
@@ -207,14 +189,5 @@ def ptrace_refused(output: str) -> bool:
 
 
 def flight_recorder_summary(directory: Path) -> Any:
-    """The report stage's per-rank table of the dumps in ``directory``
-    (``soak.report.flight_recorder.summarize_dumps``), or None before it lands."""
-    try:
-        module = importlib.import_module("soak.report.flight_recorder")
-    except ImportError:
-        return None
-    fn = getattr(module, "summarize_dumps", None)
-    if not callable(fn):
-        return None
-    summary = fn(directory)
-    return summary.to_json() if hasattr(summary, "to_json") else plain(summary)
+    """The per-rank table of the dumps in ``directory`` (``soak.flightrec.dumps``), as JSON."""
+    return summarize_dumps(directory).to_json()

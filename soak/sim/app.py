@@ -22,7 +22,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from soak.clock import Clock, SystemClock
-from soak.sim import chat, tokenizer
+from soak.tokens import chat, tokenizer
 from soak.sim.config import SimConfig
 from soak.sim.engine import Delta, Engine, SimRequest, StepResult
 from soak.sim.gpus import Activity, dcgm_text, gpu_readings

@@ -45,7 +45,7 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--hostname", "hostname", str, "Hostname label of /sim/dcgm (default sim-host)"),
     ("--show-hidden-metrics-for-version", "show_hidden_metrics_for_version", str, "0.10 shows the hidden deprecated metrics"),
     ("--log-stats-interval", "log_stats_interval", str, "period of the 'Avg prompt throughput' line; 0 turns it off (default 10s)"),
-    ("--worker-backend", "worker_backend", str, "cpu (python -m soak.sim.worker) or cuda (python -m soak.gpu.cuda_worker)"),
+    ("--worker-backend", "worker_backend", str, "cpu (python -m soak.sim.worker) or cuda (python -m soak.rigs.cuda_worker)"),
     ("--worker-own-session", "worker_own_session", int, "this worker rank calls setsid (kill-path tests)"),
     ("--vllm-version", "vllm_version", str, "behave as this vLLM version: 0.11.2 (default) or 0.33.0"),
     ("--engine-death-shutdown", "engine_death_shutdown", str,

@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 from soak.sim.config import SimConfig
 from soak.sim.prefix_cache import Allocation, BlockPool
 
-# Each is one token of soak.sim.tokenizer, and so is each of them after another.
+# Each is one token of soak.tokens.tokenizer, and so is each of them after another.
 WORDS = tuple(
     " " + w
     for w in (

@@ -59,7 +59,7 @@ class _Core:
 
     def start_workers(self) -> None:
         a = self.args
-        module = "soak.sim.worker" if a.worker_backend == "cpu" else "soak.gpu.cuda_worker"
+        module = "soak.sim.worker" if a.worker_backend == "cpu" else "soak.rigs.cuda_worker"
         for rank in range(a.pp_size):
             cmd = [sys.executable, "-m", module, "--rank", str(rank), "--pp-size", str(a.pp_size),
                    "--gpu-index", str(rank), "--ack-fd", str(self.ack_w), "--title-prefix", a.title_prefix,

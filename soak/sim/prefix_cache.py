@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from soak.sim import tokenizer
+from soak.tokens import tokenizer
 
 
 def block_hashes(prompt_pieces: Sequence[str], block_size: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 Started by the engine core as
 ``python -m soak.sim.worker --rank R --pp-size N --gpu-index I [--ack-fd FD] [--title-prefix VLLM]``
-(the CUDA-backed twin, ``python -m soak.gpu.cuda_worker``, takes the same arguments
+(the CUDA-backed twin, ``python -m soak.rigs.cuda_worker``, takes the same arguments
 and speaks the same protocol).
 
 Protocol: newline-delimited JSON commands on stdin, one object a line:

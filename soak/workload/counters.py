@@ -39,7 +39,7 @@ class SimCounter:
     additive = True  # count(a + b) == count(a) + count(b) whenever a ends with a newline
 
     def __init__(self) -> None:
-        from soak.sim import chat, tokenizer
+        from soak.tokens import chat, tokenizer
 
         self._chat = chat
         self._tokenizer = tokenizer
@@ -67,7 +67,7 @@ class LocalTokenizerCounter:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises plain Exception subclasses
             raise WorkloadError(f"cannot load tokenizer.json: {exc}", path=config_path, field="tokenizer.path") from exc
-        from soak.sim import chat
+        from soak.tokens import chat
 
         self._chat = chat
 

@@ -1,4 +1,4 @@
-"""soak.gpu.cuda_worker: the simulator's worker protocol, then the real GPU signature.
+"""soak.rigs.cuda_worker: the simulator's worker protocol, then the real GPU signature.
 
 The protocol tests run the worker with ``--device cpu`` wherever torch is
 installed; the signature test needs a CUDA GPU and NVML and skips elsewhere.
@@ -48,7 +48,7 @@ def start_worker(spawn):
 
     def start(python: str, rank: int, pp_size: int, *extra: str, device: str = "cpu") -> WorkerHandle:
         read_fd, write_fd = os.pipe()
-        argv = [python, "-m", "soak.gpu.cuda_worker", "--rank", str(rank), "--pp-size", str(pp_size),
+        argv = [python, "-m", "soak.rigs.cuda_worker", "--rank", str(rank), "--pp-size", str(pp_size),
                 "--gpu-index", str(rank), "--ack-fd", str(write_fd), "--device", device, *extra]
         proc = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(write_fd,), text=True)
         os.close(write_fd)
@@ -127,7 +127,7 @@ def test_end_of_input_ends_a_healthy_worker_but_not_a_hung_one(torch_python, sta
 
 def test_bad_rank_is_one_line_and_exit_2(torch_python):
     proc = subprocess.run(
-        [torch_python, "-m", "soak.gpu.cuda_worker", "--rank", "3", "--pp-size", "2", "--device", "cpu"],
+        [torch_python, "-m", "soak.rigs.cuda_worker", "--rank", "3", "--pp-size", "2", "--device", "cpu"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
@@ -152,7 +152,7 @@ async def test_deadlock_signature_on_one_gpu_read_per_process(gpu_python, start_
     """Three stages share GPU 0: per-process NVML shows 0..1 busy and the last at 0%,
     SIGTERM leaves them all, SIGKILL frees the GPU."""
     pynvml = pytest.importorskip("pynvml")
-    from soak.gpu.process_source import NvmlProcessGpuSource
+    from soak.probes.process_source import NvmlProcessGpuSource
 
     workers = [start_worker(gpu_python, rank, 3, "--mem-mib", "1024", device="cuda") for rank in range(3)]
     pids = {w.proc.pid for w in workers}

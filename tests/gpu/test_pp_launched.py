@@ -1,4 +1,4 @@
-"""`soak run` launching soak.gpu.pp_nccl (3 ranks over gloo on CPU): the whole
+"""`soak run` launching soak.rigs.pp_nccl (3 ranks over gloo on CPU): the whole
 evidence path against a real torch.distributed pipeline.
 
 The hang is caught from the frozen counter (no GPU source on CPU), the

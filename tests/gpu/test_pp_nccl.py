@@ -1,4 +1,4 @@
-"""soak.gpu.pp_nccl: a real torch.distributed pipeline that deadlocks like vLLM #53402.
+"""soak.rigs.pp_nccl: a real torch.distributed pipeline that deadlocks like vLLM #53402.
 
 On CPU over gloo wherever torch is installed (the protocol, the frozen counter,
 the flight-recorder dumps through the pipe files naming the rank behind,
@@ -51,7 +51,7 @@ async def _start(spawn, python: str, tmp_path: Path, backend: str, pp_size: int,
     env = {**os.environ, **flight_recorder_env(dumps, stem),
            "PYTHONPATH": f"{Path(__file__).resolve().parents[2]}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     port_file = tmp_path / "port"
-    argv = [python, "-m", "soak.gpu.pp_nccl", "--pp-size", str(pp_size), "--backend", backend, "--port", "0",
+    argv = [python, "-m", "soak.rigs.pp_nccl", "--pp-size", str(pp_size), "--backend", backend, "--port", "0",
             "--port-file", str(port_file), "--min-step-ms", "5"]
     for key, value in extra.items():
         argv += [f"--{key.replace('_', '-')}", value]
@@ -102,7 +102,7 @@ async def _serves_then_hangs(session, base, proc, tokens, dumps, stem):
 
 @pytest.mark.timeout(240)
 async def test_gloo_pipeline_serves_then_deadlocks_with_the_last_rank_behind(torch_python, spawn, tmp_path):
-    from soak.report.flight_recorder import summarize_dumps
+    from soak.flightrec.dumps import summarize_dumps
 
     proc, base, dumps, stem = await _start(spawn, torch_python, tmp_path, "gloo", 3, hidden="64", layers="2")
     tokens: list[str] = []

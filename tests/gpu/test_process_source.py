@@ -14,7 +14,7 @@ import types
 import pytest
 
 from soak.clock import ManualClock
-from soak.gpu.process_source import NvmlProcessGpuSource, ProcessUtilSample, stage_of, stage_readings
+from soak.probes.process_source import NvmlProcessGpuSource, ProcessUtilSample, stage_of, stage_readings
 
 
 @pytest.mark.parametrize(
@@ -23,8 +23,8 @@ from soak.gpu.process_source import NvmlProcessGpuSource, ProcessUtilSample, sta
         (["VLLM::Worker_PP3"], 3),
         (["VLLM::Worker_PP12_TP1"], 12),
         (["MYPREFIX::Worker_PP0"], 0),
-        (["/usr/bin/python3", "-m", "soak.gpu.cuda_worker", "--rank", "2", "--pp-size", "4"], 2),
-        (["python", "-m", "soak.gpu.pp_nccl", "--rank", "1"], 1),
+        (["/usr/bin/python3", "-m", "soak.rigs.cuda_worker", "--rank", "2", "--pp-size", "4"], 2),
+        (["python", "-m", "soak.rigs.pp_nccl", "--rank", "1"], 1),
         (["python", "train.py", "--rank", "1"], None),  # somebody else's program: not a stage
         (["VLLM::EngineCore"], None),
         ([], None),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import soak.report.flight_recorder as fr
+import soak.flightrec.dumps as fr
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder" / "real"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from soak.gpu.process_source import stage_of
+from soak.probes.process_source import stage_of
 
 
 @pytest.mark.parametrize("cmdline,stage", [
@@ -19,14 +19,14 @@ from soak.gpu.process_source import stage_of
     (["VLLM::APIServer_0"], None),
     (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"], None),  # the one untitled API server
     (["VLLM::Worker_TP1_PP3"], None),  # not an order vLLM writes: no guess
-    (["python", "-m", "soak.gpu.cuda_worker", "--rank", "4"], 4),
+    (["python", "-m", "soak.rigs.cuda_worker", "--rank", "4"], 4),
 ])
 def test_stage_of(cmdline, stage):
     assert stage_of(cmdline) == stage
 
 
 def test_a_bare_worker_is_read_again_once_titled():
-    from soak.gpu import process_source
+    from soak.probes import process_source
 
     titles = {101: ["VLLM::Worker"]}
     source = process_source.NvmlProcessGpuSource.__new__(process_source.NvmlProcessGpuSource)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from soak.cli import main as soak_main
-from soak.report.diagnose import RankPlace, diagnose
+from soak.flightrec.diagnose import RankPlace, diagnose
 from soak.report.diagnose_cli import load
 
 FR = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"

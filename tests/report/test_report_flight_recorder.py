@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from soak.report import flight_recorder as fr
+from soak.flightrec import dumps as fr
 
 from report_paths import FLIGHT
 

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from soak.report.flight_recorder import summarize_dumps
+from soak.flightrec.dumps import summarize_dumps
 from soak.report.junit import build_junit
 from soak.records import IncidentRecord
 from soak.respond.responder import _diagnosis_line

@@ -3,7 +3,7 @@ import json
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from soak.sim import chat, tokenizer
+from soak.tokens import chat, tokenizer
 
 MODEL = "deepseek-v4-flash"
 

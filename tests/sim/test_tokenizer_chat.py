@@ -1,4 +1,4 @@
-from soak.sim import chat, tokenizer
+from soak.tokens import chat, tokenizer
 
 
 def test_roundtrip_and_newline_additivity():

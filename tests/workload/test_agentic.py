@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from soak.sim import chat, tokenizer
+from soak.tokens import chat, tokenizer
 from soak.workload import SimCounter, build_workload
 from soak.workload.config import SyntheticAgenticConfig
 from soak.workload.corpus import load_corpus

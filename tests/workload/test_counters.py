@@ -7,7 +7,7 @@ import json
 import pytest
 
 from soak.errors import WorkloadError
-from soak.sim import chat
+from soak.tokens import chat
 from soak.workload import EstimateCounter, LocalTokenizerCounter, build_workload, make_counter
 from soak.workload.config import EstimateTokenizer, LocalTokenizer, SyntheticAgenticConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from soak.sim import tokenizer
+from soak.tokens import tokenizer
 from soak.workload import SimCounter, build_workload
 from soak.workload.config import MooncakeTraceConfig, ReplayJsonlConfig, load_workload_file
 from soak.workload.mooncake import parse_mooncake_rows, shared_prefix_tokens, trace_reuse_ratio
@@ -92,7 +92,7 @@ async def test_jsonl_replay_groups_sessions_and_rewrites_bodies(tmp_path):
     assert body["model"] == "served" and body["max_tokens"] == 7 and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True} and body["tools"][0]["function"]["name"] == "ls"
     assert json.loads(second.body)["max_tokens"] == 11
-    assert first.planned_prompt_tokens == tokenizer.count(__import__("soak.sim.chat", fromlist=["x"]).render_chat(history, body["tools"]))
+    assert first.planned_prompt_tokens == tokenizer.count(__import__("soak.tokens.chat", fromlist=["x"]).render_chat(history, body["tools"]))
     b = workload.new_session(1).next_turn()
     assert b.path == "/v1/completions" and json.loads(b.body)["prompt"] == "def f():\n"
     assert workload.new_session(2).session_id == "line-4" and workload.new_session(3) is None

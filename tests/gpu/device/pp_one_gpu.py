@@ -1,4 +1,4 @@
-"""Device script: soak.gpu.pp_nccl with one NCCL rank on one GPU, serving, then a pipe-file dump.
+"""Device script: soak.rigs.pp_nccl with one NCCL rank on one GPU, serving, then a pipe-file dump.
 
 python3 pp_one_gpu.py WORK_DIR OUT.json
 """
@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from soak.report.flight_recorder import summarize_dumps
+from soak.flightrec.dumps import summarize_dumps
 from soak.respond.flight import flight_recorder_env, request_dumps
 
 work, out = Path(sys.argv[1]), sys.argv[2]
@@ -23,7 +23,7 @@ env = {**os.environ, **flight_recorder_env(dumps, stem)}
 port_file = work / "port"
 log = open(work / "server.log", "w")
 t0 = time.monotonic()
-proc = subprocess.Popen([sys.executable, "-m", "soak.gpu.pp_nccl", "--pp-size", "1", "--backend", os.environ.get("PP_BACKEND", "nccl"), "--port", "0",
+proc = subprocess.Popen([sys.executable, "-m", "soak.rigs.pp_nccl", "--pp-size", "1", "--backend", os.environ.get("PP_BACKEND", "nccl"), "--port", "0",
                          "--port-file", str(port_file)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 result = {}
 try:

@@ -1,11 +1,11 @@
-"""Device script: what NVML reports for soak.gpu.cuda_worker processes sharing one GPU.
+"""Device script: what NVML reports for soak.rigs.cuda_worker processes sharing one GPU.
 
 Run on the GPU machine: ``python3 tests/gpu/device/probe_nvml.py OUT.json``.
 Three workers (ranks 0..2 of a 3-stage pipeline) go through healthy (busy
 0.8), mixed (spin / busy 0.5 / hold) and deadlocked (spin / spin / hold)
 phases; each phase records the device reading, NVML's 200 ms samples, the
 per-process utilization entries and the per-stage readings of
-soak.gpu.process_source. Then SIGTERM (ignored), SIGKILL, and the time until
+soak.probes.process_source. Then SIGTERM (ignored), SIGKILL, and the time until
 NVML lists no process and the memory is back.
 """
 
@@ -21,7 +21,7 @@ import time
 import pynvml
 
 from soak.clock import SystemClock
-from soak.gpu.process_source import NvmlProcessGpuSource
+from soak.probes.process_source import NvmlProcessGpuSource
 
 STAGES = 3
 
@@ -30,7 +30,7 @@ def start_workers():
     procs = []
     for rank in range(STAGES):
         p = subprocess.Popen(
-            [sys.executable, "-m", "soak.gpu.cuda_worker", "--rank", str(rank), "--pp-size", str(STAGES),
+            [sys.executable, "-m", "soak.rigs.cuda_worker", "--rank", str(rank), "--pp-size", str(STAGES),
              "--gpu-index", str(rank), "--mem-mib", "2048"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )

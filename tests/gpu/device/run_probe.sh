@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 echo "== probe_nvml"; timeout 120 python3 tests/gpu/device/probe_nvml.py $OUT/probe.json; echo rc=$?
 for mode in pipe direct timeout; do
   echo "== fr_dump $mode"
-  timeout 90 python3 -m soak.gpu.fr_dump --out $W/fr_$mode --mode $mode --backend nccl > $W/fr_$mode.log 2>&1; echo rc=$?
+  timeout 90 python3 -m soak.rigs.fr_dump --out $W/fr_$mode --mode $mode --backend nccl > $W/fr_$mode.log 2>&1; echo rc=$?
   tail -c 3000 $W/fr_$mode.log
   ls -la $W/fr_$mode
 done

@@ -5,7 +5,7 @@
 Launches fr_rank.py with exactly ``flight_recorder_env(dump_dir, pipe_stem)``
 merged into its environment (as the run loop does for a launched target), then
 has the responder handle a hang: it writes a byte to ``<stem>0.pipe``, collects
-the dump PyTorch writes, summarises it with soak.report.flight_recorder, and
+the dump PyTorch writes, summarises it with soak.flightrec.dumps, and
 SIGKILLs the rank (which ignores SIGTERM), waiting for NVML to show it gone.
 """
 

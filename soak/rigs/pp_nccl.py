@@ -1,7 +1,7 @@
 """A small pipeline-parallel server over torch.distributed that deadlocks the
 way vLLM #53402 does: one process per GPU over NCCL (gloo on CPU).
 
-    python -m soak.gpu.pp_nccl --pp-size N [--backend nccl|gloo] [--port 0 --port-file F]
+    python -m soak.rigs.pp_nccl --pp-size N [--backend nccl|gloo] [--port 0 --port-file F]
                                [--hang-after-steps K] [--model NAME]
 
 The front process (titled ``VLLM::APIServer``) serves vLLM's endpoints on
@@ -314,14 +314,14 @@ class Front:
             master_port = s.getsockname()[1]
         env = dict(os.environ)
         if args.dump_dir is not None:
-            from soak.gpu.fr_dump import recorder_env
+            from soak.rigs.fr_dump import recorder_env
 
             args.dump_dir.mkdir(parents=True, exist_ok=True)
             for name, value in recorder_env(args.dump_dir.resolve()).items():
                 env.setdefault(name, value)
         read_fd, write_fd = os.pipe()
         for rank in range(args.pp_size):
-            argv = [sys.executable, "-m", "soak.gpu.pp_nccl", "--worker", "--rank", str(rank),
+            argv = [sys.executable, "-m", "soak.rigs.pp_nccl", "--worker", "--rank", str(rank),
                     "--pp-size", str(args.pp_size), "--backend", args.backend, "--master-port", str(master_port),
                     "--hidden", str(args.hidden), "--layers", str(args.layers), "--pp-timeout", str(args.pp_timeout), "--spec-tokens", str(args.spec_tokens),
                     "--title-prefix", args.title_prefix]
@@ -619,7 +619,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m soak.gpu.pp_nccl", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m soak.rigs.pp_nccl", description=__doc__.split("\n\n")[0])
     p.add_argument("--pp-size", type=int, default=2)
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     p.add_argument("--host", default="127.0.0.1")

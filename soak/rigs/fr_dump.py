@@ -1,6 +1,6 @@
 """Make a real PyTorch flight-recorder dump from a one-rank process group.
 
-    python -m soak.gpu.fr_dump --out DIR --mode pipe|timeout|direct [--backend nccl|gloo]
+    python -m soak.rigs.fr_dump --out DIR --mode pipe|timeout|direct [--backend nccl|gloo]
 
 A process group of one rank (world size 1) with a subgroup named like vLLM's
 ``pp_broadcast`` posts broadcasts of 6 elements (``NumelIn=6``, as in the bug
@@ -56,7 +56,7 @@ def _wait_for(path: Path, timeout_s: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m soak.gpu.fr_dump", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m soak.rigs.fr_dump", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mode", choices=("pipe", "timeout", "direct"), default="pipe")
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")

@@ -275,7 +275,7 @@ class FlightRecorderSummary:
     versions: tuple[str, ...]
     groups: tuple[GroupSummary, ...]
     errors: tuple[str, ...] = field(default_factory=tuple)
-    # soak.report.diagnose: the first divergence, one line, and its data (Diagnosis.to_json()).
+    # soak.flightrec.diagnose: the first divergence, one line, and its data (Diagnosis.to_json()).
     diagnosis: str | None = None
     diagnosis_detail: Mapping[str, Any] | None = None
 
@@ -356,7 +356,7 @@ def dump_files(directory: str | Path) -> list[Path]:
 
 def summarize_dumps(directory: str | Path) -> FlightRecorderSummary:
     """Read every dump in ``directory``; unreadable files become error lines, not exceptions."""
-    from soak.report.diagnose import diagnose
+    from soak.flightrec.diagnose import diagnose
 
     dumps, raw, errors = [], {}, []
     for path in dump_files(directory):

@@ -1,7 +1,7 @@
 """Match collectives across ranks and name the first divergence (pure core).
 
 ``diagnose(dumps, topology=None) -> Diagnosis``: raw per-rank dump dicts in
-(``soak.report.flight_recorder.load_dump_bytes``), a typed diagnosis out. No
+(``soak.flightrec.dumps.load_dump_bytes``), a typed diagnosis out. No
 I/O here; ``soak.report.diagnose_cli`` reads the files and prints.
 
 Per process group, entries are matched by ``collective_seq_id`` (as PyTorch's
@@ -296,7 +296,7 @@ def _group_key(entry: Mapping[str, Any], pg_id: str) -> tuple[str, str]:
 
 def diagnose(dumps: Mapping[int, Mapping[str, Any]], *, places: Mapping[int, RankPlace] | None = None) -> Diagnosis:
     """``dumps``: rank -> raw dump dict. ``places``: rank -> stage/GPU/PID, when known."""
-    from soak.report.flight_recorder import _ranks  # the pg_config "ranks" string parser
+    from soak.flightrec.dumps import _ranks  # the pg_config "ranks" string parser
 
     places = dict(places or {})
     groups: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}

@@ -2,7 +2,7 @@
 
 ``soak sim --worker-backend cuda`` has the engine core start one per stage::
 
-    python -m soak.gpu.cuda_worker --rank R --pp-size N --gpu-index I [--ack-fd FD] [--title-prefix VLLM]
+    python -m soak.rigs.cuda_worker --rank R --pp-size N --gpu-index I [--ack-fd FD] [--title-prefix VLLM]
 
 with the arguments and protocol of ``soak.sim.worker`` (its docstring is the
 reference): newline-delimited JSON commands on stdin,
@@ -27,7 +27,7 @@ prefixed ``(Worker_PP3 pid=1234)`` as vLLM's do.
 
 With one GPU every stage shares it (``--gpu-index`` is taken modulo the device
 count); the per-stage signature is then read per process, see
-``soak.gpu.process_source``. ``--device cpu`` runs the same protocol with CPU
+``soak.probes.process_source``. ``--device cpu`` runs the same protocol with CPU
 matrix products and a CPU busy loop for "spin", so the protocol is tested where
 no GPU exists.
 """
@@ -305,7 +305,7 @@ def _set_title(title: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m soak.gpu.cuda_worker", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m soak.rigs.cuda_worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--pp-size", type=int, required=True)
     parser.add_argument("--gpu-index", type=int, default=None, help="default: the rank; taken modulo the GPU count")

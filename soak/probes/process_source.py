@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 from soak.metric_names import ProcessRole, parse_process_title
 from soak.samples import GpuReading, GpuSample, GpuSource
 
-_OWN_PROGRAMS = ("soak.gpu.cuda_worker", "soak.gpu.pp_nccl")
+_OWN_PROGRAMS = ("soak.rigs.cuda_worker", "soak.rigs.pp_nccl")
 
 Mode = Literal["device_if_ran", "dedicated", "share"]
 
