@@ -186,4 +186,3 @@ class ProbeTimeout(ProbeError):
 
 class MetricsUnavailable(ProbeError):
     pass
-

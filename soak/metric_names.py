@@ -12,7 +12,7 @@ order when the primary is absent.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Sequence
 
@@ -172,7 +172,6 @@ class DcgmField:
 # dcgm-exporter's default port and the fields soak reads. GeForce cards have no
 # DCGM_FI_PROF_* fields, so none are relied on.
 DCGM_DEFAULT_PORT = 9400
-DCGM_LABELS: tuple[str, ...] = ("gpu", "UUID", "device", "modelName", "Hostname")
 DCGM_FIELDS: dict[str, DcgmField] = {
     f.key: f
     for f in (
@@ -274,11 +273,6 @@ def parse_process_title(text: str | Sequence[str]) -> ProcessTitle | None:
             groups.append(("DP", int(m.group("rank"))))
         return ProcessTitle(prefix, name, ProcessRole.ENGINE_CORE, tuple(groups))
     return ProcessTitle(prefix, name, ProcessRole.OTHER)
-
-
-def api_server_title(index: int = 0, prefix: str = PROCESS_NAME_PREFIX) -> str:
-    """The title of API server ``index`` when there are several (one API server is untitled)."""
-    return f"{prefix}::APIServer_{index}"
 
 
 def engine_core_title(prefix: str = PROCESS_NAME_PREFIX) -> str:

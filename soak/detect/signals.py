@@ -40,7 +40,6 @@ SERVER_PROGRESS_KEYS: tuple[str, ...] = (
     "spec_decode_num_drafts",
     "iteration_tokens_total_count",
 )
-CLIENT_PROGRESS_KEYS: tuple[str, ...] = ("client_bytes", "client_tokens", "client_requests_done")
 GENERATION_KEY = "generation_tokens"
 MAX_FATAL_LINES = 50
 

@@ -64,9 +64,6 @@ DETECTOR_STATE_VALUES: dict[DetectorState, int] = {DetectorState.HEALTHY: 0, Det
 RULE_STATE_VALUES: dict[RuleState, int] = {RuleState.INACTIVE: -1, RuleState.CLEAR: 0, RuleState.PENDING: 1,
                                            RuleState.FIRED: 2}
 
-# The probes whose health the exporter reports (soak_probe_ok{probe=...}).
-PROBES: tuple[str, ...] = ("gpu", "server", "health", "process", "client")
-
 HARNESS_METRICS: dict[str, HarnessMetric] = {
     m.name: m
     for m in (

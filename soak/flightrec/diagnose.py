@@ -102,10 +102,6 @@ def _op(e: Mapping[str, Any]) -> str:
     return name.split(":", 1)[1] if ":" in name else name
 
 
-def _sizes(v: Any) -> str:
-    return str([list(x) for x in v]) if isinstance(v, (list, tuple)) else str(v)
-
-
 def _signature(e: Mapping[str, Any]) -> tuple:
     # repr: one C call per field; the JSON form gives lists where the pickle gives lists too.
     return (_op(e), repr(e.get("input_sizes")), repr(e.get("output_sizes")),

@@ -30,7 +30,6 @@ from soak.sim.logs import SimLog
 from soak.sim.metrics import SimMetrics
 from soak.sim.prefix_cache import block_hashes
 
-VLLM_VERSION = "0.11.2"  # the default SimConfig.vllm_version
 SIM_KEY = web.AppKey("sim", object)
 _STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 

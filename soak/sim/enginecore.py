@@ -154,12 +154,9 @@ def main(argv=None) -> int:
     p.add_argument("--title-prefix", default="VLLM")
     p.add_argument("--orphan-linger", type=float, default=600.0)
     args = p.parse_args(argv)
-    try:
-        from setproctitle import setproctitle
+    from setproctitle import setproctitle  # a dependency, as vLLM titles its engine core
 
-        setproctitle(f"{args.title_prefix}::EngineCore")
-    except ImportError:
-        pass
+    setproctitle(f"{args.title_prefix}::EngineCore")
     return _Core(args).run()
 
 

@@ -16,8 +16,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from soak.tokens import tokenizer
-
 
 def block_hashes(prompt_pieces: Sequence[str], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of a prompt given as token pieces."""
@@ -28,12 +26,6 @@ def block_hashes(prompt_pieces: Sequence[str], block_size: int) -> list[int]:
         prev = hash((prev, "".join(prompt_pieces[start : start + block_size])))
         out.append(prev)
     return out
-
-
-def prompt_block_hashes(text: str, block_size: int) -> tuple[int, list[int]]:
-    """(token count, full-block hashes) of a prompt text."""
-    parts = tokenizer.pieces(text)
-    return len(parts), block_hashes(parts, block_size)
 
 
 @dataclass

@@ -51,12 +51,9 @@ def run(rank: int, pp_size: int, gpu_index: int, *, ack_fd: int | None, title_pr
     if own_session:
         os.setsid()
     name = f"Worker_PP{rank}"
-    try:
-        from setproctitle import setproctitle
+    from setproctitle import setproctitle  # a dependency: vLLM titles its workers, and stage_of reads titles
 
-        setproctitle(f"{title_prefix}::{name}")
-    except ImportError:
-        pass
+    setproctitle(f"{title_prefix}::{name}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the API server, which shuts us down
     ack = os.fdopen(ack_fd, "w", buffering=1) if ack_fd is not None else None
     _log(name, f"simulated worker rank {rank}/{pp_size} holding GPU {gpu_index}")

@@ -141,10 +141,6 @@ def sample_files(run_dir: str | Path) -> list[Path]:
     return files
 
 
-def has_samples(run_dir: str | Path) -> bool:
-    return bool(sample_files(run_dir))
-
-
 def iter_sample_lines(run_dir: str | Path, *, stats: dict[str, int] | None = None) -> Iterator[tuple[Path, int, bytes]]:
     """(file, line number, raw line) for every non-blank line of every sample
     file, for ``soak.jsonl.parse_line`` (which applies the torn-last-line rule).
@@ -225,6 +221,6 @@ def _count(stats: dict[str, int] | None, key: str) -> None:
 
 
 __all__ = [
-    "DEFAULT_SEGMENT_BYTES", "OPEN_SEGMENT", "RollingJsonlWriter", "has_samples", "iter_sample_lines", "line_head",
+    "DEFAULT_SEGMENT_BYTES", "OPEN_SEGMENT", "RollingJsonlWriter", "iter_sample_lines", "line_head",
     "read_sample_records", "sample_files",
 ]

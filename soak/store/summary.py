@@ -32,11 +32,9 @@ parsing.
 
 from __future__ import annotations
 
-import math
+import json
 from pathlib import Path
 from typing import Any, Iterable
-
-import json
 
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge

@@ -324,7 +324,6 @@ class MooncakeTraceConfig(StrictModel):
 
 
 WORKLOAD_KINDS = ("synthetic_agentic", "replay_jsonl", "mooncake_trace")
-PATH_FIELDS = {"replay_jsonl": ("path",), "mooncake_trace": ("path",)}
 
 
 def _workload_value(value: Any, info: ValidationInfo) -> Any:

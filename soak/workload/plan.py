@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from soak.configbase import format_duration
 
@@ -188,6 +188,3 @@ def closed_loop_turns(
         heapq.heappush(heap, (send_at + max(service(turn), 1e-6), slot, 0))
     return turns, next_index
 
-
-def iter_prompts(turns: Iterable[PlannedTurn]) -> list[int]:
-    return [t.prompt_tokens for t in turns]
