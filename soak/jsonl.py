@@ -89,9 +89,18 @@ def read_records(path: Path, *, stats: dict[str, int] | None = None) -> Iterator
             yield value
 
 
+def read_json(path: Path) -> Any:
+    """A whole JSON file (summary.json, incident.json, plan.json), or None where
+    it is missing, unreadable or not JSON: a run directory may be cut off anywhere."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
 def _count(stats: dict[str, int] | None, key: str) -> None:
     if stats is not None:
         stats[key] = stats.get(key, 0) + 1
 
 
-__all__ = ["JsonlLineError", "SKIP", "parse_line", "raw_lines", "read_jsonl", "read_records"]
+__all__ = ["JsonlLineError", "SKIP", "parse_line", "raw_lines", "read_json", "read_jsonl", "read_records"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from soak.fsio import symlink_atomic
+from soak.jsonl import read_json
 
 RUN_MARKERS = ("events.jsonl", "summary.json", "samples.jsonl", "config.yaml")
 LATEST = "latest"
@@ -53,11 +54,7 @@ def _first_ts(events: Path) -> float | None:
 
 
 def _describe(path: Path) -> RunEntry:
-    summary = None
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
+    summary = read_json(path / "summary.json")
     started = summary.get("started_at") if isinstance(summary, dict) else None
     if not isinstance(started, (int, float)):
         started = _first_ts(path / "events.jsonl")

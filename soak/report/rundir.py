@@ -9,7 +9,6 @@ is skipped and counted, never fatal.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from soak.errors import ConfigError
-from soak.jsonl import parse_line, read_records
+from soak.jsonl import parse_line, read_json, read_records
 from soak.store.segments import iter_sample_lines, line_head, sample_files
 from soak.store.summary import summarize
 
@@ -151,7 +150,7 @@ def load_run(run_dir: str | Path) -> RunData:
 
     config_text = _read_text(path / "config.yaml")
     config = _parse_yaml(config_text)
-    plan = _read_json(path / "plan.json")
+    plan = read_json(path / "plan.json")
     return RunData(
         path=path, summary=summary, config_text=config_text, config=config, plan=plan, events=events,
         requests=requests, gpu_ts=np.asarray(gpu_ts), gpu_util=util, server_ts=np.asarray(server_ts),
@@ -166,13 +165,6 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _parse_yaml(text: str) -> dict[str, Any]:
@@ -215,7 +207,7 @@ def _incidents(path: Path) -> list[Incident]:
     for child in root.iterdir():
         if not child.is_dir():
             continue
-        record = _read_json(child / "incident.json")
+        record = read_json(child / "incident.json")
         try:
             number = int(child.name)
         except ValueError:

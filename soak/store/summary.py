@@ -32,13 +32,12 @@ parsing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable
 
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge
-from soak.jsonl import read_records
+from soak.jsonl import read_json, read_records
 from soak.percentiles import percentile
 from soak.records import Verdict
 from soak.store.segments import read_sample_records
@@ -422,13 +421,6 @@ class MetricsCoverage:
         }
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
     """The responder's ``incidents/N/incident.json`` as summary entries: the final
     record once the response finished, else what the decision said (a response
@@ -440,7 +432,7 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
     for child in root.iterdir():
         if not child.is_dir() or not child.name.isdigit():
             continue
-        obj = _read_json(child / "incident.json")
+        obj = read_json(child / "incident.json")
         number = int(child.name)
         entry: dict[str, Any] = {"number": number, "evidence": f"incidents/{child.name}"}
         if isinstance(obj, dict):

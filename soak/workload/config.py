@@ -19,7 +19,6 @@ resolves it, and so does validating the run config with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
@@ -389,21 +388,11 @@ def _error_from_validation(exc: ValidationError, path: Path | str, *, nested: bo
 
 
 def _sniff_trace_kind(path: Path) -> str:
-    try:
-        with path.open("r", encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    row = json.loads(line)
-                    break
-            else:
-                raise WorkloadError("the trace file is empty", path=path, line=1)
-    except FileNotFoundError as exc:
-        raise WorkloadError("no such file", path=path) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"cannot read: {exc}", path=path) from exc
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"invalid JSON: {exc.msg}", path=path, line=1) from exc
-    return "mooncake_trace" if isinstance(row, dict) and "hash_ids" in row else "replay_jsonl"
+    from soak.workload.jsonl import iter_json_objects
+
+    for _, row in iter_json_objects(path, limit=1, noun="line"):
+        return "mooncake_trace" if "hash_ids" in row else "replay_jsonl"
+    raise WorkloadError("the trace file is empty", path=path, line=1)
 
 
 def load_workload_file(path: str | Path) -> WorkloadSection:
