@@ -14,8 +14,8 @@ back exactly once whenever the harness dies:
 
 1. rename ``samples.jsonl`` to ``samples-NNN.jsonl`` (closed, still plain) and
    open a fresh ``samples.jsonl``;
-2. in a worker thread, gzip ``samples-NNN.jsonl`` into ``samples-NNN.jsonl.gz.tmp``
-   and rename that to ``samples-NNN.jsonl.gz`` (it appears complete or not at all);
+2. in a worker thread, gzip ``samples-NNN.jsonl`` into a temporary file and rename
+   that to ``samples-NNN.jsonl.gz`` (``soak.fsio``: it appears complete or not at all);
 3. unlink ``samples-NNN.jsonl``.
 
 A reader takes, per segment number, the ``.gz`` if it exists, else the plain
