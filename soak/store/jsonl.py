@@ -27,7 +27,13 @@ class JsonlWriter:
         self.path = path
         self._redact = redact
         self._file = open(path, "a", encoding="utf-8", buffering=1)  # line-buffered: flushed per line
+        # Characters in the file (bytes, for ASCII JSON): close enough for a roll threshold.
+        self.size = self._file.tell()
         self.lines = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
 
     def write(self, obj: Any) -> None:
         """One line; an I/O error (disk full) is raised to the caller, who decides."""
@@ -36,8 +42,10 @@ class JsonlWriter:
         line = dumps(obj)
         if self._redact is not None:
             line = self._redact(line)
-        self._file.write(line + "\n")
+        line += "\n"
+        self._file.write(line)
         self.lines += 1
+        self.size += len(line)
 
     def close(self) -> None:
         if not self._file.closed:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Collection, Iterator
 
 from soak.fsio import atomic_writer
 from soak.jsonl import parse_line, raw_lines
-from soak.store.jsonl import dumps
+from soak.store.jsonl import JsonlWriter
 
 OPEN_SEGMENT = "samples.jsonl"
 # The open segment rolls past this size: small enough that the plain tail is a
@@ -59,36 +59,29 @@ class RollingJsonlWriter:
         self._segment_bytes = segment_bytes
         self._level = compress_level
         self._next_index = 1 + max((n for n, _ in _closed_segments(self.run_dir)), default=-1)
-        self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # line-buffered: flushed per line
-        self._bytes = self._file.tell()
+        self._segment = JsonlWriter(self.path, redact=redact)
         self._worker: threading.Thread | None = None
         self.lines = 0
         self.rolled = 0
         self.compress_errors: list[str] = []
 
     def write(self, obj: Any) -> None:
-        if self._file.closed:
+        if self._segment.closed:
             return
-        line = dumps(obj)
-        if self._redact is not None:
-            line = self._redact(line)
-        line += "\n"
-        self._file.write(line)  # an I/O error (disk full) is raised to the caller, who decides
+        self._segment.write(obj)  # an I/O error (disk full) is raised to the caller, who decides
         self.lines += 1
-        self._bytes += len(line)  # characters: close enough to bytes for a threshold
-        if self._segment_bytes is not None and self._bytes >= self._segment_bytes:
+        if self._segment_bytes is not None and self._segment.size >= self._segment_bytes:
             self.roll()
 
     def roll(self) -> None:
         """Close the open segment now and start a new one (step 1); gzip it in the background."""
-        if self._file.closed or self._bytes == 0:
+        if self._segment.closed or self._segment.size == 0:
             return
-        self._file.close()
+        self._segment.close()
         closed = self.run_dir / f"samples-{self._next_index:03d}.jsonl"
         self._next_index += 1
         os.replace(self.path, closed)
-        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
-        self._bytes = 0
+        self._segment = JsonlWriter(self.path, redact=self._redact)
         self.rolled += 1
         self._wait()  # one compression at a time: a backlog would only grow the plain files
         self._worker = threading.Thread(target=self._compress, args=(closed,), name="soak-samples-gzip", daemon=True)
@@ -110,8 +103,7 @@ class RollingJsonlWriter:
 
     def close(self) -> None:
         """Idempotent; waits for a compression under way. The open segment stays plain."""
-        if not self._file.closed:
-            self._file.close()
+        self._segment.close()
         self._wait()
 
 
