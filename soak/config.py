@@ -13,10 +13,10 @@ from typing import Any, Mapping, Optional
 import yaml
 from pydantic import Field, ValidationError
 
-from soak.configbase import Duration, StrictModel, load_yaml, parse_duration
+from soak.configbase import Duration, StrictModel, load_yaml
 from soak.criteria.config import CriteriaConfig
 from soak.detect.config import DetectorConfig
-from soak.errors import ArgumentError, ConfigError
+from soak.errors import ConfigError
 from soak.export.config import ExporterConfig, ViewConfig
 from soak.export.push_config import PushgatewayConfig
 from soak.load.config import LoadConfig
@@ -118,7 +118,6 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"invalid YAML: {exc}", path=path) from exc
 
 
-from soak.durations import duration_flag  # noqa: E402,F401 - the one flag parser; run.cli imports it here
 
 
 def load_run_config(path: str | Path, *, duration: float | None = None) -> RunConfig:

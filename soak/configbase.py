@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from soak.durations import format_duration, parse_duration  # noqa: F401 - format_duration: run.live imports it here
+from soak.durations import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds; YAML may say 90, "90s", "66m", "1h30m"."""

@@ -236,7 +236,7 @@ class IncidentRecord:
     # One line per evidence or kill step that failed, timed out or was skipped.
     notes: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
-    # The flight-recorder diagnosis line (soak.report.diagnose), when the ranks dumped.
+    # The flight-recorder diagnosis line (soak.flightrec.diagnose), when the ranks dumped.
     diagnosis: str | None = None
 
     def __post_init__(self) -> None:

@@ -14,10 +14,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from soak.clock import Clock
-from soak.configbase import format_duration
+from soak.durations import format_duration
+from soak.percentiles import percentile
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
 from soak.samples import GpuReading, GpuSample, RequestRecord, Sample, ServerSample
-from soak.store.summary import CounterDelta, percentile
+from soak.store.summary import CounterDelta
 
 if TYPE_CHECKING:  # rich is imported when a terminal view starts
     from rich.console import Console

@@ -457,17 +457,14 @@ class Responder:
                 dest=bundle.dir / "flight_recorder",
             )
             self._collected_dumps.update(dump_files(prefix))
-            summary = None
             summary_note = None
             if dumps:
                 try:
                     summary = await asyncio.to_thread(ev.flight_recorder_summary, bundle.dir / "flight_recorder")
                 except Exception as exc:
                     summary_note = f"summary failed: {type(exc).__name__}: {exc}"
-                if summary is not None:
+                else:
                     bundle.write_json(bundle.dir / "flight_recorder_summary.json", summary)
-                elif summary_note is None:
-                    summary_note = "no flight-recorder reader (soak/report/flight_recorder.py) to summarise with"
             missing = len(written) - len(dumps) if len(dumps) < len(written) else 0
             note_parts = []
             if not written:

@@ -48,7 +48,8 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     import asyncio
     import sys
 
-    from soak.config import duration_flag, load_run_config
+    from soak.config import load_run_config
+    from soak.durations import duration_flag
     from soak.errors import HarnessFault, SoakError
     from soak.run.wiring import build_soak_run
 

@@ -42,6 +42,7 @@ from soak.errors import (
     UsageError,
     WorkloadDoesNotFit,
 )
+from soak.jsonl import read_records
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
@@ -53,7 +54,6 @@ from soak.respond.responder import Responder
 from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
-from soak.store.jsonl import read_jsonl
 from soak.store.store import REQUESTS, RunStore
 from soak.store.summary import disk_incidents, summarize
 from soak.versions import VllmProfile
@@ -850,7 +850,7 @@ class SoakRun:
 
     def _final_criteria(self) -> CriteriaDecision:
         try:
-            tally = RequestTally.of(self.config.criteria, read_jsonl(self.run_dir / REQUESTS))
+            tally = RequestTally.of(self.config.criteria, read_records(self.run_dir / REQUESTS))
         except OSError:
             tally = self.tally  # the file is gone: what the run saw live
         return judge(self.config.criteria, tally, final=True)

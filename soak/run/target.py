@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import yaml
 

@@ -26,7 +26,8 @@ def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:
     import asyncio
     import json
 
-    from soak.config import duration_flag, load_run_config
+    from soak.config import load_run_config
+    from soak.durations import duration_flag
     from soak.records import TargetKind
     from soak.run.wiring import workload_factory
     from soak.target.config import target_layout

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from soak.jsonl import read_records as read_jsonl  # noqa: F401 - run.loop reads requests.jsonl through it
 from soak.plain import plain
 
 

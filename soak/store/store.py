@@ -19,14 +19,13 @@ new decisions become events, so the record grows with what happened, not with ti
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import yaml
 
 from soak.clock import Clock
+from soak.fsio import write_atomic, write_json_atomic
 from soak.records import Assessment, DetectorState, IncidentRecord, RuleState, RunInfo
 from soak.redact import Redactor
 from soak.samples import RequestRecord, Sample, to_json
@@ -35,14 +34,12 @@ from soak.store.segments import DEFAULT_SEGMENT_BYTES, RollingJsonlWriter
 
 EVENTS = "events.jsonl"
 REQUESTS = "requests.jsonl"
-SAMPLES = "samples.jsonl"
 CONFIG = "config.yaml"
 PLAN = "plan.json"
 SUMMARY = "summary.json"
 SERVER_LOG = "server.log"
 
 
-from soak.fsio import write_atomic, write_json_atomic  # noqa: E402 - one atomic write (fsync, rename) for the store
 
 
 class RunStore:

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from soak.configbase import format_duration
+from soak.durations import format_duration
 
 
 @dataclass(frozen=True)
