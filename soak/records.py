@@ -26,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from soak.samples import RequestRecord, Sample
+from soak.samples import GpuSample, RequestRecord, Sample
 from soak.versions import VllmProfile
 
 
@@ -314,3 +314,14 @@ class RunSink(Protocol):
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class GpuSourceLike(Protocol):
+    """Where GPU readings come from (NVML, dcgm-exporter, the simulator, the server's
+    own processes): the probes sample it, the responder reads it again around a kill."""
+
+    async def open(self) -> None: ...  # before the run: NVML missing raises GpuUnavailable (exit 3)
+
+    async def read(self) -> GpuSample: ...
+
+    async def aclose(self) -> None: ...

@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 from soak.clock import Clock
 from soak.probes.config import DcgmGpu, NoGpu, NvmlGpu, ProbesConfig, SimGpu
-from soak.probes.gpu import DcgmGpuSource, GpuProbe, GpuSourceLike, NvmlGpuSource, SimGpuSource
+from soak.probes.gpu import DcgmGpuSource, GpuProbe, NvmlGpuSource, SimGpuSource
+from soak.records import GpuSourceLike
 from soak.probes.logwatch import LogProbe
 from soak.probes.metrics import MetricsProbe
 from soak.probes.scheduler import Probe

@@ -19,22 +19,15 @@ import dataclasses
 import concurrent.futures
 import queue
 import threading
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from soak.clock import Clock
 from soak.errors import GpuUnavailable, ProbeError, ProbeTimeout
 from soak.metric_names import DCGM_FIELDS
+from soak.records import GpuSourceLike
 from soak.samples import GpuReading, GpuSample, GpuSource
-
-
-class GpuSourceLike(Protocol):
-    async def open(self) -> None: ...  # before the run: NVML missing raises GpuUnavailable (exit 3)
-
-    async def read(self) -> GpuSample: ...
-
-    async def aclose(self) -> None: ...
 
 
 class GpuProbe:

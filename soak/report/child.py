@@ -18,7 +18,6 @@ run's exit status stays the run's: a failure is a ``report_failed`` event, and
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from dataclasses import dataclass

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from soak.clock import Clock
-from soak.probes.gpu import GpuSourceLike
+from soak.records import GpuSourceLike
 from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
 from soak.redact import Redactor
 from soak.respond import evidence as ev

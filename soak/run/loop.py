@@ -46,9 +46,9 @@ from soak.jsonl import read_records
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
-from soak.probes.gpu import GpuFreshness, GpuSourceLike
+from soak.probes.gpu import GpuFreshness
 from soak.probes.scheduler import Probe, ProbeScheduler
-from soak.records import Decision, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
+from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
 from soak.redact import Redactor
 from soak.respond.responder import Responder
 from soak.run.sinks import FanOut

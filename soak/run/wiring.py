@@ -17,7 +17,7 @@ from soak.config import RunConfig, redacted_config
 from soak.errors import ArgumentError, HarnessFault, PortInUse
 from soak.export.live import LiveView
 from soak.load.progress import ProgressTracker
-from soak.probes.gpu import GpuSourceLike
+from soak.records import GpuSourceLike
 from soak.probes.scheduler import Probe
 from soak.records import RunSink, TargetFacts, TargetKind
 from soak.redact import Redactor

@@ -50,3 +50,18 @@ def test_the_run_store_and_the_exporter_import_no_part_of_the_run() -> None:
     offenders = {path: sorted(m for m in mods if m == "soak.run" or m.startswith("soak.run."))
                  for path, mods in _soak_imports(paths).items()}
     assert not {p: m for p, m in offenders.items() if m}, offenders
+
+
+def test_the_responder_imports_neither_the_probes_nor_the_report() -> None:
+    # respond sits after detect: it is handed its GPU source and evidence readers,
+    # it never imports the probes, the report, the workload or the simulator.
+    later_or_sideways = ("soak.probes", "soak.report", "soak.workload", "soak.sim", "soak.run", "soak.load")
+    offenders = {path: sorted(m for m in mods if m.startswith(later_or_sideways))
+                 for path, mods in _soak_imports(list((SOAK / "respond").glob("*.py"))).items()}
+    assert not {p: m for p, m in offenders.items() if m}, offenders
+
+
+def test_the_workload_stage_imports_no_simulator() -> None:
+    offenders = {path: sorted(m for m in mods if m.startswith("soak.sim"))
+                 for path, mods in _soak_imports(list((SOAK / "workload").glob("*.py"))).items()}
+    assert not {p: m for p, m in offenders.items() if m}, offenders
