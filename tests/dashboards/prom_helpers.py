@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -15,14 +14,9 @@ import pytest
 import yaml
 
 from soak.export.lint import PROMETHEUS_CONFIG_PATH, RULES_PATH
+from ports import free_port  # per-worker ports: tests/ports.py
 
 SCRAPE_S = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

@@ -11,21 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port as _free_port  # per-worker ports: tests/ports.py
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "tests" / "gpu" / "device" / "pp-gloo-launched.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)

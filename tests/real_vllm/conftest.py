@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from ports import free_port  # per-worker ports: tests/ports.py
 
 REPO = Path(__file__).resolve().parents[2]
 HOME = Path(os.environ.get("REAL_VLLM_HOME", REPO / ".real-vllm"))
@@ -43,12 +43,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("real_vllm") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_config(tmp_path: Path, *, duration: str, env: dict | None = None, detector: dict | None = None,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sys
 import time
 import urllib.request
 
+from ports import free_port  # per-worker ports: tests/ports.py
 from soakrun_helpers import events, pid_alive, small_config, wait_for, write_config
 
 # The first start serves the simulator; a relaunch loads "for ten minutes" (never
@@ -29,12 +29,6 @@ os.execv(sys.executable, [sys.executable, "-m", "soak", "sim", "--port", port, "
 
 DEADLOCK = {"kind": "pp_deadlock", "watchdog_timeout": "3000s", "ringbuffer_warning_interval": "3000s",
             "execute_timeout": "6000s"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def of_type(run_dir, kind):

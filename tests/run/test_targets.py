@@ -4,19 +4,13 @@ variables set, tree stopped at the end), and the ways a target is never ready (e
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 from soakrun_helpers import events, pid_alive, small_config, soak_cmd, write_config
 
 from soak.store.summary import summarize
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ports import free_port  # per-worker ports: tests/ports.py
 
 
 def test_launched_target_runs_captures_output_and_gets_the_flight_recorder_env(tmp_path, harness) -> None:

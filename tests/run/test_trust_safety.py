@@ -25,15 +25,10 @@ import psutil
 import pytest
 
 from soakrun_helpers import events, pid_alive, small_config, soak_cmd, wait_for, write_config
+from ports import free_port  # per-worker ports: tests/ports.py
 
 FAKE = Path(__file__).parent / "fake_server.py"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout_s: float = 20.0) -> None:
@@ -507,12 +502,22 @@ def test_a_read_only_out_is_exit_4_in_one_line(tmp_path, mount_tmpfs):
 
 
 def test_the_demo_runs_while_the_default_exporter_port_is_taken(tmp_path):
+    # The test must hold 9464 itself for its whole length: a sibling test's run
+    # (pytest-xdist) that took the default port and let it go midway would give the
+    # demo 9464 and the --exporter-port 9464 run a free port. Those runs hold it
+    # for seconds, so wait for it; only something outside the suite holds it longer
+    # (the same situation for the demo, and nothing here lets it go).
     holder = socket.socket()
-    try:
-        holder.bind(("127.0.0.1", 9464))
-        holder.listen()
-    except OSError:
-        pass  # already taken by someone else: the same situation
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            holder.bind(("127.0.0.1", 9464))
+            holder.listen()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     try:
         run_dir = tmp_path / "run"
         result = run_soak(ROOT / "workloads" / "demo.yaml", run_dir, "--duration", "4s", "--view", "plain")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from soak.sim.config import SimConfig
 from soak.sim.engine import Engine, SimRequest
 from soak.sim.logs import SimLog
 from soak.sim.metrics import SimMetrics
+from ports import free_port as _free_port  # per-worker ports: tests/ports.py
 
 MODEL = "deepseek-v4-flash"
 
@@ -117,12 +117,6 @@ def test_log_prefix_is_ansi_coloured_as_0112_and_plain_as_033():
         match = parse_log_line(line)
         assert match is not None and match.fields == {"worker": "EngineCore_DP0", "pid": 77, "method": "execute_model"}
         assert strip_ansi(line).startswith("(EngineCore_DP0 pid=77) ERROR")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _health(port: int) -> int | str:
