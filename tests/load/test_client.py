@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
+from ports import free_port  # per-worker ports: tests/ports.py
 from dataclasses import dataclass
 
 import pytest
@@ -147,10 +147,7 @@ async def test_each_timeout_is_named(server_url, make_client, mode, timeouts, ou
 
 
 async def test_refused_connection(make_client) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    client = await make_client(f"http://127.0.0.1:{port}")
+    client = await make_client(f"http://127.0.0.1:{free_port()}")  # a port no test listens on
     record = await client.send(turn("ok"), request_id="r1")
     assert record.outcome == "refused"
 

@@ -9,6 +9,7 @@ from soak.clock import ManualClock
 from soak.errors import MetricsUnavailable
 from soak.metric_names import VLLM_METRICS
 from soak.probes.metrics import MetricsProbe, parse_metrics
+from ports import free_port  # per-worker ports: tests/ports.py
 
 from pathlib import Path
 
@@ -77,11 +78,7 @@ async def test_probe_turns_http_errors_and_refusals_into_failed_samples(serve, s
     assert not garbled.ok and "unparsable" in garbled.error
     # nothing listens on the port of a closed server
     refused_base = await serve({})
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()  # a port no test listens on
     (refused,) = await MetricsProbe(f"http://127.0.0.1:{port}", session=session, clock=clock).collect()
     assert not refused.ok and refused.error
     assert refused_base
