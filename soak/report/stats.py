@@ -8,8 +8,10 @@ the mean time between failures comes from chi-square quantiles:
 
 and a clean run proves the one-sided bound ``MTBF > 2T / chi2(c; 2)`` =
 ``T / -ln(1 - c)`` (T/3.00 at 95%). Everything here is pure: numbers in,
-frozen records out. scipy is imported at module level, so import this module
-only inside a command's ``main()``.
+frozen records out. scipy.special is imported at module level, so import this
+module only inside a command's ``main()``; the tests of scipy.stats, which take
+another second of CPU to import, load only where a comparison needs them (the
+report at every run's end needs only the chi-square quantile).
 """
 
 from __future__ import annotations
@@ -20,9 +22,18 @@ from enum import Enum
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from soak.durations import format_duration
+
+
+def _chi2_ppf(q: float, df: int) -> float:
+    # chi2(df) is gamma(df/2, scale 2): scipy.stats.chi2.ppf computes the same.
+    return float(2.0 * special.gammaincinv(df / 2.0, q))
+
+
+def _t_ppf(p: float, df: int) -> float:
+    return float(special.stdtrit(df, p))
 
 
 @dataclass(frozen=True)
@@ -64,9 +75,9 @@ def mtbf_estimate(failures: int, exposure_s: float, *, confidence: float = 0.95)
         raise ValueError("exposure must be positive")
     alpha = 1.0 - confidence
     two_t = 2.0 * exposure_s
-    lower = two_t / stats.chi2.ppf(1.0 - alpha / 2.0, 2 * failures + 2)
-    upper = math.inf if failures == 0 else two_t / stats.chi2.ppf(alpha / 2.0, 2 * failures)
-    one_sided = two_t / stats.chi2.ppf(confidence, 2 * failures + 2)
+    lower = two_t / _chi2_ppf(1.0 - alpha / 2.0, 2 * failures + 2)
+    upper = math.inf if failures == 0 else two_t / _chi2_ppf(alpha / 2.0, 2 * failures)
+    one_sided = two_t / _chi2_ppf(confidence, 2 * failures + 2)
     return MtbfEstimate(
         failures=failures,
         exposure_s=float(exposure_s),
@@ -84,7 +95,7 @@ def required_clean_exposure(baseline_mtbf_s: float, *, confidence: float = 0.95,
     _check_confidence(confidence)
     if baseline_mtbf_s <= 0:
         raise ValueError("baseline MTBF must be positive")
-    return float(baseline_mtbf_s * stats.chi2.ppf(confidence, 2 * allowed_failures + 2) / 2.0)
+    return float(baseline_mtbf_s * _chi2_ppf(confidence, 2 * allowed_failures + 2) / 2.0)
 
 
 class Better(str, Enum):
@@ -141,7 +152,7 @@ def mean_estimate(values: Sequence[float], *, confidence: float = 0.95) -> Estim
     mean = float(x.mean())
     if x.size < 2:
         return Estimate(mean, None, None, int(x.size))
-    half = float(stats.t.ppf(0.5 + confidence / 2.0, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    half = float(_t_ppf(0.5 + confidence / 2.0, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return Estimate(mean, mean - half, mean + half, int(x.size))
 
 
@@ -150,6 +161,8 @@ def compare_means(
     confidence: float = 0.95,
 ) -> Difference:
     """Welch's t-test on two samples (per-window throughputs, hit ratios, ...)."""
+    from scipy import stats
+
     ea, eb = mean_estimate(a, confidence=confidence), mean_estimate(b, confidence=confidence)
     p_value = None
     if ea.n >= 2 and eb.n >= 2:
@@ -200,10 +213,12 @@ def compare_rates(
 ) -> Difference:
     """Poisson rate ratio: conditional on the total, B's count is binomial with
     p = T_b / (T_a + T_b) under equal rates (exact test, Clopper-Pearson ratio interval)."""
+    from scipy import stats
+
     def rate_est(count: int, exposure: float) -> Estimate:
         alpha = 1 - confidence
-        lo = stats.chi2.ppf(alpha / 2, 2 * count) / 2 if count else 0.0
-        hi = stats.chi2.ppf(1 - alpha / 2, 2 * count + 2) / 2
+        lo = _chi2_ppf(alpha / 2, 2 * count) / 2 if count else 0.0
+        hi = _chi2_ppf(1 - alpha / 2, 2 * count + 2) / 2
         return Estimate(count / exposure * per_s, float(lo) / exposure * per_s, float(hi) / exposure * per_s, count)
 
     ea, eb = rate_est(count_a, exposure_a_s), rate_est(count_b, exposure_b_s)
@@ -228,6 +243,8 @@ def compare_rates(
 
 def proportion_estimate(count: int, total: int, *, confidence: float = 0.95) -> Estimate:
     """A share (failed / finished) with its exact Clopper-Pearson interval."""
+    from scipy import stats
+
     if total <= 0:
         return Estimate(None, None, None, 0)
     ci = stats.binomtest(count, total).proportion_ci(confidence_level=confidence, method="exact")
@@ -239,6 +256,8 @@ def compare_proportions(
     confidence: float = 0.95,
 ) -> Difference:
     """Two shares (error rates): Fisher's exact test on the 2x2 table, exact intervals."""
+    from scipy import stats
+
     ea = proportion_estimate(count_a, total_a, confidence=confidence)
     eb = proportion_estimate(count_b, total_b, confidence=confidence)
     if ea.value is None or eb.value is None:

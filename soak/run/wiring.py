@@ -63,6 +63,7 @@ def workload_factory(config: RunConfig, *, config_path: Path, block_size: int):
     from soak.workload import build_workload
 
     base_dir = config_path.resolve().parent
+    corpora: dict = {}
 
     def make(model: str | None) -> Workload:
         return build_workload(
@@ -72,6 +73,7 @@ def workload_factory(config: RunConfig, *, config_path: Path, block_size: int):
             model=model or provisional_model(config),
             block_size=block_size,
             config_path=config_path,
+            corpora=corpora,
         )
 
     return make

@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from soak.workload.config import (
+    CorpusConfig,
     MooncakeTraceConfig,
     ReplayJsonlConfig,
     SyntheticAgenticConfig,
@@ -22,6 +24,9 @@ from soak.workload.config import (
 from soak.workload.counters import EstimateCounter, LocalTokenizerCounter, SimCounter, TargetCounter, TokenCounter, make_counter
 from soak.workload.plan import Plan, PlannedTurn
 from soak.workload.types import Arrival, Session, TurnRequest, Workload
+
+if TYPE_CHECKING:
+    from soak.workload.corpus import Corpus
 
 __all__ = [
     "Arrival",
@@ -51,15 +56,19 @@ def build_workload(
     model: str,
     block_size: int = 256,
     config_path: str | Path | None = None,
+    corpora: dict[str, Corpus] | None = None,
 ) -> Workload:
     """The workload for a config section. Reads its files now (a missing corpus or
-    a malformed trace is a ``WorkloadError`` here); counting waits for ``calibrate``."""
+    a malformed trace is a ``WorkloadError`` here); counting waits for ``calibrate``.
+
+    ``corpora`` keeps the corpora read, by their config, for the next call: a run
+    builds its workload twice (to fail early, then for the served model), and
+    reading a corpus is most of a build."""
     config = absolutize(config, Path(base_dir))
     if isinstance(config, SyntheticAgenticConfig):
         from soak.workload.agentic import SyntheticAgenticWorkload
-        from soak.workload.corpus import load_corpus
 
-        corpus = load_corpus(config.corpus, field="workload.corpus", config_path=config_path)
+        corpus = _corpus(config.corpus, corpora, config_path)
         return SyntheticAgenticWorkload(
             config, corpus=corpus, seed=seed, model=model, block_size=block_size, config_path=config_path
         )
@@ -68,9 +77,20 @@ def build_workload(
 
         return JsonlReplayWorkload(config, seed=seed, model=model, block_size=block_size)
     if isinstance(config, MooncakeTraceConfig):
-        from soak.workload.corpus import load_corpus
         from soak.workload.mooncake import MooncakeWorkload
 
-        corpus = load_corpus(config.corpus, field="workload.corpus", config_path=config_path)
+        corpus = _corpus(config.corpus, corpora, config_path)
         return MooncakeWorkload(config, corpus=corpus, seed=seed, model=model, block_size=block_size)
     raise TypeError(f"not a workload section: {config!r}")
+
+
+def _corpus(config: CorpusConfig, corpora: dict[str, Corpus] | None, config_path: str | Path | None) -> Corpus:
+    from soak.workload.corpus import load_corpus
+
+    key = config.model_dump_json()
+    if corpora is not None and key in corpora:
+        return corpora[key]
+    corpus = load_corpus(config, field="workload.corpus", config_path=config_path)
+    if corpora is not None:
+        corpora[key] = corpus
+    return corpus

@@ -8,7 +8,9 @@ machine and one seed give the same text every time.
 
 from __future__ import annotations
 
+import os
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,21 +38,43 @@ class Corpus:
         return sum(len(f.lines) for f in self.files)
 
 
-def _stdlib_files() -> list[tuple[str, Path]]:
+def _stdlib_files() -> Iterator[tuple[str, Path]]:
+    """The standard library's ``.py`` files, lazily, in ``sorted(rglob)`` order.
+
+    Lazy and pruned because the caller stops at ``max_bytes``: listing every
+    file first (site-packages and the test suite included, 50,000 files under
+    a pyenv Python) cost more than reading the text, in every run and every
+    ``soak validate``.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if any(part in _STDLIB_SKIP for part in rel.parts):
+    yield from _sorted_py_files(root, root)
+
+
+def _sorted_py_files(root: Path, folder: Path) -> Iterator[tuple[str, Path]]:
+    # Sorting one folder's files and sub-folders together by name gives the
+    # same order as sorting whole paths part by part, as sorted(rglob) did.
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name in _STDLIB_SKIP:
             continue
-        out.append((str(rel), path))
-    return out
+        path = folder / entry.name
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            continue
+        if is_dir:
+            yield from _sorted_py_files(root, path)
+        elif entry.name.endswith(".py"):
+            yield str(path.relative_to(root)), path
 
 
 def _clean_lines(text: str) -> tuple[str, ...]:
     # Blank lines are dropped so that no two newlines meet: with real BPE
     # tokenizers "\n\n" can merge into one token and break per-line counts.
-    return tuple(line.rstrip() + "\n" for line in text.splitlines() if line.strip())
+    return tuple(line + "\n" for line in map(str.rstrip, text.splitlines()) if line)
 
 
 def load_corpus(config: CorpusConfig, *, field: str = "corpus", config_path: str | Path | None = None) -> Corpus:
@@ -58,8 +82,6 @@ def load_corpus(config: CorpusConfig, *, field: str = "corpus", config_path: str
     if isinstance(config, StdlibCorpus):
         candidates = _stdlib_files()
         source = "python standard library"
-        if not candidates:
-            raise WorkloadError("no standard library sources found on this machine", path=config_path, field=field)
     elif isinstance(config, DirectoryCorpus):
         root = Path(config.path)
         if not root.is_dir():
@@ -91,5 +113,7 @@ def load_corpus(config: CorpusConfig, *, field: str = "corpus", config_path: str
         files.append(CorpusFile(name=name, lines=lines))
         total += sum(len(line) for line in lines)
     if not files:
+        if isinstance(config, StdlibCorpus):
+            raise WorkloadError("no standard library sources found on this machine", path=config_path, field=field)
         raise WorkloadError("the corpus has no readable text files", path=config_path, field=field)
     return Corpus(files=tuple(files), source=source)
