@@ -7,7 +7,9 @@ of memory is the harness's problem. So ``soak run`` starts this child as the
 load starts (it imports, then sleeps on its stdin: the run's end pays no
 import), and once summary.json is written tells it to render:
 
-    python -m soak.report.child RUN_DIR     # imports, then waits for "render" on stdin
+    python -m soak.report.child RUN_DIR [--no-html]   # imports, then waits for "render" on stdin
+
+(``--no-html``: summary.json and junit.xml only, without plotting.)
 
 The child renders on ``render``, and exits without writing anything when its
 stdin closes first (the harness died or gave up). Whatever the child does, the
@@ -42,9 +44,10 @@ class ReportChild:
     ``aclose()`` (idempotent) ends a child that is still there."""
 
     def __init__(self, run_dir: Path, *, command: Sequence[str] | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, html: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self._command = list(command) if command is not None else [sys.executable, "-m", "soak.report.child"]
+        self._html = html
         self._timeout_s = timeout_s
         self._proc: asyncio.subprocess.Process | None = None
         self._spawn_error: str | None = None
@@ -52,7 +55,7 @@ class ReportChild:
     async def start(self) -> None:
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self._command, str(self.run_dir),
+                *self._command, str(self.run_dir), *(() if self._html else ("--no-html",)),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
                 # Its own session: a Ctrl-C at the terminal stops the run, not the report of what it recorded.
                 start_new_session=True,
@@ -101,14 +104,19 @@ def _last_line(stderr: bytes | None) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    html = "--no-html" not in argv
+    argv = [a for a in argv if a != "--no-html"]
     if len(argv) != 1:
-        print("usage: python -m soak.report.child RUN_DIR", file=sys.stderr)
+        print("usage: python -m soak.report.child RUN_DIR [--no-html]", file=sys.stderr)
         return 2
     from soak.report.render import write_report  # the heavy imports, while the run goes on
 
+    if html:
+        from soak.report import plots  # noqa: F401  matplotlib too, before the run's end asks
+
     if sys.stdin.buffer.readline() != GO:
         return 0  # the harness went away before asking: write nothing
-    write_report(Path(argv[0]))
+    write_report(Path(argv[0]), html=html)
     return 0
 
 

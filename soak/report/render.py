@@ -22,7 +22,7 @@ from soak.durations import format_duration
 from soak.fsio import write_atomic
 from soak.percentiles import percentile
 from soak.flightrec import dumps as flight_recorder
-from soak.report import plots, watchdog
+from soak.report import watchdog
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RunData, load_run
 from soak.report.stats import MtbfEstimate, mtbf_estimate
@@ -149,7 +149,33 @@ def _incident_view(incident: Incident, run: RunData) -> IncidentView:
     return IncidentView(record=incident.record, watchdog=lines, flight_recorder=fr, files=incident.files, path=rel)
 
 
-def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
+def _images(run: RunData, incidents: list[dict[str, Any]], *, start: float, end: float | None) -> list[tuple[str, bytes]]:
+    from soak.report import plots  # matplotlib: only a page with plots pays for it
+
+    markers: list[plots.Marker] = []
+    for i in incidents:
+        if isinstance(i.get("onset_at"), (int, float)):
+            markers.append(plots.Marker(i["onset_at"], f"#{i.get('number')} onset", "onset"))
+        if isinstance(i.get("detected_at"), (int, float)):
+            markers.append(plots.Marker(i["detected_at"], f"#{i.get('number')} detected", "detected"))
+    last = max([a[-1] for a in (run.gpu_ts, run.server_ts, run.client_ts) if a.size] + ([end] if end else []),
+               default=start + 60)
+    xlim = (0.0, max(last - start, 1.0) / 60.0)
+    return [
+        ("GPU utilization", plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim)),
+        ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
+                                             run.client_tokens, start=start, markers=markers, xlim=xlim)),
+        ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
+        ("Context length", plots.context_png(run.requests, run.server_ts, run.server["kv_cache_usage_perc"],
+                                             start=start, markers=markers, xlim=xlim)),
+        ("Hit ratio", plots.hit_ratio_png(run.server_ts, run.server["prefix_cache_hits"],
+                                          run.server["prefix_cache_queries"], run.requests, start=start, markers=markers, xlim=xlim)),
+    ]
+
+
+def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) -> ReportModel:
+    """The report's model; ``with_plots=False`` leaves the images out (and
+    matplotlib unimported): what junit.xml alone needs."""
     summary = run.summary
     start = run.start or 0.0
     verdict = str(summary.get("verdict", "unknown"))
@@ -166,26 +192,8 @@ def build(run: RunData, *, confidence: float = 0.95) -> ReportModel:
         # is still a hang, so a run with hangs keeps its estimate.
         mtbf = None
 
-    markers: list[plots.Marker] = []
-    for i in incidents:
-        if isinstance(i.get("onset_at"), (int, float)):
-            markers.append(plots.Marker(i["onset_at"], f"#{i.get('number')} onset", "onset"))
-        if isinstance(i.get("detected_at"), (int, float)):
-            markers.append(plots.Marker(i["detected_at"], f"#{i.get('number')} detected", "detected"))
     end = summary.get("ended_at") if isinstance(summary.get("ended_at"), (int, float)) else None
-    last = max([a[-1] for a in (run.gpu_ts, run.server_ts, run.client_ts) if a.size] + ([end] if end else []),
-               default=start + 60)
-    xlim = (0.0, max(last - start, 1.0) / 60.0)
-    images = [
-        ("GPU utilization", plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim)),
-        ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
-                                             run.client_tokens, start=start, markers=markers, xlim=xlim)),
-        ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
-        ("Context length", plots.context_png(run.requests, run.server_ts, run.server["kv_cache_usage_perc"],
-                                             start=start, markers=markers, xlim=xlim)),
-        ("Hit ratio", plots.hit_ratio_png(run.server_ts, run.server["prefix_cache_hits"],
-                                          run.server["prefix_cache_queries"], run.requests, start=start, markers=markers, xlim=xlim)),
-    ]
+    images = _images(run, incidents, start=start, end=end) if with_plots else []
     stats_rows, outcomes = request_statistics(run.requests)
     by_number = {inc.number: inc for inc in run.incidents}
     views = []
@@ -551,21 +559,25 @@ def junit_for(model: ReportModel) -> bytes:
 
 @dataclass(frozen=True)
 class Written:
-    html: Path
+    html: Path | None
     junit: Path
     summary: Path | None
     model: ReportModel
 
 
-def write_report(run_dir: str | Path, *, confidence: float = 0.95, write_summary: bool = True) -> Written:
+def write_report(run_dir: str | Path, *, confidence: float = 0.95, write_summary: bool = True,
+                 html: bool = True) -> Written:
+    """summary.json (unless ``write_summary=False``), junit.xml, and report.html
+    unless ``html=False`` (``soak run --no-html``: no plotting at the run's end)."""
     run = load_run(run_dir)
-    model = build(run, confidence=confidence)
+    model = build(run, confidence=confidence, with_plots=html)
     path = Path(run_dir)
     summary_path = None
     if write_summary:  # run.summary is the run store's own summarize()
         summary_path = path / "summary.json"
         write_atomic(summary_path, (json.dumps(run.summary, indent=2) + "\n").encode("utf-8"))
     html_path, junit_path = path / "report.html", path / "junit.xml"
-    write_atomic(html_path, render_html(model).encode("utf-8"))
+    if html:
+        write_atomic(html_path, render_html(model).encode("utf-8"))
     write_atomic(junit_path, junit_for(model))
-    return Written(html=html_path, junit=junit_path, summary=summary_path, model=model)
+    return Written(html=html_path if html else None, junit=junit_path, summary=summary_path, model=model)

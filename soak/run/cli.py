@@ -26,6 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter-port", metavar="PORT", type=_port, default=None,
                         help="the harness's Prometheus port (overrides exporter.port; 0 picks a free one, "
                              "named in the start line)")
+    parser.add_argument("--no-html", action="store_true",
+                        help="end without report.html (summary.json and junit.xml are still written; "
+                             "`soak report DIR` renders the page later): the run's end then does no plotting")
 
 
 def _port(text: str) -> int:
@@ -40,11 +43,11 @@ def _port(text: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     return run(args.config, out=args.out, duration=args.duration, view=args.view,
-               exporter_port=args.exporter_port)
+               exporter_port=args.exporter_port, report_html=not args.no_html)
 
 
 def run(config_path: Path, *, out: Path | None, duration: str | None, view: str | None,
-        exporter_port: int | None = None) -> int:
+        exporter_port: int | None = None, report_html: bool = True) -> int:
     import asyncio
     import sys
 
@@ -56,7 +59,7 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     config = load_run_config(config_path, duration=duration_flag(duration))
     try:
         soak_run = build_soak_run(config, config_path=Path(config_path), out=out, view_mode=view,
-                                  exporter_port=exporter_port)
+                                  exporter_port=exporter_port, report_html=report_html)
     except (SoakError, KeyboardInterrupt):
         raise
     except Exception as exc:  # a bug before anything started: one line, exit 4

@@ -121,6 +121,7 @@ class ReportOptions:
 
     command: Sequence[str] | None = None  # None: ``python -m soak report``
     timeout_s: float | None = None  # None: the child's default
+    html: bool = True  # False: summary.json and junit.xml only (``soak run --no-html``)
 
 
 class SoakRun:
@@ -861,7 +862,7 @@ class SoakRun:
         from soak.report.child import DEFAULT_TIMEOUT_S, ReportChild
 
         child = ReportChild(self.run_dir, command=self._report.command,
-                            timeout_s=self._report.timeout_s or DEFAULT_TIMEOUT_S)
+                            timeout_s=self._report.timeout_s or DEFAULT_TIMEOUT_S, html=self._report.html)
         await child.start()
         return child
 
@@ -870,7 +871,8 @@ class SoakRun:
         the run's (the record is complete; `soak report DIR` can render again)."""
         outcome = await child.render()
         if outcome.ok:
-            self.event("report_written", elapsed_s=round(outcome.elapsed_s, 3))
+            files = ["junit.xml", "report.html"] if self._report is None or self._report.html else ["junit.xml"]
+            self.event("report_written", elapsed_s=round(outcome.elapsed_s, 3), files=files)
         else:
             self.event("report_failed", error=outcome.error, returncode=outcome.returncode,
                        elapsed_s=round(outcome.elapsed_s, 3))

@@ -99,6 +99,7 @@ def build_soak_run(
     stream: TextIO | None = None,
     exporter_port: int | None = None,
     guard: bool | None = None,
+    report_html: bool = True,
     report_command: Sequence[str] | None = None,
     report_timeout_s: float | None = None,
 ) -> SoakRun:
@@ -263,7 +264,7 @@ def build_soak_run(
         clock=clock,
         sinks=sinks,
         api_key=api_key,
-        report=ReportOptions(command=report_command, timeout_s=report_timeout_s),
+        report=ReportOptions(command=report_command, timeout_s=report_timeout_s, html=report_html),
         config_path=config_path,
         redactor=redactor,
         guardian=guardian,

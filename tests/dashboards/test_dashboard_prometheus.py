@@ -77,7 +77,7 @@ def soak_run(tmp_path):
         out = tmp_path / "run.out"
         with open(out, "w") as log:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "soak", "run", str(config_path), "--out", str(tmp_path / "run")],
+                [sys.executable, "-m", "soak", "run", str(config_path), "--out", str(tmp_path / "run"), "--no-html"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         started.append(popen)

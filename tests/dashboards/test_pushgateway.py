@@ -99,7 +99,7 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
     config = small_config(duration="4s", build="fixed")
     config["pushgateway"] = {"url": f"http://{gateway}", "job": "soak-nightly", "grouping": {"box": "test-box"}}
     run_dir = tmp_path / "runs" / "n09-fixed-live"
-    done = subprocess.run(soak_cmd("run", str(write_config(tmp_path / "night.yaml", config)), "--out", str(run_dir)),
+    done = subprocess.run(soak_cmd("run", str(write_config(tmp_path / "night.yaml", config)), "--out", str(run_dir), "--no-html"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())

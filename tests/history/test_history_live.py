@@ -28,7 +28,7 @@ def night(tmp_path: Path, name: str, *, build: str, duration: str, seed: int, fa
     config["response"] = {"on_hang": "restart", "max_restarts": 8,
                           "evidence": {"py_spy": False, "flight_recorder_wait": "0.5s"}}
     run_dir = tmp_path / "runs" / name
-    done = subprocess.run(soak_cmd("run", str(write_config(tmp_path / f"{name}.yaml", config)), "--out", str(run_dir)),
+    done = subprocess.run(soak_cmd("run", str(write_config(tmp_path / f"{name}.yaml", config)), "--out", str(run_dir), "--no-html"),
                           capture_output=True, text=True, timeout=150)
     assert done.returncode == (1 if faults else 0), done.stderr
     return run_dir

@@ -183,7 +183,7 @@ class SoakRunWatcher:
         self._done = threading.Event()
         self._out = open(run_dir.parent / f"{run_dir.name}.out", "w")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "soak", "run", str(config_path), "--out", str(run_dir)],
+            [sys.executable, "-m", "soak", "run", str(config_path), "--out", str(run_dir), "--no-html"],
             stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )

@@ -95,14 +95,16 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
 
 class Harness:
     """A ``soak run`` subprocess; ``close()`` kills it and the target tree it
-    started (found from events.jsonl), even after a failed test."""
+    started (found from events.jsonl), even after a failed test. Without
+    ``html=True`` it runs with ``--no-html``: plotting report.html costs seconds
+    of CPU, and only the tests that read the page pay for it."""
 
-    def __init__(self, config_path: Path, run_dir: Path, *extra: str) -> None:
+    def __init__(self, config_path: Path, run_dir: Path, *extra: str, html: bool = False) -> None:
         self.run_dir = run_dir
         self.stdout_path = run_dir.parent / (run_dir.name + ".out")
         self._out = open(self.stdout_path, "w", encoding="utf-8")
         self.popen = subprocess.Popen(
-            soak_cmd("run", str(config_path), "--out", str(run_dir), *extra),
+            soak_cmd("run", str(config_path), "--out", str(run_dir), *extra, *(() if html else ("--no-html",))),
             stdout=self._out,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -144,11 +146,11 @@ class Harness:
 
 @pytest.fixture
 def harness():
-    """Factory: ``h = harness(config_path, run_dir, *flags)``; every one closed at teardown."""
+    """Factory: ``h = harness(config_path, run_dir, *flags, html=False)``; every one closed at teardown."""
     created: list[Harness] = []
 
-    def make(config_path: Path, run_dir: Path, *extra: str) -> Harness:
-        h = Harness(config_path, run_dir, *extra)
+    def make(config_path: Path, run_dir: Path, *extra: str, html: bool = False) -> Harness:
+        h = Harness(config_path, run_dir, *extra, html=html)
         created.append(h)
         return h
 

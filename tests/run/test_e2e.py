@@ -23,7 +23,7 @@ def test_healthy_soak_against_the_simulator_agrees_with_its_counters(tmp_path, s
     config = small_config(duration="5s", warmup="1s", probes={"gpu": {"kind": "sim"}})
     config["target"] = {"kind": "attached", "base_url": sim.base_url}
     run_dir = tmp_path / "run"
-    h = harness(write_config(tmp_path / "healthy.yaml", config), run_dir)
+    h = harness(write_config(tmp_path / "healthy.yaml", config), run_dir, html=True)
     assert h.wait() == 0, h.stderr
     assert "Traceback" not in h.stderr
 

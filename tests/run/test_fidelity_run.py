@@ -63,7 +63,7 @@ def test_a_gpu_source_refreshing_every_30s_is_reported_stale(tmp_path, harness):
         url = f"http://127.0.0.1:{exporter.server_address[1]}/metrics"
         config = small_config(duration="8s", probes={"gpu": {"kind": "dcgm", "url": url}})
         run_dir = tmp_path / "run"
-        h = harness(write_config(tmp_path / "stale.yaml", config), run_dir)
+        h = harness(write_config(tmp_path / "stale.yaml", config), run_dir, html=True)
         code = h.wait(240)
     finally:
         exporter.shutdown()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from soakrun_helpers import read_lines, small_config, write_config
+from soakrun_helpers import read_lines, small_config, soak_cmd, write_config
 
 from soak.config import load_run_config
 from soak.report.child import ReportChild
@@ -58,6 +59,21 @@ def test_the_default_child_renders_the_report(tmp_path) -> None:
     assert code == 0
     assert _event(run_dir, "report_written") is not None
     assert (run_dir / "report.html").exists() and (run_dir / "junit.xml").exists()
+    assert "PASS" in (run_dir / "report.html").read_text().upper()
+
+
+def test_no_html_ends_with_the_summary_and_junit_and_soak_report_draws_the_page_later(tmp_path, harness) -> None:
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "run.yaml", small_config(duration="2s")), run_dir)  # --no-html
+    assert h.wait() == 0, h.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["verdict"] == "pass"
+    suite = (run_dir / "junit.xml").read_text()
+    assert "<testsuite" in suite and "verdict pass" in suite
+    assert not (run_dir / "report.html").exists()
+    assert _event(run_dir, "report_written")["files"] == ["junit.xml"]
+
+    later = subprocess.run(soak_cmd("report", str(run_dir)), capture_output=True, text=True, timeout=120)
+    assert later.returncode == 0, later.stderr
     assert "PASS" in (run_dir / "report.html").read_text().upper()
 
 

@@ -76,7 +76,7 @@ def run_expect_3(tmp_path, target: dict, words: str) -> None:
     config["target"] = target
     path = write_config(tmp_path / "t.yaml", config)
     run_dir = tmp_path / "run"
-    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(run_dir)), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(run_dir), "--no-html"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -113,7 +113,7 @@ def test_a_missing_api_key_variable_is_exit_3(tmp_path) -> None:
     config = small_config(duration="3s")
     config["target"]["api_key_env"] = "SOAK_TEST_NO_SUCH_VARIABLE"
     path = write_config(tmp_path / "k.yaml", config)
-    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(tmp_path / "run")), capture_output=True, text=True,
+    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(tmp_path / "run"), "--no-html"), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 3
     assert "SOAK_TEST_NO_SUCH_VARIABLE is not set" in proc.stderr and proc.stderr.count("\n") == 1
@@ -135,7 +135,7 @@ def test_no_nvml_is_exit_3_before_a_server_is_started(tmp_path) -> None:
     config["target"] = {"kind": "launched", "command": ["touch", str(marker)], "base_url": f"http://127.0.0.1:{free_port()}"}
     config["probes"] = {"gpu": {"kind": "nvml"}}
     path = write_config(tmp_path / "n.yaml", config)
-    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(tmp_path / "run")), capture_output=True, text=True,
+    proc = subprocess.run(soak_cmd("run", str(path), "--out", str(tmp_path / "run"), "--no-html"), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 3 and "NVML" in proc.stderr and proc.stderr.count("\n") == 1
     assert not marker.exists()

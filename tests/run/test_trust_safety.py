@@ -106,9 +106,9 @@ def fake_config(target: dict[str, Any], **over: Any) -> dict[str, Any]:
 
 
 def run_soak(config_path: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None,
-             timeout_s: float = 120) -> subprocess.CompletedProcess:
+             timeout_s: float = 120, html: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(
-        soak_cmd("run", str(config_path), "--out", str(run_dir), *extra),
+        soak_cmd("run", str(config_path), "--out", str(run_dir), *extra, *(() if html else ("--no-html",))),
         capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
@@ -331,7 +331,7 @@ def test_no_secret_reaches_any_file_of_the_run_directory(tmp_path, procs):
         duration="30s"))
     run_dir = tmp_path / "run"
 
-    result = run_soak(config, run_dir, env={"SOAK_TEST_API_KEY": secrets["api_key"],
+    result = run_soak(config, run_dir, html=True, env={"SOAK_TEST_API_KEY": secrets["api_key"],
                                             "SOMEONES_SECRET_KEY": secrets["harness_env"]})
     procs(["true"], state=state)  # teardown kills what is left of the tree
 
