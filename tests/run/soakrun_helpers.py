@@ -122,26 +122,48 @@ class Harness:
         return self.popen.returncode
 
     def target_pid(self) -> int | None:
+        ready = self._target_ready()
+        return None if ready is None else ready["root_pid"]
+
+    def _target_ready(self) -> dict | None:
         try:
             for event in events(self.run_dir):
                 if event["type"] == "target_ready":
-                    return event["root_pid"]
+                    return event
         except (OSError, ValueError, KeyError):
             pass
         return None
 
     def close(self) -> None:
-        pid = self.target_pid()
+        ready = self._target_ready()
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.communicate(timeout=10)
-        if pid is not None:
+        if ready is not None:
             # The harness starts its target in its own session: the group is the tree.
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            kill_group_if_born_before(ready["root_pid"], ready["ts"])
         self._out.close()
+
+
+def kill_group_if_born_before(pid: int, ts: float) -> None:
+    """SIGKILL the process group led by ``pid`` if that process is still the one
+    that existed at ``ts``. PIDs wrap quickly on a box with pid_max 32768 and a
+    suite that starts thousands of processes: a stale number is someone else's
+    (another test's simulator, in a parallel run)."""
+    import psutil
+
+    if not isinstance(pid, int) or pid <= 1:  # an attached target without a PID
+        return
+    try:
+        born = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return
+    if born > ts + 0.05:  # created after it was seen answering: a stranger with a reused PID
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 @pytest.fixture

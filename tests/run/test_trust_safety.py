@@ -60,14 +60,18 @@ def procs():
         return proc
 
     yield start
-    pids = {p.pid for p in started}
+    for p in started:
+        if p.poll() is None:  # not yet waited for: the PID is still ours
+            p.kill()
     for state in state_dirs:
-        pids.update(state_pids(state).values())
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        for pid in state_pids(state).values():
+            # A recorded PID the harness already killed may be someone else's by now:
+            # only a process that names this state directory is ours.
+            try:
+                if str(state) in " ".join(psutil.Process(pid).cmdline()):
+                    os.kill(pid, signal.SIGKILL)
+            except (psutil.Error, OSError):
+                pass
     for p in started:
         try:
             p.wait(timeout=5)
