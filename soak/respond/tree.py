@@ -284,6 +284,31 @@ class ProcessTree:
                 del self._known[info.pid]
 
 
+def group_stragglers(pgid: int, *, now: float | None = None) -> tuple[ProcInfo, ...]:
+    """The live members of the process group a reaped root ``pgid`` led.
+
+    Never ``killpg`` a reaped root's number: once nothing of the group is left,
+    the kernel may hand that number to a stranger who leads a group of its own
+    (pid_max is often 32768), and the SIGKILL would be the stranger's. While one
+    member of the group lives, the number stays taken; so a live process that
+    holds it means the group is gone, and otherwise the members are listed one
+    by one (each then killed by PID and start time, like every other kill).
+    """
+    if psutil.pid_exists(pgid):
+        return ()
+    now = time.time() if now is None else now
+    protected = protected_pids()
+    out = []
+    for proc in psutil.process_iter():
+        if proc.pid in protected:
+            continue
+        if _safe(os.getpgid, proc.pid) == pgid:
+            info = _info(proc, via="session", now=now)
+            if info is not None:
+                out.append(info)
+    return tuple(out)
+
+
 def find_listener(port: int) -> int | None:
     """The PID listening on TCP ``port`` (any local address), or None."""
     try:

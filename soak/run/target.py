@@ -28,7 +28,7 @@ from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
-from soak.respond.tree import ProcessTree, kill_processes
+from soak.respond.tree import ProcessTree, group_stragglers, kill_processes
 from soak.target.config import AttachedTarget as AttachedTargetConfig
 from soak.target.config import LaunchedTarget, SimulatorTarget
 
@@ -228,7 +228,13 @@ class ProcessTarget:
         )
         # Whoever answered must be ours (a server that came up on the port meanwhile is not).
         await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
-        await asyncio.to_thread(self._tree.snapshot, self._proc.pid)  # the workers, while their parents live
+        await asyncio.to_thread(self._tree.snapshot, self._own_pid(self._proc))  # the workers, while their parents live
+
+    @staticmethod
+    def _own_pid(proc: asyncio.subprocess.Process) -> int | None:
+        # Until it is reaped (returncode set) the number is ours, a zombie at worst;
+        # after, it may be anyone's, and the tree must not adopt a stranger as root.
+        return proc.pid if proc.returncode is None else None
 
     def _write_log(self, data: bytes) -> None:
         if self._log is None or not data:
@@ -294,18 +300,18 @@ class ProcessTarget:
                 pass
         # Whatever of the record is left, reparented workers included (the one kill
         # path, soak.respond.tree: SIGSTOP, SIGKILL, never a protected PID)...
-        members = await asyncio.to_thread(self._tree.snapshot, proc.pid)
+        members = await asyncio.to_thread(self._tree.snapshot, self._own_pid(proc))
         if members:
             await asyncio.to_thread(kill_processes, members, timeout_s=10.0)
-        try:  # ...and the session, for stragglers never seen
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         if proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), 10.0)
             except asyncio.TimeoutError:
                 pass
+        # ...and the group's stragglers never seen, one by one: never killpg a reaped root's number.
+        stragglers = await asyncio.to_thread(group_stragglers, proc.pid)
+        if stragglers:
+            await asyncio.to_thread(kill_processes, stragglers, timeout_s=10.0)
 
     async def aclose(self) -> None:
         if self._closed:

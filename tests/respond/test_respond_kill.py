@@ -281,3 +281,41 @@ async def test_a_response_cancelled_by_its_caller_still_kills_the_tree(tmp_path,
     assert tree.alive() == set()
     record = json.loads((tmp_path / "run" / "incidents" / "1" / "incident.json").read_text())
     assert record["status"] == "done"
+
+
+def test_a_reaped_leaders_group_stragglers_are_found_one_by_one(tmp_path):
+    """After the root is reaped its group's members are still found (to be killed
+    by PID and start time); a live process holding the number means none are."""
+    import subprocess
+    import sys
+    import time
+
+    from soak.respond.tree import group_stragglers, kill_processes
+
+    pid_file = tmp_path / "straggler.pid"
+    code = ("import os, subprocess, sys; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    assert leader.wait(timeout=30) == 0  # reaped: its number is free, its child lives on in the group
+    straggler = int(pid_file.read_text())
+    try:
+        found = group_stragglers(leader.pid)
+        assert [info.pid for info in found] == [straggler]
+        assert kill_processes(found, timeout_s=5).killed_pids == (straggler,)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and group_stragglers(leader.pid):
+            time.sleep(0.05)
+        assert group_stragglers(leader.pid) == ()
+    finally:
+        try:
+            os.kill(straggler, 9)
+        except OSError:
+            pass
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert group_stragglers(alive.pid) == ()  # the number is held: not a reaped leader's group
+    finally:
+        alive.kill()
+        alive.wait()

@@ -139,3 +139,57 @@ def test_no_nvml_is_exit_3_before_a_server_is_started(tmp_path) -> None:
                           timeout=60)
     assert proc.returncode == 3 and "NVML" in proc.stderr and proc.stderr.count("\n") == 1
     assert not marker.exists()
+
+
+def _spawn_with_pid(want: int, cmd: list[str]) -> subprocess.Popen | None:
+    """A process in a session of its own holding PID ``want``: the kernel's
+    ``ns_last_pid`` (root only) makes the next fork take it. None where that
+    cannot be arranged (not root, or another fork took the number first)."""
+    import os
+
+    for _ in range(20):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(want - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+        if proc.pid == want:
+            return proc
+        proc.kill()
+        proc.wait()
+        if os.path.exists(f"/proc/{want}"):
+            return None  # someone else holds it now
+    return None
+
+
+def test_stopping_a_dead_launched_server_never_signals_the_stranger_holding_its_pid(tmp_path) -> None:
+    """pid_max is often 32768: once the harness has reaped its server's root, the
+    number is free, and a stranger may lead a session under it. Stopping the target
+    must not take that stranger for the root (or killpg its group)."""
+    import asyncio
+
+    import pytest
+
+    from soak.errors import TargetNotReady
+    from soak.run.target import ProcessTarget
+
+    target = ProcessTarget(command=[sys.executable, "-c", "import sys; sys.exit(7)"], what="the launched server",
+                           run_dir=tmp_path, base_url=f"http://127.0.0.1:{free_port()}", startup_timeout_s=30,
+                           poll_interval_s=0.05, stop_timeout_s=2)
+
+    async def start() -> int:
+        with pytest.raises(TargetNotReady):
+            await target.start()
+        return target.root_pid
+
+    root = asyncio.run(start())
+    stranger = _spawn_with_pid(root, [sys.executable, "-c", "import time; time.sleep(60)"])
+    if stranger is None:
+        pytest.skip("cannot hand a reused PID to a stranger here (needs root and /proc/sys/kernel/ns_last_pid)")
+    try:
+        asyncio.run(target.aclose())
+        assert stranger.poll() is None, "the stranger holding the old root's PID was killed"
+    finally:
+        stranger.kill()
+        stranger.wait()
