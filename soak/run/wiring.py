@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
@@ -37,6 +38,11 @@ def new_run_id(name: str, now: float) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "soak"
     return f"{safe}-{stamp}"
+
+
+def new_ownership_token(run_id: str) -> str:
+    """The run id plus 64 random bits: unique to this harness process on this box."""
+    return f"{run_id}-{secrets.token_hex(8)}"
 
 
 def prepare_run_dir(out: Path | None, run_id: str) -> Path:
@@ -140,6 +146,11 @@ def build_soak_run(
         ownership_variable,
     )
 
+    # The marker every process of our target inherits, and the responder and the
+    # guardian kill by. The run id alone is not unique: two soaks of one config
+    # started in the same second (cron, a CI matrix) would each take the other's
+    # server for their own.
+    ownership_token = new_ownership_token(run_id)
     extra_env: dict[str, str] = {}
     pipe_stem = None
     if isinstance(target_config, AttachedTarget):
@@ -147,7 +158,7 @@ def build_soak_run(
         pipe_stem = config.response.evidence.flight_recorder_pipe_stem or fr_paths.pipe_stem
     else:
         fr_paths = None
-        extra_env.update(ownership_env(run_id))
+        extra_env.update(ownership_env(ownership_token))
         wants_fr = config.response.evidence.flight_recorder and (
             not isinstance(target_config, LaunchedTarget) or target_config.flight_recorder)
         if wants_fr:
@@ -161,7 +172,7 @@ def build_soak_run(
     if ours and (guard if guard is not None else True):
         from soak.run.guardian import Guardian
 
-        guardian = Guardian(marker=(ownership_variable, run_id))
+        guardian = Guardian(marker=(ownership_variable, ownership_token))
     late: dict[str, SoakRun] = {}
 
     def log_failed(exc: BaseException) -> None:
@@ -228,7 +239,7 @@ def build_soak_run(
             gpu_source=gpu_source,
             clock=clock,
             recent_samples=recent_samples,
-            ownership_token=run_id if ours else None,
+            ownership_token=ownership_token if ours else None,
             flight_recorder_paths=fr_paths,
             redactor=redactor,
             on_write_error=on_write_error,
