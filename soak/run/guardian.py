@@ -84,7 +84,7 @@ def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m soak.run.guardian")
     parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--marker", default=None, help="NAME=VALUE: the ownership marker in the server's env")
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 class Guardian:
     """The harness's side: ``start()``, ``watch(pid)`` per launched root, ``close()``."""
 
-    def __init__(self, *, marker: tuple[str, str] | None = None, interval_s: float = 0.2,
+    def __init__(self, *, marker: tuple[str, str] | None = None, interval_s: float = 0.5,
                  log_path: str | None = None) -> None:
         self._marker = marker
         self._interval = interval_s

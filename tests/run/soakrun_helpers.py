@@ -25,7 +25,7 @@ SMALL_WORKLOAD = {
     "shared_prefix_tokens": 1000,
     "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
     "output_tokens": 12,
-    "think_time_s": 0.02,
+    "think_time_s": 0.1,
 }
 
 
