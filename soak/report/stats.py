@@ -8,10 +8,10 @@ the mean time between failures comes from chi-square quantiles:
 
 and a clean run proves the one-sided bound ``MTBF > 2T / chi2(c; 2)`` =
 ``T / -ln(1 - c)`` (T/3.00 at 95%). Everything here is pure: numbers in,
-frozen records out. scipy.special is imported at module level, so import this
-module only inside a command's ``main()``; the tests of scipy.stats, which take
-another second of CPU to import, load only where a comparison needs them (the
-report at every run's end needs only the chi-square quantile).
+frozen records out. scipy loads only where a figure needs it: scipy.special for
+a chi-square quantile of more than 2 degrees of freedom or a t quantile,
+scipy.stats for a comparison's tests; the report at a hang-free run's end needs
+neither.
 """
 
 from __future__ import annotations
@@ -22,17 +22,24 @@ from enum import Enum
 from typing import Sequence
 
 import numpy as np
-from scipy import special
 
 from soak.durations import format_duration
 
 
 def _chi2_ppf(q: float, df: int) -> float:
+    if df == 2:
+        # chi2(2) is the exponential of mean 2: the clean run's bound, in every
+        # hang-free run's report, needs no scipy import (a second of CPU).
+        return -2.0 * math.log1p(-q)
+    from scipy import special
+
     # chi2(df) is gamma(df/2, scale 2): scipy.stats.chi2.ppf computes the same.
     return float(2.0 * special.gammaincinv(df / 2.0, q))
 
 
 def _t_ppf(p: float, df: int) -> float:
+    from scipy import special
+
     return float(special.stdtrit(df, p))
 
 
