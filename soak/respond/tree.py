@@ -117,7 +117,7 @@ def _children_by_parent() -> dict[int, list[psutil.Process]]:
     """Every process by its parent's PID, from one pass over ``/proc``.
 
     ``psutil.Process.children()`` makes that pass once per call: for a tree of a
-    dozen processes, walked five times a second by the guardian, it was most of
+    dozen processes, walked every half second by the guardian, it was most of
     the guardian's CPU."""
     by_parent: dict[int, list[psutil.Process]] = {}
     for proc in psutil.process_iter(["ppid"]):
