@@ -148,6 +148,8 @@ def test_crash_kills_engine_and_api_server_exits_nonzero(sim_process):
 
     sim = sim_process("--fault", "crash:at=20,exit_delay=10", time_scale=20)
     procs = sim.state()["processes"]
+    # /health can answer before the engine core is spawned: record the tree as seen now
+    sim.remember_tree()
     assert sim.popen.wait(timeout=30) == 1
     log = sim.log_text()
     assert "EngineDeadError" in log and "EngineCore encountered a fatal error." in log
