@@ -172,7 +172,7 @@ class ProcessTree:
                 del self._known[info.pid]
             else:
                 alive[info.pid] = (info, proc)
-        children_of = _children_by_parent()
+        children_of = _children_by_parent() if alive else {}  # nothing known yet: no /proc pass
         frontier = [proc for _, proc in alive.values()]
         while frontier:
             proc = frontier.pop()

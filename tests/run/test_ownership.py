@@ -29,7 +29,6 @@ def test_a_dying_harness_takes_only_its_own_runs_server_when_another_run_shares_
          "--marker", f"{ownership_variable}={mine}"],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        time.sleep(1.0)  # the guardian is up and reading its pipe
         guardian.stdin.close()  # as when the harness is SIGKILLed: EOF without "done"
         assert guardian.wait(timeout=30) == 0
         assert my_server.wait(timeout=10) == -9  # the dying run's own server: gone
