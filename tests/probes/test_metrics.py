@@ -51,6 +51,35 @@ def test_unparsable_text_is_a_metrics_error():
         parse_metrics('vllm:num_requests_running{engine="0" 3\n')
 
 
+@pytest.mark.parametrize("name", ["metrics/vllm_0_11.txt", "metrics/vllm_hidden_names.txt", "real_vllm/metrics.txt"])
+def test_reading_only_the_tables_samples_gives_what_the_whole_text_gives(name):
+    """The probe hands prometheus_client only the sample lines it reads (a real
+    server's text is mostly buckets): the values must be those of the whole text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from soak.probes.metrics import lookup
+
+    text = (FIXTURES.parent / name).read_text()
+    whole: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            whole[sample.name] = whole.get(sample.name, 0.0) + sample.value
+    expected: dict[str, float] = {}
+    for spec in VLLM_METRICS.values():
+        expected.update(lookup(spec, whole))
+    assert len(expected) >= 10
+    assert dict(parse_metrics(text).values) == expected
+
+
+def test_a_broken_line_of_a_family_soak_never_reads_leaves_the_scrape_readable():
+    text = (FIXTURES / "vllm_0_11.txt").read_text() + 'custom_exporter_metric{path="/a" 3\n'
+    assert parse_metrics(text).values["generation_tokens"] == 48213
+    with pytest.raises(MetricsUnavailable):  # a broken line of one it reads still fails the scrape
+        parse_metrics(text + 'vllm:generation_tokens_total{engine="0" 3\n')
+    with pytest.raises(MetricsUnavailable):  # and so does text that is no exposition at all
+        parse_metrics("<html>502 Bad Gateway</html>\n")
+
+
 async def test_probe_scrapes_and_warns_once_per_missing_metric(serve, session):
     base = await serve({"/metrics": (FIXTURES / "vllm_hidden_names.txt").read_text()})
     warnings: list[str] = []
@@ -74,7 +103,8 @@ async def test_probe_turns_http_errors_and_refusals_into_failed_samples(serve, s
     clock = ManualClock()
     (sample,) = await MetricsProbe(base, session=session, clock=clock).collect()
     assert not sample.ok and "HTTP 500" in sample.error
-    (garbled,) = await MetricsProbe(await serve({"/metrics": "vllm:x{a=\n"}), session=session, clock=clock).collect()
+    (garbled,) = await MetricsProbe(await serve({"/metrics": "vllm:num_requests_running{a=\n"}), session=session,
+                                    clock=clock).collect()
     assert not garbled.ok and "unparsable" in garbled.error
     # nothing listens on the port of a closed server
     refused_base = await serve({})
