@@ -17,7 +17,16 @@ def percentile(values: Iterable[float], q: float, *, method: Method = "linear") 
     least ``q`` percent of the values at or below it, as vLLM's benchmark
     reports per-request ITL percentiles (``itl_p50_s``, ``itl_p99_s``).
     """
+    return _at(sorted(values), q, method)
+
+
+def percentiles(values: Iterable[float], qs: Iterable[float], *, method: Method = "linear") -> list[float | None]:
+    """``percentile`` at each of ``qs``, sorting ``values`` once."""
     ordered = sorted(values)
+    return [_at(ordered, q, method) for q in qs]
+
+
+def _at(ordered: list[float], q: float, method: Method) -> float | None:
     if not ordered:
         return None
     if method == "nearest_rank":
@@ -28,4 +37,4 @@ def percentile(values: Iterable[float], q: float, *, method: Method = "linear") 
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-__all__ = ["percentile"]
+__all__ = ["percentile", "percentiles"]

@@ -58,11 +58,8 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
         records.append(record)
         windows.setdefault(record.build, []).extend(window_throughput(data, window_s))
         lat = latencies.setdefault(record.build, {"ttft_s": [], "tpot_s": []})
-        for r in data.requests:
-            if r.get("outcome") == "ok":
-                for key, into in lat.items():
-                    if isinstance(r.get(key), (int, float)):
-                        into.append(float(r[key]))
+        for key, into in lat.items():
+            into.extend(data.requests.ok_values(key).tolist())
     records.sort(key=lambda r: (r.started_at is None, r.started_at or 0.0, r.path))
 
     order: list[str] = []

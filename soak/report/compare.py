@@ -87,7 +87,7 @@ def window_hit_ratio(run: RunData, window_s: float) -> list[float]:
 
 
 def _ok(run: RunData, key: str) -> list[float]:
-    return [float(r[key]) for r in run.requests if r.get("outcome") == "ok" and isinstance(r.get(key), (int, float))]
+    return run.requests.ok_values(key).tolist()
 
 
 def failed_and_finished(run: RunData) -> tuple[int, int]:

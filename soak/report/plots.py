@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import matplotlib
 
@@ -19,6 +19,9 @@ matplotlib.use("Agg")  # no display; harmless if a caller already chose Agg
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+
+if TYPE_CHECKING:
+    from soak.report.rundir import RequestColumns
 
 WIDTH_IN = 11.0
 DPI = 100
@@ -162,17 +165,28 @@ def token_rates_png(server_ts: np.ndarray, server_generated: np.ndarray, client_
     return _png(fig)
 
 
-def _request_arrays(requests: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    ts, vals = [], []
-    for r in requests:
-        v, t = r.get(key), r.get("ended_at")
-        if isinstance(v, (int, float)) and isinstance(t, (int, float)):
-            ts.append(t)
-            vals.append(v)
-    return np.asarray(ts, dtype=float), np.asarray(vals, dtype=float)
+# A scatter of every request of a 24-hour soak (a few hundred thousand points)
+# costs seconds to draw and shows nothing more than an even subsample of this many.
+MAX_SCATTER_POINTS = 20_000
 
 
-def ttft_png(requests: Sequence[dict], *, start: float, end: float | None = None,
+def _request_arrays(requests: RequestColumns, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ended_at, ``key``) of the requests that report both."""
+    ts, vals = requests["ended_at"], requests[key]
+    keep = np.isfinite(ts) & np.isfinite(vals)
+    return ts[keep], vals[keep]
+
+
+def _thin(*columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every n-th point, at most MAX_SCATTER_POINTS, for drawing only."""
+    size = columns[0].size
+    if size <= MAX_SCATTER_POINTS:
+        return columns
+    step = -(-size // MAX_SCATTER_POINTS)
+    return tuple(c[::step] for c in columns)
+
+
+def ttft_png(requests: RequestColumns, *, start: float, end: float | None = None,
              markers: Sequence[Marker] = (), windows: int = 40, xlim: tuple[float, float] | None = None) -> bytes:
     """TTFT p50 and p99 per time window (by request completion time)."""
     fig = _figure(2.8)
@@ -192,7 +206,8 @@ def ttft_png(requests: Sequence[dict], *, start: float, end: float | None = None
         if sel.size:
             p50[i], p99[i] = np.percentile(sel, [50, 99])
     x = _minutes((edges[:-1] + edges[1:]) / 2, start)
-    ax.scatter(_minutes(ts, start), ttft, s=3, color="#bbb", label="requests", zorder=1)
+    shown_ts, shown_ttft = _thin(ts, ttft)
+    ax.scatter(_minutes(shown_ts, start), shown_ttft, s=3, color="#bbb", label="requests", zorder=1)
     ax.plot(x, p50, marker="o", ms=3, lw=1.4, label="p50", zorder=2)
     ax.plot(x, p99, marker="o", ms=3, lw=1.4, label="p99", zorder=2)
     ax.set_ylabel("seconds")
@@ -203,7 +218,7 @@ def ttft_png(requests: Sequence[dict], *, start: float, end: float | None = None
     return _png(fig)
 
 
-def context_png(requests: Sequence[dict], server_ts: np.ndarray, kv_usage: np.ndarray, *, start: float,
+def context_png(requests: RequestColumns, server_ts: np.ndarray, kv_usage: np.ndarray, *, start: float,
                 markers: Sequence[Marker] = (), xlim: tuple[float, float] | None = None) -> bytes:
     """Prompt (context) length of each request, with the server's KV-cache usage."""
     fig = _figure(2.8)
@@ -212,7 +227,8 @@ def context_png(requests: Sequence[dict], server_ts: np.ndarray, kv_usage: np.nd
     if ts.size == 0:
         _empty(ax, "no prompt token counts")
     else:
-        ax.scatter(_minutes(ts, start), ptok / 1000.0, s=4, label="prompt tokens (K)")
+        shown_ts, shown_ptok = _thin(ts, ptok)
+        ax.scatter(_minutes(shown_ts, start), shown_ptok / 1000.0, s=4, label="prompt tokens (K)")
         ax.set_ylabel("K tokens")
     kv = np.asarray(kv_usage, dtype=float)
     if kv.size and np.isfinite(kv).any():
@@ -228,7 +244,7 @@ def context_png(requests: Sequence[dict], server_ts: np.ndarray, kv_usage: np.nd
     return _png(fig)
 
 
-def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, requests: Sequence[dict], *,
+def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, requests: RequestColumns, *,
                   start: float, markers: Sequence[Marker] = (), max_columns: int = 120, xlim: tuple[float, float] | None = None) -> bytes:
     """Prefix-cache hit ratio: rate(hits)/rate(queries) from the server, and
     cached/prompt tokens from the client's usage reports."""
@@ -244,12 +260,11 @@ def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, 
         if np.isfinite(ratio).any():
             ax.plot(_minutes((edges[:-1] + edges[1:]) / 2, start), ratio * 100, lw=1.4, label="server: rate(hits)/rate(queries)")
             drew = True
-    pts = [(r["ended_at"], r["cached_tokens"] / r["prompt_tokens"]) for r in requests
-           if isinstance(r.get("cached_tokens"), (int, float)) and r.get("prompt_tokens")
-           and isinstance(r.get("ended_at"), (int, float))]
-    if pts:
-        arr = np.asarray(pts)
-        ax.scatter(_minutes(arr[:, 0], start), arr[:, 1] * 100, s=3, color="#999", label="client: cached/prompt")
+    ended, cached, prompt = requests["ended_at"], requests["cached_tokens"], requests["prompt_tokens"]
+    keep = np.isfinite(ended) & np.isfinite(cached) & np.isfinite(prompt) & (prompt != 0)
+    if keep.any():
+        shown_ts, shown_share = _thin(ended[keep], cached[keep] / prompt[keep])
+        ax.scatter(_minutes(shown_ts, start), shown_share * 100, s=3, color="#999", label="client: cached/prompt")
         drew = True
     if not drew:
         _empty(ax, "no prefix-cache counters")

@@ -20,11 +20,11 @@ import numpy as np
 
 from soak.durations import format_duration
 from soak.fsio import write_atomic
-from soak.percentiles import percentile
+from soak.percentiles import percentiles
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
 from soak.report.junit import build_junit, incident_line
-from soak.report.rundir import Incident, RunData, load_run
+from soak.report.rundir import Incident, RequestColumns, RunData, load_run
 from soak.report.stats import MtbfEstimate, mtbf_estimate
 
 
@@ -88,33 +88,31 @@ def _brief(config: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[
     return sorted(rows, key=rank)[:30]
 
 
-def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    x = np.asarray([v for v in values if isinstance(v, (int, float))], dtype=float)
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
     if x.size == 0:
         return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    numbers = x.tolist()
-    return {"n": int(x.size), "mean": float(x.mean()), "p50": percentile(numbers, 50), "p90": percentile(numbers, 90),
-            "p99": percentile(numbers, 99), "max": float(x.max())}
+    p50, p90, p99 = percentiles(x.tolist(), (50, 90, 99))
+    return {"n": int(x.size), "mean": float(x.mean()), "p50": p50, "p90": p90, "p99": p99, "max": float(x.max())}
 
 
-def request_statistics(requests: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[str, dict]], list[tuple[str, int]]]:
-    ok = [r for r in requests if r.get("outcome") == "ok"]
-    outcomes: dict[str, int] = {}
-    for r in requests:
-        outcomes[str(r.get("outcome"))] = outcomes.get(str(r.get("outcome")), 0) + 1
-    cached = [r["cached_tokens"] / r["prompt_tokens"] * 100 for r in ok
-              if isinstance(r.get("cached_tokens"), (int, float)) and r.get("prompt_tokens")]
+def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]], list[tuple[str, int]]]:
+    ok = requests.ok
+    cached, prompt = requests["cached_tokens"][ok], requests["prompt_tokens"][ok]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cached_share = np.where(prompt > 0, cached / prompt * 100, np.nan)
     rows = [
-        ("TTFT (s)", _percentiles([r.get("ttft_s") for r in ok])),
-        ("ITL mean per request (s)", _percentiles([r.get("itl_mean_s") for r in ok])),
-        ("ITL p99 per request (s)", _percentiles([r.get("itl_p99_s") for r in ok])),
-        ("TPOT (s)", _percentiles([r.get("tpot_s") for r in ok])),
-        ("end-to-end latency (s)", _percentiles([r.get("e2e_s") for r in ok])),
-        ("prompt tokens", _percentiles([r.get("prompt_tokens") for r in ok])),
-        ("output tokens", _percentiles([r.get("output_tokens") for r in ok])),
-        ("cached share of prompt (%)", _percentiles(cached)),
+        ("TTFT (s)", _percentiles(requests["ttft_s"][ok])),
+        ("ITL mean per request (s)", _percentiles(requests["itl_mean_s"][ok])),
+        ("ITL p99 per request (s)", _percentiles(requests["itl_p99_s"][ok])),
+        ("TPOT (s)", _percentiles(requests["tpot_s"][ok])),
+        ("end-to-end latency (s)", _percentiles(requests["e2e_s"][ok])),
+        ("prompt tokens", _percentiles(prompt)),
+        ("output tokens", _percentiles(requests["output_tokens"][ok])),
+        ("cached share of prompt (%)", _percentiles(cached_share)),
     ]
-    return rows, sorted(outcomes.items(), key=lambda kv: -kv[1])
+    return rows, requests.outcome_counts()
 
 
 def _incident_view(incident: Incident, run: RunData) -> IncidentView:

@@ -9,16 +9,20 @@ is skipped and counted, never fatal.
 
 from __future__ import annotations
 
+import math
+import sys
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from soak.errors import ConfigError
 from soak.jsonl import parse_line, read_json, read_records
 from soak.store.segments import iter_sample_lines, line_head, sample_files
-from soak.store.summary import summarize
+from soak.store.store import REQUESTS
+from soak.store.summary import digest_requests, recorded_criteria, summarize
 
 # The timelines are binned to at most 720 columns; more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
@@ -30,6 +34,75 @@ SERVER_KEYS = (
     "generation_tokens", "prompt_tokens", "prefix_cache_hits", "prefix_cache_queries",
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
 )
+
+
+# The figures of a request the report reads; the rest of a record stays on disk.
+REQUEST_FIELDS = ("started_at", "ended_at", "ttft_s", "itl_mean_s", "itl_p99_s", "tpot_s", "e2e_s",
+                  "prompt_tokens", "output_tokens", "cached_tokens")
+
+
+@dataclass(frozen=True)
+class RequestColumns:
+    """The measured requests (warm-up left out) as columns, NaN where a record
+    lacks a figure. A 24-hour soak records a few hundred thousand requests: as
+    dicts they were most of the report's memory, as columns 90 bytes each."""
+
+    outcome: tuple[str, ...]
+    columns: Mapping[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.outcome)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    @property
+    def ok(self) -> np.ndarray:
+        """A mask of the requests that ended ``ok``."""
+        return np.fromiter((o == "ok" for o in self.outcome), dtype=bool, count=len(self.outcome))
+
+    def ok_values(self, name: str) -> np.ndarray:
+        """``name`` over the ok requests that report it."""
+        values = self.columns[name][self.ok]
+        return values[np.isfinite(values)]
+
+    def outcome_counts(self) -> list[tuple[str, int]]:
+        counts: dict[str, int] = {}
+        for outcome in self.outcome:
+            counts[outcome] = counts.get(outcome, 0) + 1
+        return sorted(counts.items(), key=lambda kv: -kv[1])
+
+    @classmethod
+    def of(cls, records: Iterable[Mapping[str, Any]]) -> "RequestColumns":
+        builder = RequestColumnsBuilder()
+        for record in records:
+            builder.add(record)
+        return builder.build()
+
+
+class RequestColumnsBuilder:
+    """Folds request records into ``RequestColumns``, one at a time (summarize's pass)."""
+
+    def __init__(self) -> None:
+        self._outcome: list[str] = []
+        self._columns = {name: array("d") for name in REQUEST_FIELDS}
+        self._appends = tuple((name, column.append) for name, column in self._columns.items())
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        get = record.get
+        if get("warmup"):
+            return
+        self._outcome.append(sys.intern(str(get("outcome"))))
+        for name, append in self._appends:
+            value = get(name)
+            # the exact types first: this runs for every figure of every request
+            append(value if type(value) is float or type(value) is int or isinstance(value, (int, float))
+                   else math.nan)
+
+    def build(self) -> RequestColumns:
+        return RequestColumns(outcome=tuple(self._outcome),
+                              columns={name: np.frombuffer(column, dtype=float) if column else np.empty(0)
+                                       for name, column in self._columns.items()})
 
 
 @dataclass
@@ -48,7 +121,7 @@ class RunData:
     config: dict[str, Any]
     plan: dict[str, Any] | None
     events: list[dict[str, Any]]
-    requests: list[dict[str, Any]]
+    requests: RequestColumns
     gpu_ts: np.ndarray
     gpu_util: np.ndarray  # (samples, gpus), NaN where a GPU was not read
     server_ts: np.ndarray
@@ -89,7 +162,6 @@ def load_run(run_dir: str | Path) -> RunData:
         raise ConfigError(f"not a run directory (none of {', '.join(markers)})", path=path)
     bad: dict[str, int] = {}
     events = _records(path / "events.jsonl", bad)
-    requests = [r for r in _records(path / "requests.jsonl", bad) if not r.get("warmup")]
 
     gpu_ts: list[float] = []
     gpu_rows: list[dict[int, float]] = []
@@ -99,7 +171,14 @@ def load_run(run_dir: str | Path) -> RunData:
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
     log_lines: list[dict[str, Any]] = []
-    summary = dict(summarize(path))
+    # One pass over requests.jsonl: the summary's figures and the report's columns.
+    columns = RequestColumnsBuilder()
+    digest = digest_requests(path / REQUESTS, recorded_criteria(path), on_request=columns.add)
+    summary = dict(summarize(path, requests=digest))
+    requests = columns.build()
+    unreadable_requests = digest.stats.get("bad_lines", 0) + digest.stats.get("torn_lines", 0)
+    if unreadable_requests:
+        bad[REQUESTS] = unreadable_requests
     started, ended = summary.get("started_at"), summary.get("ended_at")
     span = ended - started if isinstance(started, (int, float)) and isinstance(ended, (int, float)) else 0.0
     gap = max(0.0, span / MAX_TIMELINE_POINTS)

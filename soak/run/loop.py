@@ -42,7 +42,6 @@ from soak.errors import (
     UsageError,
     WorkloadDoesNotFit,
 )
-from soak.jsonl import read_records
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
@@ -55,7 +54,7 @@ from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
-from soak.store.summary import disk_incidents, summarize
+from soak.store.summary import RequestDigest, digest_requests, disk_incidents, summarize
 from soak.versions import VllmProfile
 from soak.workload import Workload
 
@@ -198,6 +197,7 @@ class SoakRun:
         self._outcome: RunOutcome | None = None
         # The failure criteria, judged live on every detector tick (soak.criteria).
         self.tally = RequestTally.for_config(config.criteria)
+        self._requests: RequestDigest | None = None  # requests.jsonl as read at the end
         self._criteria_reported: set[str] = set()
         self._incident_idle = asyncio.Event()
         self._incident_idle.set()
@@ -771,7 +771,7 @@ class SoakRun:
                    incidents=incidents, restarts=self.restarts,
                    criteria_failed=[r.name for r in criteria.failed])
         try:
-            summary = summarize(self.run_dir)
+            summary = summarize(self.run_dir, requests=self._requests)
         except Exception as exc:  # a damaged record still ends the run in order
             self.fault(exc, where="summarizing the run")
             summary = {"verdict": verdict.value, "stop_reason": reason}
@@ -827,7 +827,7 @@ class SoakRun:
         from soak.thresholds.rundir import run_thresholds
 
         try:
-            results = run_thresholds(self.run_dir, summarize(self.run_dir),
+            results = run_thresholds(self.run_dir, summarize(self.run_dir, requests=self._requests),
                                      section=self.config.model_dump(mode="json")["thresholds"])
         except Exception as exc:  # judged again by `soak report`; never lose the run over it
             self.event("thresholds_failed", error=f"{type(exc).__name__}: {exc}")
@@ -851,7 +851,9 @@ class SoakRun:
 
     def _final_criteria(self) -> CriteriaDecision:
         try:
-            tally = RequestTally.of(self.config.criteria, read_records(self.run_dir / REQUESTS))
+            # Read once: summary.json (and the thresholds) reuse this digest.
+            self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria)
+            tally = self._requests.tally
         except OSError:
             tally = self.tally  # the file is gone: what the run saw live
         return judge(self.config.criteria, tally, final=True)

@@ -33,12 +33,14 @@ parsing.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from array import array
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from soak.criteria.config import CriteriaConfig
-from soak.criteria.rules import CUT_CAUSES, RequestTally, cut_cause, judge
+from soak.criteria.rules import RequestTally, cut_cause, judge
 from soak.jsonl import read_json, read_records
-from soak.percentiles import percentile
+from soak.percentiles import percentiles
 from soak.records import Verdict
 from soak.store.segments import read_sample_records
 from soak.store.store import CONFIG, EVENTS, REQUESTS
@@ -52,12 +54,13 @@ MAX_STALE_SPANS = 20
 INCIDENT_FIELDS = ("kind", "rule", "onset_at", "detected_at", "killed_pids", "gpus_released", "evidence")
 
 
-def _stats(values: list[float]) -> dict[str, float | None]:
+def _stats(values: Sequence[float]) -> dict[str, float | None]:
+    p50, p90, p99 = percentiles(values, (50, 90, 99))
     return {
         "mean": sum(values) / len(values) if values else None,
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
         "max": max(values) if values else None,
     }
 
@@ -95,7 +98,114 @@ def server_counter_deltas(samples: Iterable[dict[str, Any]], keys: Iterable[str]
     return deltas
 
 
-def summarize(run_dir: str | Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RequestDigest:
+    """One pass over requests.jsonl: every figure the summary and the final
+    criteria take from it, so a run's end reads the file once however long the
+    run (220,000 requests at 24 hours and 256 streams)."""
+
+    criteria: CriteriaConfig
+    tally: RequestTally
+    warmup: int
+    by_outcome: Mapping[str, int]
+    prompt_tokens: int
+    generated_tokens: int
+    cached_tokens: int
+    cached_known: int
+    measured: int  # measured requests that were not cut by the harness
+    measured_generated: int
+    first_started: float | None
+    last_ended: float | None
+    ttft_s: Sequence[float]  # ok, measured requests only
+    tpot_s: Sequence[float]
+    e2e_s: Sequence[float]
+    itl_p50_s: Sequence[float]
+    stats: Mapping[str, int]  # unreadable lines, as read_records counts them
+
+    @property
+    def ok(self) -> int:
+        return self.tally.ok
+
+    @property
+    def failed(self) -> int:
+        return self.tally.failed
+
+    @property
+    def cut(self) -> Mapping[str, int]:
+        return self.tally.cut
+
+
+def digest_requests(path: Path, criteria: CriteriaConfig, *,
+                    on_request: Callable[[dict[str, Any]], None] | None = None,
+                    stats: dict[str, int] | None = None) -> RequestDigest:
+    """The digest of a requests.jsonl (empty when it is missing). ``on_request``
+    sees every parsed record, so a reader that wants more of them (the report's
+    columns) shares this one pass; ``stats`` also gets the unreadable-line counts."""
+    own_stats: dict[str, int] = {}
+    by_outcome: dict[str, int] = {}
+    finished: list[tuple[float, str, str | None]] = []  # (ended_at, outcome, cut cause)
+    warmup = measured = measured_generated = 0
+    prompt_tokens = generated_tokens = cached_tokens = cached_known = 0
+    first_started: float | None = None
+    last_ended: float | None = None
+    ttft, tpot, e2e, itl_p50 = array("d"), array("d"), array("d"), array("d")
+    latencies = (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e), ("itl_p50_s", itl_p50))
+    for record in read_records(path, stats=own_stats):
+        if on_request is not None:
+            on_request(record)
+        get = record.get
+        outcome = get("outcome")
+        if type(outcome) is not str:
+            outcome = str(outcome)  # a hostile line's outcome may be any JSON value, a dict too
+        by_outcome[outcome] = by_outcome.get(outcome, 0) + 1
+        end = get("ended_at")
+        ended = isinstance(end, (int, float))
+        cause = cut_cause(record) if outcome == "aborted" else None
+        finished.append((float(end) if ended else 0.0, outcome, cause))
+        prompt_tokens += get("prompt_tokens") or 0
+        output_tokens = get("output_tokens") or 0
+        generated_tokens += output_tokens
+        cached = get("cached_tokens")
+        if cached is not None:
+            cached_tokens += cached
+            cached_known += 1
+        if ended:
+            last_ended = end if last_ended is None else max(last_ended, end)
+        start = get("started_at")
+        if isinstance(start, (int, float)):
+            first_started = start if first_started is None else min(first_started, start)
+        if get("warmup"):
+            warmup += 1
+            continue
+        if cause is None:
+            measured += 1
+        measured_generated += output_tokens
+        if outcome == "ok":
+            for name, into in latencies:
+                value = get(name)
+                if isinstance(value, (int, float)):
+                    into.append(value)
+    # The tally folds in the order requests ended (the no-success stretch is a time span).
+    finished.sort(key=lambda row: row[0])
+    tally = RequestTally.for_config(criteria)
+    for ended_at, outcome, cause in finished:
+        tally.add_finished(outcome, ended_at, cause)
+    if stats is not None:
+        for key, count in own_stats.items():
+            stats[key] = stats.get(key, 0) + count
+    return RequestDigest(
+        criteria=criteria, tally=tally, warmup=warmup, by_outcome=by_outcome, prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens, cached_tokens=cached_tokens, cached_known=cached_known,
+        measured=measured, measured_generated=measured_generated, first_started=first_started,
+        last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats)
+
+
+def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None,
+              on_request: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """summary.json's content. ``requests``, a digest the caller already read
+    (the run loop's end judged the criteria on it), is reused when it was made
+    under the run's recorded criteria; otherwise requests.jsonl is read here,
+    and ``on_request`` sees each of its records."""
     run_dir = Path(run_dir)
     read_stats: dict[str, int] = {}
 
@@ -147,55 +257,15 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         elif kind == "build":
             build = {k: v for k, v in event.items() if k not in ("ts", "type")}
 
-    ok = failed = warmup = measured_requests = 0
-    cut = {cause: 0 for cause in CUT_CAUSES}
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
-    stored: list[dict[str, Any]] = []
-    by_outcome: dict[str, int] = {}
-    prompt_tokens = generated_tokens = cached_tokens = 0
-    cached_known = 0
-    ttft: list[float] = []
-    tpot: list[float] = []
-    e2e: list[float] = []
-    itl_p50: list[float] = []
-    measured_generated = 0
-    first_request = last_request = None
-    for record in read_records(run_dir / REQUESTS, stats=read_stats):
-        outcome = record.get("outcome")
-        by_outcome[outcome] = by_outcome.get(outcome, 0) + 1
-        cause = cut_cause(record)
-        if cause is not None:
-            cut[cause] += 1
-        elif outcome == "ok":
-            ok += 1
-        else:
-            failed += 1
-        stored.append({k: record.get(k) for k in ("outcome", "ended_at", "cut_by", "error")})
-        prompt_tokens += record.get("prompt_tokens") or 0
-        generated_tokens += record.get("output_tokens") or 0
-        if record.get("cached_tokens") is not None:
-            cached_tokens += record["cached_tokens"]
-            cached_known += 1
-        end = record.get("ended_at")
-        if isinstance(end, (int, float)):
-            last_ts = end if last_ts is None else max(last_ts, end)
-            last_request = end if last_request is None else max(last_request, end)
-        start = record.get("started_at")
-        if isinstance(start, (int, float)):
-            first_request = start if first_request is None else min(first_request, start)
-        if record.get("warmup"):
-            warmup += 1
-            continue
-        if cause is None:
-            measured_requests += 1
-        measured_generated += record.get("output_tokens") or 0
-        if outcome == "ok":
-            for name, into in (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e), ("itl_p50_s", itl_p50)):
-                value = record.get(name)
-                if isinstance(value, (int, float)):
-                    into.append(float(value))
-
-    tally = RequestTally.of(criteria_config, stored)
+    if requests is None or requests.criteria != criteria_config:
+        requests = digest_requests(run_dir / REQUESTS, criteria_config, on_request=on_request, stats=read_stats)
+    else:
+        for key, count in requests.stats.items():
+            read_stats[key] = read_stats.get(key, 0) + count
+    if requests.last_ended is not None:
+        last_ts = requests.last_ended if last_ts is None else max(last_ts, requests.last_ended)
+    tally = requests.tally
     server_keys = SERVER_KEYS
     coverage = MetricsCoverage(stale_after_s=_stale_after(run_dir))
 
@@ -218,9 +288,9 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     if ended_at is None:
         ended_at = last_ts
     if started_at is None:
-        started_at = first_request
-    load_begin = load_started if load_started is not None else first_request
-    load_end = load_stopped if load_stopped is not None else (last_request if cut_off else ended_at)
+        started_at = requests.first_started
+    load_begin = load_started if load_started is not None else requests.first_started
+    load_end = load_stopped if load_stopped is not None else (requests.last_ended if cut_off else ended_at)
     duration_s = max(0.0, load_end - load_begin) if load_begin is not None and load_end is not None else 0.0
     warmup_s = float(run_started.get("warmup_s") or 0.0)
     measured_s = max(0.0, duration_s - warmup_s)
@@ -252,12 +322,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "stop_reason": (run_ended or {}).get("reason"),
         "exit_code": (run_ended or {}).get("exit_code"),
         "verdict_reasons": reasons,
-        "requests": {"ok": ok, "failed": failed, "warmup": warmup, "by_outcome": by_outcome,
-                     **{f"cut_by_{cause}": count for cause, count in cut.items()}},
+        "requests": {"ok": requests.ok, "failed": requests.failed, "warmup": requests.warmup,
+                     "by_outcome": dict(requests.by_outcome),
+                     **{f"cut_by_{cause}": count for cause, count in requests.cut.items()}},
         "tokens": {
-            "prompt": prompt_tokens,
-            "generated": generated_tokens,
-            "cached": cached_tokens if cached_known else None,
+            "prompt": requests.prompt_tokens,
+            "generated": requests.generated_tokens,
+            "cached": requests.cached_tokens if requests.cached_known else None,
         },
         "server_tokens": {
             "prompt": deltas["prompt_tokens"].total if deltas["prompt_tokens"].seen else None,
@@ -269,14 +340,14 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         # The one error-rate figure: the criterion judges it, thresholds, compare and history read it.
         "error_rate": (tally.failed / tally.finished) if tally.finished else None,
         "throughput": {
-            "generated_tokens_per_s": measured_generated / measured_s if measured_s > 0 else None,
-            "requests_per_s": measured_requests / measured_s if measured_s > 0 else None,
+            "generated_tokens_per_s": requests.measured_generated / measured_s if measured_s > 0 else None,
+            "requests_per_s": requests.measured / measured_s if measured_s > 0 else None,
         },
         "latency": {
-            "ttft_s": _stats(ttft),
-            "tpot_s": _stats(tpot),
-            "e2e_s": _stats(e2e),
-            "itl_p50_s": _stats(itl_p50),
+            "ttft_s": _stats(requests.ttft_s),
+            "tpot_s": _stats(requests.tpot_s),
+            "e2e_s": _stats(requests.e2e_s),
+            "itl_p50_s": _stats(requests.itl_p50_s),
         },
         "incidents": incidents,
         "restarts": restarts,
@@ -290,6 +361,16 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
     summary["thresholds"] = summary_thresholds(run_dir, summary)
     return summary
+
+
+def recorded_criteria(run_dir: str | Path) -> CriteriaConfig:
+    """The failure criteria the run was judged under, as summarize() reads them."""
+    run_dir = Path(run_dir)
+    section = None
+    for event in read_records(run_dir / EVENTS):
+        if event.get("type") == "criteria_config" and isinstance(event.get("criteria"), dict):
+            section = event["criteria"]
+    return _criteria_config(run_dir, section)[0]
 
 
 def _read_config(run_dir: Path) -> dict[str, Any]:

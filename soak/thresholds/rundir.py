@@ -18,6 +18,10 @@ from soak.thresholds.evaluate import (
     ThresholdConfigError, ThresholdResult, compile_thresholds, evaluate_run, evaluate_windows, thresholds_entry,
 )
 
+# What a window's figures read of a request (soak.thresholds.metrics.window_values);
+# a whole record is several times the size, and a 24-hour run has a few hundred thousand.
+WINDOW_FIELDS = ("ended_at", "outcome", "warmup", "output_tokens", "ttft_s", "tpot_s", "e2e_s", "itl_p50_s")
+
 
 def recorded_thresholds_section(run_dir: Path) -> Mapping[str, Any] | None:
     try:
@@ -53,7 +57,7 @@ def run_thresholds(run_dir: str | Path, summary: Mapping[str, Any],
                 start = event.get("ts")
             elif event.get("type") == "load_stopped":
                 end = event.get("ts")
-        requests = [r for r in read_records(run_dir / REQUESTS)]
+        requests = [{k: r.get(k) for k in WINDOW_FIELDS} for r in read_records(run_dir / REQUESTS)]
         # every segment, rolled ones included (samples.jsonl alone is only the open tail of a long run)
         server = [(s["ts"], s.get("values") or {}) for s in read_sample_records(run_dir, kinds={"server"})
                   if s.get("ok") and isinstance(s.get("ts"), (int, float))]
