@@ -8,12 +8,11 @@ the file and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-import yaml
 from pydantic import Field, ValidationError
 
-from soak.configbase import Duration, StrictModel, load_yaml
+from soak.configbase import Duration, StrictModel, read_yaml, validation_error_to_config_error
 from soak.criteria.config import CriteriaConfig
 from soak.detect.config import DetectorConfig
 from soak.errors import ConfigError
@@ -46,78 +45,6 @@ class RunConfig(StrictModel):
     view: ViewConfig = ViewConfig()
     thresholds: ThresholdsConfig = {}
     pushgateway: PushgatewayConfig = PushgatewayConfig()
-
-
-def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
-    """pydantic's error location as a dotted path; tagged-union branch names dropped.
-
-    With ``data`` (the input that failed), a step that is not a key of the
-    mapping at that point, and not the last step (a missing field), is a union
-    branch's tag (its ``kind``, given or defaulted) and is dropped.
-    """
-    parts: list[str] = []
-    node = data
-    for position, item in enumerate(loc):
-        last = position == len(loc) - 1
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-            node = node[item] if isinstance(node, list) and -len(node) <= item < len(node) else None
-            continue
-        if isinstance(item, str) and (item.startswith("function-") or "[" in item):
-            continue
-        if isinstance(node, dict) and item not in node and not last and node.get("kind", item) == item:
-            continue  # the union's tag (given, or defaulted): the branch, not a field
-        parts.append(("." if parts else "") + str(item))
-        node = node.get(item) if isinstance(node, dict) else None
-    return "".join(parts) or "<root>"
-
-
-def _message(error: Mapping[str, Any]) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "union_tag_invalid":
-        known = str(ctx.get("expected_tags", "")).replace("'", "")
-        return f"unknown kind {ctx.get('tag')!r}, known: {known}"
-    if kind == "union_tag_not_found":
-        return "needs a kind"
-    message = str(error["msg"])
-    for lead in ("Value error, ", "Assertion failed, "):
-        if message.startswith(lead):
-            message = message[len(lead) :]
-    return message
-
-
-def validation_error_to_config_error(
-    exc: ValidationError, path: str | Path, prefix: str = "", data: Any = None
-) -> ConfigError:
-    first = exc.errors(include_url=False)[0]
-    field = field_path(tuple(first["loc"]), data)
-    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        field = f"{field}.kind" if field != "<root>" else "kind"
-    if prefix:
-        field = f"{prefix}.{field}" if field != "<root>" else prefix
-    return ConfigError(_message(first), path=path, field=field)
-
-
-def read_yaml(path: str | Path) -> Any:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError("no such file", path=path) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", path=path) from exc
-    try:
-        return load_yaml(text)
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        raise ConfigError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path=path) from exc
-
-
 
 
 def load_run_config(path: str | Path, *, duration: float | None = None) -> RunConfig:

@@ -1,4 +1,5 @@
-"""Shared pieces of the config schema: the strict base model and value types.
+"""Shared pieces of the config schema: the strict base model and value types,
+reading a YAML file and turning pydantic's errors into one ConfigError line.
 
 Each stage keeps its own section model beside its code (``soak/<stage>/config.py``);
 ``soak.config`` composes them into the run config.
@@ -6,12 +7,14 @@ Each stage keeps its own section model beside its code (``soak/<stage>/config.py
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, Mapping
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from soak.durations import parse_duration
+from soak.errors import ConfigError
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds; YAML may say 90, "90s", "66m", "1h30m"."""
@@ -53,3 +56,73 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 def load_yaml(text: str) -> Any:
     """``yaml.safe_load`` that refuses duplicate keys (``yaml.MarkedYAMLError`` with the line)."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
+    """pydantic's error location as a dotted path; tagged-union branch names dropped.
+
+    With ``data`` (the input that failed), a step that is not a key of the
+    mapping at that point, and not the last step (a missing field), is a union
+    branch's tag (its ``kind``, given or defaulted) and is dropped.
+    """
+    parts: list[str] = []
+    node = data
+    for position, item in enumerate(loc):
+        last = position == len(loc) - 1
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            node = node[item] if isinstance(node, list) and -len(node) <= item < len(node) else None
+            continue
+        if isinstance(item, str) and (item.startswith("function-") or "[" in item):
+            continue
+        if isinstance(node, dict) and item not in node and not last and node.get("kind", item) == item:
+            continue  # the union's tag (given, or defaulted): the branch, not a field
+        parts.append(("." if parts else "") + str(item))
+        node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "<root>"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "union_tag_invalid":
+        known = str(ctx.get("expected_tags", "")).replace("'", "")
+        return f"unknown kind {ctx.get('tag')!r}, known: {known}"
+    if kind == "union_tag_not_found":
+        return "needs a kind"
+    message = str(error["msg"])
+    for lead in ("Value error, ", "Assertion failed, "):
+        if message.startswith(lead):
+            message = message[len(lead) :]
+    return message
+
+
+def validation_error_to_config_error(
+    exc: ValidationError, path: str | Path, prefix: str = "", data: Any = None
+) -> ConfigError:
+    first = exc.errors(include_url=False)[0]
+    field = field_path(tuple(first["loc"]), data)
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        field = f"{field}.kind" if field != "<root>" else "kind"
+    if prefix:
+        field = f"{prefix}.{field}" if field != "<root>" else prefix
+    return ConfigError(_message(first), path=path, field=field)
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError("no such file", path=path) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", path=path) from exc
+    try:
+        return load_yaml(text)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else None
+        raise ConfigError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", path=path) from exc

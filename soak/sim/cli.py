@@ -100,7 +100,7 @@ def build_config(args: argparse.Namespace):
     """SimConfig from --config and the flags; bad input raises ConfigError / ArgumentError."""
     from pydantic import ValidationError
 
-    from soak.config import read_yaml, validation_error_to_config_error
+    from soak.configbase import read_yaml, validation_error_to_config_error
     from soak.errors import ArgumentError, ConfigError
     from soak.sim.config import SimConfig
 
