@@ -73,6 +73,7 @@ class SimServer:
         self.clock = clock or SystemClock()
         self.log = log or SimLog(clock=self.clock, pid=os.getpid(), ansi=config.profile.ansi_log_prefix)
         self.metrics = SimMetrics(config)
+        self.pieces_memo = tokenizer.PiecesMemo()
         self.engine = Engine(config, observer=self.metrics)
         self.tree = tree  # soak.sim.proctree.ProcessTree or None
         # set by `soak sim` only: in-process the "API server" is the test itself, never to be killed
@@ -397,14 +398,14 @@ def _int_field(body: dict, name: str, default: int | None = None, minimum: int =
     return value
 
 
-def _chat_prompt(body: dict, *, add_generation_prompt: bool = True) -> str:
+def _chat_sections(body: dict, *, add_generation_prompt: bool = True) -> list[str]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise _bad_request("messages must be a list of objects", "messages")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise _bad_request("tools must be a list", "tools")
-    return chat.render_chat(messages, tools, add_generation_prompt=body.get("add_generation_prompt", add_generation_prompt))
+    return chat.render_sections(messages, tools, add_generation_prompt=body.get("add_generation_prompt", add_generation_prompt))
 
 
 def _completion_prompt(body: dict) -> list[str]:
@@ -481,7 +482,7 @@ async def handle_tokenize(request: web.Request) -> web.Response:
         body = await _json_body(request)
         _check_model(server, body)
         if "messages" in body:
-            text = _chat_prompt(body)
+            text = "".join(_chat_sections(body))
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:
@@ -525,7 +526,8 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         body = await _json_body(request)
         model = _check_model(server, body)
         _check_alive(server)
-        pieces = tokenizer.pieces(_chat_prompt(body)) if chat_form else _completion_prompt(body)
+        # the memo: a turn's earlier messages are tokenized once, not at every turn
+        pieces = server.pieces_memo.pieces(_chat_sections(body)) if chat_form else _completion_prompt(body)
         max_tokens = _int_field(body, "max_completion_tokens" if chat_form and "max_completion_tokens" in body else "max_tokens", None, 1)
         min_tokens = _int_field(body, "min_tokens", 0) or 0
         stream_opts = body.get("stream_options")

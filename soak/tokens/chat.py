@@ -59,7 +59,18 @@ def render_chat(
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = True,
 ) -> str:
-    text = render_tools(tools) + "".join(render_message(m) for m in messages)
+    return "".join(render_sections(messages, tools, add_generation_prompt))
+
+
+def render_sections(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[str]:
+    """``render_chat``'s text as its sections (tools, each message, the
+    generation prompt), each ending in a newline."""
+    sections = [render_tools(tools)] if tools else []
+    sections += [render_message(m) for m in messages]
     if add_generation_prompt:
-        text += GENERATION_PROMPT
-    return text
+        sections.append(GENERATION_PROMPT)
+    return sections

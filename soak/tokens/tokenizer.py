@@ -22,6 +22,8 @@ text; ``add_special_tokens`` changes nothing.
 from __future__ import annotations
 
 import re
+import sys
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Iterable
 
@@ -55,6 +57,48 @@ def _id_piece(token_id: int) -> str:
 def pieces(text: str) -> list[str]:
     """The text cut into its tokens, as strings (the cheapest exact form)."""
     return PIECE.findall(text)
+
+
+class PiecesMemo:
+    """``pieces`` of a text given as sections, remembering each newline-ended
+    section's pieces (least recently used first out, at most ``max_pieces``).
+
+    No piece crosses a newline, so the pieces of a text are the pieces of its
+    newline-ended runs, concatenated. A chat prompt is its earlier turn plus a
+    few messages: with the memo, a turn costs the regex only over what is new,
+    not over a 200,000-token context every time. Pieces are interned, so the
+    memo holds a pointer per token, not a string."""
+
+    def __init__(self, *, max_pieces: int = 8_000_000) -> None:
+        self.max_pieces = max_pieces
+        self._memo: OrderedDict[str, list[str]] = OrderedDict()
+        self._held = 0
+
+    def pieces(self, sections: Iterable[str]) -> list[str]:
+        out: list[str] = []
+        pending: list[str] = []
+        for section in sections:
+            pending.append(section)
+            if section.endswith("\n"):
+                out += self._lookup(pending[0] if len(pending) == 1 else "".join(pending))
+                pending.clear()
+        if pending:
+            out += PIECE.findall("".join(pending))
+        return out
+
+    def _lookup(self, text: str) -> list[str]:
+        found = self._memo.get(text)
+        if found is not None:
+            self._memo.move_to_end(text)
+            return found
+        found = [sys.intern(p) for p in PIECE.findall(text)]
+        if len(found) <= self.max_pieces:
+            self._memo[text] = found
+            self._held += len(found)
+            while self._held > self.max_pieces:
+                _, dropped = self._memo.popitem(last=False)
+                self._held -= len(dropped)
+        return found
 
 
 def count(text: str) -> int:

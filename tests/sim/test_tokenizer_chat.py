@@ -23,3 +23,30 @@ def test_chat_is_prefix_stable_and_counts_tools():
     assert tokenizer.count(first) > tokenizer.count(chat.render_chat(msgs))
     parts = [{"type": "text", "text": "hi"}]
     assert chat.render_chat([{"role": "user", "content": parts}]) == chat.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_the_simulators_memo_cuts_a_prompt_exactly_as_the_whole_text_is_cut():
+    """The simulator tokenizes a chat turn section by section, remembering the
+    sections it has seen: the pieces must be those of the whole text, whatever
+    the sections hold (newlines inside, none at the end, non-ASCII, CRLF)."""
+    import random
+
+    rng = random.Random(7)
+    words = ["alpha", " beta", "\t", "x" * 9, "é", "日本", "  ", "\n", "a\nb", "\r\n", "end\n", ""]
+    memo = tokenizer.PiecesMemo(max_pieces=300)  # small: evictions happen
+    for _ in range(2000):
+        sections = ["".join(rng.choice(words) for _ in range(rng.randint(0, 10))) for _ in range(rng.randint(0, 6))]
+        assert memo.pieces(sections) == tokenizer.pieces("".join(sections)), sections
+    assert 0 < memo._held <= 300
+
+
+def test_a_growing_chat_reads_the_same_through_the_memo_turn_after_turn():
+    memo = tokenizer.PiecesMemo()
+    messages = [{"role": "system", "content": "You are terse."}]
+    tools = [{"type": "function", "function": {"name": "grep", "parameters": {}}}]
+    for turn in range(6):
+        messages.append({"role": "user", "content": f"turn {turn}: " + "word " * (50 * turn)})
+        sections = chat.render_sections(messages, tools)
+        assert "".join(sections) == chat.render_chat(messages, tools)
+        assert memo.pieces(sections) == tokenizer.pieces(chat.render_chat(messages, tools))
+        messages.append({"role": "assistant", "content": "ok", "tool_calls": [{"id": f"c{turn}"}]})
