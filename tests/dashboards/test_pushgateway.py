@@ -116,7 +116,9 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
     history = json.loads((tmp_path / "runs" / "history.json").read_text())
     builds = {b["build"]: b for b in history["builds"]}
 
-    wait_for(prometheus, 'soak_build_hangs{build="unfixed"}')
+    # history pushes one group per build: a scrape between two pushes holds only the first
+    for build in ("unfixed", "fixed"):
+        wait_for(prometheus, f'soak_build_hangs{{build="{build}",job="soak_history"}}')
     wait_for(prometheus, 'soak_night_exposure_seconds{build="fixed"}')
     night = 'box="test-box",build="fixed",job="soak-nightly"'
     assert one(prometheus, f"soak_night_exposure_seconds{{{night}}}") == pytest.approx(summary["duration_s"])
