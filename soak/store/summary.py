@@ -135,6 +135,11 @@ class RequestDigest:
         return self.tally.cut
 
 
+def _count(value: Any) -> int | float:
+    """A token count as recorded; anything else in a damaged line counts nothing."""
+    return value if type(value) is int or (isinstance(value, (int, float)) and not isinstance(value, bool)) else 0
+
+
 def digest_requests(path: Path, criteria: CriteriaConfig, *,
                     on_request: Callable[[dict[str, Any]], None] | None = None,
                     stats: dict[str, int] | None = None) -> RequestDigest:
@@ -162,12 +167,12 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         ended = isinstance(end, (int, float))
         cause = cut_cause(record) if outcome == "aborted" else None
         finished.append((float(end) if ended else 0.0, outcome, cause))
-        prompt_tokens += get("prompt_tokens") or 0
-        output_tokens = get("output_tokens") or 0
+        prompt_tokens += _count(get("prompt_tokens"))
+        output_tokens = _count(get("output_tokens"))
         generated_tokens += output_tokens
         cached = get("cached_tokens")
         if cached is not None:
-            cached_tokens += cached
+            cached_tokens += _count(cached)
             cached_known += 1
         if ended:
             last_ended = end if last_ended is None else max(last_ended, end)

@@ -26,6 +26,8 @@ def _records():
     del rows[12]["e2e_s"]
     rows[13]["prompt_tokens"] = 0  # no cached share for it
     rows[14]["outcome"] = {"odd": 1}  # an outcome that is not a string
+    rows[15]["output_tokens"] = "many"  # a count that is not a number counts nothing
+    rows[16]["cached_tokens"] = [1]
     return rows
 
 
@@ -46,6 +48,7 @@ def test_a_hostile_requests_file_reads_into_the_same_figures(tmp_path):
     assert len(data.requests) == 37  # warm-up left out
     assert data.bad_lines == {"requests.jsonl": 2}  # the bad line and the torn one
     assert data.summary["requests"]["warmup"] == 3  # the same pass gave the summary
+    assert data.summary["tokens"]["generated"] == 10 * 39
     stats = dict(request_statistics(data.requests)[0])
     for label, key in (("TTFT (s)", "ttft_s"), ("end-to-end latency (s)", "e2e_s"), ("prompt tokens", "prompt_tokens")):
         expected = _expected(rows, key)
@@ -53,7 +56,8 @@ def test_a_hostile_requests_file_reads_into_the_same_figures(tmp_path):
         assert stats[label]["p50"] == pytest.approx(float(np.percentile(expected, 50)))
         assert stats[label]["max"] == pytest.approx(max(expected))
     shares = [r["cached_tokens"] / r["prompt_tokens"] * 100 for r in rows
-              if not r["warmup"] and r["outcome"] == "ok" and r["prompt_tokens"]]
+              if not r["warmup"] and r["outcome"] == "ok" and r["prompt_tokens"]
+              and isinstance(r["cached_tokens"], (int, float))]
     assert stats["cached share of prompt (%)"]["n"] == len(shares)
     outcomes = dict(request_statistics(data.requests)[1])
     assert outcomes["http_status"] == 7 and outcomes["{'odd': 1}"] == 1
