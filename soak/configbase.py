@@ -111,18 +111,20 @@ def validation_error_to_config_error(
     return ConfigError(_message(first), path=path, field=field)
 
 
-def read_yaml(path: str | Path) -> Any:
+def read_yaml(path: str | Path, *, error: type[ConfigError] = ConfigError) -> Any:
+    """The YAML document in ``path``; a missing, unreadable or invalid file is
+    one ``error`` (a ConfigError, or the subclass a caller names) with the line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ConfigError("no such file", path=path) from exc
+        raise error("no such file", path=path) from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", path=path) from exc
+        raise error(f"cannot read: {exc}", path=path) from exc
     try:
         return load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        raise ConfigError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
+        raise error(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path=path) from exc
+        raise error(f"invalid YAML: {exc}", path=path) from exc

@@ -22,7 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Field,
@@ -402,21 +401,9 @@ def load_workload_file(path: str | Path) -> WorkloadSection:
     if path.suffix in (".jsonl", ".ndjson"):
         kind = _sniff_trace_kind(path)
         return validate_workload_section({"kind": kind, "path": str(path.resolve())}, path=path, base_dir=path.parent)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise WorkloadError("no such file", path=path) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"cannot read: {exc}", path=path) from exc
-    try:
-        from soak.configbase import load_yaml
+    from soak.configbase import read_yaml
 
-        data = load_yaml(text)
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        raise WorkloadError(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"invalid YAML: {exc}", path=path) from exc
+    data = read_yaml(path, error=WorkloadError)
     if isinstance(data, dict) and "workload" in data and "kind" not in data:
         data, prefix = data["workload"], "workload"
     else:
