@@ -28,7 +28,7 @@ from soak.sim.engine import Delta, Engine, SimRequest, StepResult
 from soak.sim.gpus import Activity, dcgm_text, gpu_readings
 from soak.sim.logs import SimLog
 from soak.sim.metrics import SimMetrics
-from soak.sim.prefix_cache import block_hashes
+from soak.sim.prefix_cache import block_hashes, text_block_hashes
 
 SIM_KEY = web.AppKey("sim", object)
 _STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -73,7 +73,7 @@ class SimServer:
         self.clock = clock or SystemClock()
         self.log = log or SimLog(clock=self.clock, pid=os.getpid(), ansi=config.profile.ansi_log_prefix)
         self.metrics = SimMetrics(config)
-        self.pieces_memo = tokenizer.PiecesMemo()
+        self.section_memo = tokenizer.SectionMemo()
         self.engine = Engine(config, observer=self.metrics)
         self.tree = tree  # soak.sim.proctree.ProcessTree or None
         # set by `soak sim` only: in-process the "API server" is the test itself, never to be killed
@@ -205,9 +205,11 @@ class SimServer:
                 stream.queue.put_nowait(d)
 
     # ---- requests
-    def new_request(self, *, prompt_pieces: list[str], max_tokens: int | None, min_tokens: int, ignore_eos: bool, prefix: str) -> _Stream:
+    def new_request(self, *, prompt_tokens: int, hashes: list[int], max_tokens: int | None, min_tokens: int, ignore_eos: bool,
+                    prefix: str) -> _Stream:
+        """``hashes``: the prompt's full blocks' chained hashes (soak.sim.prefix_cache)."""
         c = self.config
-        n = len(prompt_pieces)
+        n = prompt_tokens
         if n > c.max_model_len or (max_tokens is not None and n + max_tokens > c.max_model_len):
             if max_tokens is not None and n <= c.max_model_len:
                 msg = (
@@ -238,7 +240,7 @@ class SimServer:
         req = SimRequest(
             request_id=f"{prefix}-{number:08x}{c.seed & 0xffff:04x}",
             prompt_tokens=n,
-            hashes=block_hashes(prompt_pieces, c.block_size),
+            hashes=hashes,
             stop_at=max(stop_at, 1),
             finish_reason=reason,
             arrival=self.sim_now(),
@@ -526,8 +528,12 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         body = await _json_body(request)
         model = _check_model(server, body)
         _check_alive(server)
-        # the memo: a turn's earlier messages are tokenized once, not at every turn
-        pieces = server.pieces_memo.pieces(_chat_sections(body)) if chat_form else _completion_prompt(body)
+        if chat_form:  # the memo: a turn's earlier messages are cut once, not at every turn
+            prompt_tokens, text, bounds = server.section_memo.cut(_chat_sections(body), every=server.config.block_size)
+            hashes = text_block_hashes(text, bounds)
+        else:
+            pieces = _completion_prompt(body)
+            prompt_tokens, hashes = len(pieces), block_hashes(pieces, server.config.block_size)
         max_tokens = _int_field(body, "max_completion_tokens" if chat_form and "max_completion_tokens" in body else "max_tokens", None, 1)
         min_tokens = _int_field(body, "min_tokens", 0) or 0
         stream_opts = body.get("stream_options")
@@ -538,7 +544,8 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         else:
             stream_opts, include_usage = {}, False
         stream = server.new_request(
-            prompt_pieces=pieces,
+            prompt_tokens=prompt_tokens,
+            hashes=hashes,
             max_tokens=max_tokens,
             min_tokens=min_tokens,
             ignore_eos=bool(body.get("ignore_eos", False)),

@@ -19,11 +19,21 @@ from typing import Sequence
 
 def block_hashes(prompt_pieces: Sequence[str], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of a prompt given as token pieces."""
+    full = len(prompt_pieces) - len(prompt_pieces) % block_size
+    return chained_hashes(["".join(prompt_pieces[start : start + block_size]) for start in range(0, full, block_size)])
+
+
+def text_block_hashes(text: str, bounds: Sequence[int]) -> list[int]:
+    """``block_hashes`` of a prompt given as its text and the character offsets
+    where its blocks start (``soak.tokens.tokenizer.SectionMemo.cut``)."""
+    return chained_hashes([text[a:b] for a, b in zip(bounds, bounds[1:])])
+
+
+def chained_hashes(blocks: Sequence[str]) -> list[int]:
     out: list[int] = []
     prev = 0
-    full = len(prompt_pieces) - len(prompt_pieces) % block_size
-    for start in range(0, full, block_size):
-        prev = hash((prev, "".join(prompt_pieces[start : start + block_size])))
+    for block in blocks:
+        prev = hash((prev, block))
         out.append(prev)
     return out
 

@@ -22,9 +22,10 @@ text; ``add_special_tokens`` changes nothing.
 from __future__ import annotations
 
 import re
-import sys
+from array import array
 from collections import OrderedDict
 from functools import lru_cache
+from itertools import accumulate
 from typing import Iterable
 
 PIECE = re.compile(r"\n| ?[!-~]{1,4}|[ \t\r\f\v]{1,4}|.")
@@ -59,46 +60,73 @@ def pieces(text: str) -> list[str]:
     return PIECE.findall(text)
 
 
-class PiecesMemo:
-    """``pieces`` of a text given as sections, remembering each newline-ended
-    section's pieces (least recently used first out, at most ``max_pieces``).
+class SectionMemo:
+    """Cuts a text given as sections into tokens, remembering each newline-ended
+    section's cut (least recently used first out, at most ``max_bytes`` held).
 
-    No piece crosses a newline, so the pieces of a text are the pieces of its
-    newline-ended runs, concatenated. A chat prompt is its earlier turn plus a
-    few messages: with the memo, a turn costs the regex only over what is new,
-    not over a 200,000-token context every time. Pieces are interned, so the
-    memo holds a pointer per token, not a string."""
+    No piece crosses a newline, so a text's pieces are its newline-ended runs'
+    pieces, one after another. A chat prompt is its earlier turn plus a few
+    messages: with the memo, a turn runs the regex only over what is new, not
+    over a 200,000-token context every time. A section is remembered as its
+    token count and the character offset where each token starts (4 bytes a
+    token), not as piece strings (some 58 bytes a token)."""
 
-    def __init__(self, *, max_pieces: int = 8_000_000) -> None:
-        self.max_pieces = max_pieces
-        self._memo: OrderedDict[str, list[str]] = OrderedDict()
+    def __init__(self, *, max_bytes: int = 192 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._memo: OrderedDict[str, array[int]] = OrderedDict()
         self._held = 0
 
-    def pieces(self, sections: Iterable[str]) -> list[str]:
-        out: list[str] = []
+    def cut(self, sections: Iterable[str], *, every: int) -> tuple[int, str, list[int]]:
+        """``(tokens, text, bounds)``: the token count of the sections' text, the
+        text, and the character offsets where tokens ``0, every, 2*every, ...``
+        start (one per full run of ``every`` tokens, and 0 first)."""
+        runs: list[str] = []
         pending: list[str] = []
         for section in sections:
             pending.append(section)
             if section.endswith("\n"):
-                out += self._lookup(pending[0] if len(pending) == 1 else "".join(pending))
+                runs.append(pending[0] if len(pending) == 1 else "".join(pending))
                 pending.clear()
-        if pending:
-            out += PIECE.findall("".join(pending))
-        return out
+        tail = "".join(pending)
+        tokens = chars = 0
+        bounds = [0]
+        due = every
+        for run in runs:
+            starts = self._starts(run)
+            count = len(starts) - 1
+            while due <= tokens + count:
+                bounds.append(chars + starts[due - tokens])
+                due += every
+            tokens += count
+            chars += len(run)
+        if tail:  # no newline at its end: not remembered (the generation prompt ends in one)
+            starts = _starts_of(tail)
+            count = len(starts) - 1
+            while due <= tokens + count:
+                bounds.append(chars + starts[due - tokens])
+                due += every
+            tokens += count
+        return tokens, "".join(runs) + tail, bounds
 
-    def _lookup(self, text: str) -> list[str]:
+    def _starts(self, text: str) -> array[int]:
         found = self._memo.get(text)
         if found is not None:
             self._memo.move_to_end(text)
             return found
-        found = [sys.intern(p) for p in PIECE.findall(text)]
-        if len(found) <= self.max_pieces:
+        found = _starts_of(text)
+        size = 4 * len(found) + len(text)
+        if size <= self.max_bytes:
             self._memo[text] = found
-            self._held += len(found)
-            while self._held > self.max_pieces:
-                _, dropped = self._memo.popitem(last=False)
-                self._held -= len(dropped)
+            self._held += size
+            while self._held > self.max_bytes:
+                key, dropped = self._memo.popitem(last=False)
+                self._held -= 4 * len(dropped) + len(key)
         return found
+
+
+def _starts_of(text: str) -> array[int]:
+    """Where each piece of ``text`` starts, and its length last."""
+    return array("I", accumulate(map(len, PIECE.findall(text)), initial=0))
 
 
 def count(text: str) -> int:

@@ -25,28 +25,48 @@ def test_chat_is_prefix_stable_and_counts_tools():
     assert chat.render_chat([{"role": "user", "content": parts}]) == chat.render_chat([{"role": "user", "content": "hi"}])
 
 
+def _whole(sections, every):
+    from soak.sim.prefix_cache import block_hashes
+
+    pieces = tokenizer.pieces("".join(sections))
+    full = len(pieces) - len(pieces) % every
+    bounds = [len("".join(pieces[:k])) for k in range(0, full + 1, every)] if full else [0]
+    return len(pieces), "".join(sections), bounds, block_hashes(pieces, every)
+
+
 def test_the_simulators_memo_cuts_a_prompt_exactly_as_the_whole_text_is_cut():
-    """The simulator tokenizes a chat turn section by section, remembering the
-    sections it has seen: the pieces must be those of the whole text, whatever
-    the sections hold (newlines inside, none at the end, non-ASCII, CRLF)."""
+    """The simulator cuts a chat turn section by section, remembering the
+    sections it has seen: the token count, block boundaries and block hashes
+    must be those of the whole text, whatever the sections hold (newlines
+    inside, none at the end, non-ASCII, CRLF)."""
     import random
+
+    from soak.sim.prefix_cache import text_block_hashes
 
     rng = random.Random(7)
     words = ["alpha", " beta", "\t", "x" * 9, "é", "日本", "  ", "\n", "a\nb", "\r\n", "end\n", ""]
-    memo = tokenizer.PiecesMemo(max_pieces=300)  # small: evictions happen
+    memo = tokenizer.SectionMemo(max_bytes=2000)  # small: evictions happen
     for _ in range(2000):
         sections = ["".join(rng.choice(words) for _ in range(rng.randint(0, 10))) for _ in range(rng.randint(0, 6))]
-        assert memo.pieces(sections) == tokenizer.pieces("".join(sections)), sections
-    assert 0 < memo._held <= 300
+        every = rng.choice([1, 2, 3, 7, 16])
+        tokens, text, bounds = memo.cut(sections, every=every)
+        expected_tokens, expected_text, expected_bounds, expected_hashes = _whole(sections, every)
+        assert (tokens, text, bounds) == (expected_tokens, expected_text, expected_bounds), sections
+        assert text_block_hashes(text, bounds) == expected_hashes
+    assert 0 < memo._held <= 2000
 
 
 def test_a_growing_chat_reads_the_same_through_the_memo_turn_after_turn():
-    memo = tokenizer.PiecesMemo()
+    from soak.sim.prefix_cache import text_block_hashes
+
+    memo = tokenizer.SectionMemo()
     messages = [{"role": "system", "content": "You are terse."}]
     tools = [{"type": "function", "function": {"name": "grep", "parameters": {}}}]
     for turn in range(6):
         messages.append({"role": "user", "content": f"turn {turn}: " + "word " * (50 * turn)})
         sections = chat.render_sections(messages, tools)
         assert "".join(sections) == chat.render_chat(messages, tools)
-        assert memo.pieces(sections) == tokenizer.pieces(chat.render_chat(messages, tools))
+        tokens, text, bounds = memo.cut(sections, every=16)
+        expected = _whole(sections, 16)
+        assert (tokens, text, bounds) == expected[:3] and text_block_hashes(text, bounds) == expected[3]
         messages.append({"role": "assistant", "content": "ok", "tool_calls": [{"id": f"c{turn}"}]})
