@@ -49,17 +49,13 @@ class RequestColumns:
 
     outcome: tuple[str, ...]
     columns: Mapping[str, np.ndarray]
+    ok: np.ndarray  # a mask of the requests that ended ``ok``
 
     def __len__(self) -> int:
         return len(self.outcome)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
-
-    @property
-    def ok(self) -> np.ndarray:
-        """A mask of the requests that ended ``ok``."""
-        return np.fromiter((o == "ok" for o in self.outcome), dtype=bool, count=len(self.outcome))
 
     def ok_values(self, name: str) -> np.ndarray:
         """``name`` over the ok requests that report it."""
@@ -100,9 +96,11 @@ class RequestColumnsBuilder:
                    else math.nan)
 
     def build(self) -> RequestColumns:
-        return RequestColumns(outcome=tuple(self._outcome),
+        outcome = tuple(self._outcome)
+        return RequestColumns(outcome=outcome,
                               columns={name: np.frombuffer(column, dtype=float) if column else np.empty(0)
-                                       for name, column in self._columns.items()})
+                                       for name, column in self._columns.items()},
+                              ok=np.fromiter((o == "ok" for o in outcome), dtype=bool, count=len(outcome)))
 
 
 @dataclass
