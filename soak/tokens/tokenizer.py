@@ -87,26 +87,21 @@ class SectionMemo:
             if section.endswith("\n"):
                 runs.append(pending[0] if len(pending) == 1 else "".join(pending))
                 pending.clear()
-        tail = "".join(pending)
+        cuts = [(run, self._starts(run)) for run in runs]
+        if pending:  # no newline at its end: not remembered (the generation prompt ends in one)
+            tail = "".join(pending)
+            cuts.append((tail, _starts_of(tail)))
         tokens = chars = 0
         bounds = [0]
         due = every
-        for run in runs:
-            starts = self._starts(run)
+        for text, starts in cuts:
             count = len(starts) - 1
             while due <= tokens + count:
                 bounds.append(chars + starts[due - tokens])
                 due += every
             tokens += count
-            chars += len(run)
-        if tail:  # no newline at its end: not remembered (the generation prompt ends in one)
-            starts = _starts_of(tail)
-            count = len(starts) - 1
-            while due <= tokens + count:
-                bounds.append(chars + starts[due - tokens])
-                due += every
-            tokens += count
-        return tokens, "".join(runs) + tail, bounds
+            chars += len(text)
+        return tokens, "".join(text for text, _ in cuts), bounds
 
     def _starts(self, text: str) -> array[int]:
         found = self._memo.get(text)
