@@ -41,7 +41,10 @@ def pushgateway(tmp_path):
     for _attempt in range(3):
         port = free_port()
         log = open(tmp_path / f"pushgateway-{port}.log", "w")
-        popen = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=log,
+        # Debian's build persists to /var/lib/prometheus/pushgateway.data by default: a
+        # gateway started there holds the last test's groups, and a stale "fixed" group
+        # reached Prometheus beside the one this test pushed. In memory only.
+        popen = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--persistence.file="], stdout=log,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
