@@ -14,7 +14,7 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -67,13 +67,6 @@ class RequestColumns:
         for outcome in self.outcome:
             counts[outcome] = counts.get(outcome, 0) + 1
         return sorted(counts.items(), key=lambda kv: -kv[1])
-
-    @classmethod
-    def of(cls, records: Iterable[Mapping[str, Any]]) -> "RequestColumns":
-        builder = RequestColumnsBuilder()
-        for record in records:
-            builder.add(record)
-        return builder.build()
 
 
 class RequestColumnsBuilder:

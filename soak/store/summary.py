@@ -205,12 +205,11 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats)
 
 
-def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None,
-              on_request: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> dict[str, Any]:
     """summary.json's content. ``requests``, a digest the caller already read
-    (the run loop's end judged the criteria on it), is reused when it was made
-    under the run's recorded criteria; otherwise requests.jsonl is read here,
-    and ``on_request`` sees each of its records."""
+    (the run loop's end judged the criteria on it, the report built its columns
+    in the same pass), is reused when it was made under the run's recorded
+    criteria; otherwise requests.jsonl is read here."""
     run_dir = Path(run_dir)
     read_stats: dict[str, int] = {}
 
@@ -264,7 +263,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None,
 
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
     if requests is None or requests.criteria != criteria_config:
-        requests = digest_requests(run_dir / REQUESTS, criteria_config, on_request=on_request, stats=read_stats)
+        requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats)
     else:
         for key, count in requests.stats.items():
             read_stats[key] = read_stats.get(key, 0) + count

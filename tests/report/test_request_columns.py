@@ -11,7 +11,7 @@ import pytest
 
 from soak.report import plots
 from soak.report.render import request_statistics
-from soak.report.rundir import RequestColumns, load_run
+from soak.report.rundir import RequestColumnsBuilder, load_run
 
 
 def _records():
@@ -75,6 +75,6 @@ def test_a_scatter_draws_an_even_subsample_of_a_long_run():
 
 
 def test_columns_of_no_requests_are_empty():
-    empty = RequestColumns.of([])
+    empty = RequestColumnsBuilder().build()
     assert len(empty) == 0 and empty.ok_values("ttft_s").size == 0
     assert request_statistics(empty)[0][0][1]["n"] == 0
