@@ -54,12 +54,14 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     from soak.config import load_run_config
     from soak.durations import duration_flag
     from soak.errors import HarnessFault, SoakError
+    from soak.run.heap import bound_heap_growth
     from soak.run.wiring import build_soak_run
 
+    heap = bound_heap_growth()  # first: the heap a day-long run grows is shaped from its start
     config = load_run_config(config_path, duration=duration_flag(duration))
     try:
         soak_run = build_soak_run(config, config_path=Path(config_path), out=out, view_mode=view,
-                                  exporter_port=exporter_port, report_html=report_html)
+                                  exporter_port=exporter_port, report_html=report_html, heap=heap)
     except (SoakError, KeyboardInterrupt):
         raise
     except Exception as exc:  # a bug before anything started: one line, exit 4

@@ -51,6 +51,7 @@ from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts,
 from soak.redact import Redactor
 from soak.respond.responder import Responder
 from soak.run.sinks import FanOut
+from soak.run.heap import HeapTuning
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
@@ -149,8 +150,10 @@ class SoakRun:
         config_path: Path | None = None,
         redactor: Redactor | None = None,
         guardian: Guardian | None = None,
+        heap: HeapTuning | None = None,
     ) -> None:
         self._config_path = config_path
+        self._heap = heap
         self.redactor = redactor
         self._guardian = guardian
         # The harness's own failure (a write that failed, a bug): ends the run, exit 4.
@@ -428,7 +431,8 @@ class SoakRun:
         self.store.write_config(self._redacted_config)
         if self._guardian is not None:
             self._guardian.start()  # before the server exists: a SIGKILLed harness takes it along
-        self.event("run_created", run_id=self.run_id, target=layout.kind.value)
+        heap = {"heap": {"tuned": self._heap.applied, "how": self._heap.reason}} if self._heap else {}
+        self.event("run_created", run_id=self.run_id, target=layout.kind.value, **heap)
         if self.target.base_url:
             # The URL is known before start (launched, attached): check the GPU
             # source now, so a box without NVML exits 3 before a server is started.

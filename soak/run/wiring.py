@@ -23,6 +23,7 @@ from soak.probes.scheduler import Probe
 from soak.records import RunSink, TargetFacts, TargetKind
 from soak.redact import Redactor
 from soak.respond.responder import Responder
+from soak.run.heap import HeapTuning
 from soak.run.loop import ReportOptions, RunParts, SoakRun
 from soak.run.target import api_key_from_env, build_target
 from soak.samples import GpuSample, Sample
@@ -108,6 +109,7 @@ def build_soak_run(
     report_html: bool = True,
     report_command: Sequence[str] | None = None,
     report_timeout_s: float | None = None,
+    heap: HeapTuning | None = None,
 ) -> SoakRun:
     environ = dict(os.environ if environ is None else environ)
     clock = clock or SystemClock()
@@ -279,6 +281,7 @@ def build_soak_run(
         config_path=config_path,
         redactor=redactor,
         guardian=guardian,
+        heap=heap,
     )
     late["run"] = soak_run
     return soak_run

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 from pathlib import Path
@@ -56,6 +57,9 @@ def test_healthy_soak_against_the_simulator_agrees_with_its_counters(tmp_path, s
     assert (run_dir / "report.html").exists() and (run_dir / "junit.xml").exists()
     # Plain lines for a log, since stdout is not a terminal.
     assert "requests ok" in h.stdout_path.read_text()
+    # The harness fixed malloc's thresholds for a long run, and said so.
+    created = next(e for e in events(run_dir) if e["type"] == "run_created")
+    assert created["heap"]["tuned"] is (platform.libc_ver()[0] == "glibc"), created
 
 
 def test_default_simulator_target_is_started_and_stopped(tmp_path, harness, monkeypatch) -> None:
