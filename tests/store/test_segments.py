@@ -1,6 +1,6 @@
 """Rolled sample files (samples-NNN.jsonl.gz + the open samples.jsonl) read back
 whole and once through every reader: summarize (soak report's summary), the
-report's run reader, detector replay, and zcat/jq; also after SIGKILL mid-roll."""
+report's run reader, `soak history`, detector replay, and zcat/jq; also after SIGKILL mid-roll."""
 
 from __future__ import annotations
 
@@ -101,6 +101,21 @@ def test_soak_report_renders_a_rolled_run(rolled_run):
     assert "pass" in done.stdout
     page = (rolled_run / "report.html").read_text()
     assert "GPU utilization" in page and "unreadable" not in page
+
+
+def test_soak_history_reads_a_rolled_run_cut_off_before_its_summary(rolled_run, tmp_path):
+    """A night whose harness died (no summary.json) is summarized from its
+    segments: history counts its whole exposure and its server-side hit ratio."""
+    pytest.importorskip("matplotlib")
+    assert not (rolled_run / "summary.json").exists()
+    runs = tmp_path / "nights"
+    shutil.copytree(rolled_run, runs / "night-1")
+    done = subprocess.run([sys.executable, "-m", "soak", "history", str(runs)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (night,) = json.loads((runs / "history.json").read_text())["runs"]
+    assert night["figures"]["prefix_hit_ratio"] == pytest.approx(0.9)
+    assert sum(i["length_s"] for i in night["intervals"]) == pytest.approx(600.0)
 
 
 @pytest.mark.skipif(not (shutil.which("zcat") and shutil.which("jq")), reason="zcat and jq not installed")
