@@ -345,7 +345,8 @@ class AgenticSession:
         if pair is not None:
             call, result = pair
             self._pieces += (b",", w._calls[call], b",", w._tool_heads[call], w._results[result], b'"}')
-        body = b"".join(self._pieces) + b"]" + stream_tail(output, ignore_eos=w.config.ignore_eos)
+        # One join: every copy of a body this size is a page-faulting mmap (soak.run.heap).
+        body = b"".join([*self._pieces, b"]", stream_tail(output, ignore_eos=w.config.ignore_eos)])
         request = TurnRequest(
             session_id=self.session_id,
             turn=self._turn,

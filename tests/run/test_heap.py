@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from soak.run.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, bound_heap_growth
+from soak.run.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, bound_heap_growth, bound_read_size
 
 ROOT = Path(__file__).resolve().parents[2]
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
@@ -66,11 +66,75 @@ class _Libc:
         return self._answer
 
 
+class _Transport:
+    max_size = 256 * 1024
+
+
 def test_both_thresholds_are_fixed_and_said() -> None:
     libc = _Libc()
-    tuning = bound_heap_growth(environ={}, libc=lambda: libc, mmap_threshold=4096, trim_threshold=8192)
+    tuning = bound_heap_growth(environ={}, libc=lambda: libc, mmap_threshold=4096, trim_threshold=8192,
+                               transport=lambda: _Transport)
     assert tuning.applied and "4096" in tuning.reason
     assert libc.calls == [(M_MMAP_THRESHOLD, 4096), (M_TRIM_THRESHOLD, 8192)]
+    # a socket read must stay under the mmap threshold, or every read is an mmap
+    assert _Transport.max_size == 2048 and "socket reads 2048 B" in tuning.reason
+
+
+def test_a_python_without_the_read_knob_is_still_tuned_and_says_so() -> None:
+    class Renamed:
+        pass
+
+    tuning = bound_heap_growth(environ={}, libc=_Libc, transport=lambda: Renamed)
+    assert tuning.applied and "socket reads left as they are" in tuning.reason
+    assert bound_read_size(1024, transport=lambda: None) is None
+
+
+# A soak's client, shrunk: an asyncio stream of small SSE-sized writes over
+# loopback, read by a protocol (as aiohttp's is). Prints the minor page faults
+# the reading took.
+READS = """
+import asyncio, resource, sys
+from soak.run.heap import bound_heap_growth
+if sys.argv[1] != "untuned":
+    assert bound_heap_growth(environ={}).applied
+if sys.argv[1] == "thresholds-only":  # undo the read bound: asyncio's own 256 KiB
+    import asyncio.selector_events as se
+    se._SelectorSocketTransport.max_size = 256 * 1024
+async def main():
+    async def serve(reader, writer):
+        for i in range(3000):
+            writer.write(b'data: {"choices":[{"delta":{"content":" tok"}}]}\\n\\n')
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.close()
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    done = asyncio.get_running_loop().create_future()
+    class Client(asyncio.Protocol):
+        def data_received(self, data): pass
+        def connection_lost(self, exc): done.set_result(None)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    await asyncio.get_running_loop().create_connection(Client, "127.0.0.1", port)
+    await done
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    server.close()
+asyncio.run(main())
+"""
+
+
+def _read_faults(mode: str) -> int:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", READS, mode], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@glibc_only
+def test_streamed_reads_do_not_fault_a_fresh_mapping_each_once_tuned() -> None:
+    with_bound, thresholds_only = _read_faults("tuned"), _read_faults("thresholds-only")
+    # Without the read bound, each of the ~3000 reads maps 256 KiB and faults its pages.
+    assert thresholds_only > 2_000, thresholds_only
+    assert with_bound < thresholds_only / 4, (with_bound, thresholds_only)
 
 
 @pytest.mark.parametrize("environ", [
