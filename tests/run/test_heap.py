@@ -40,16 +40,17 @@ print(rss_kb() - before)
 """
 
 
-def _growth_kb(mode: str) -> int:
+def _run_script(script: str, mode: str) -> int:
+    """The number a script prints, run in a fresh process as ``mode``."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no MALLOC_* knobs from the caller
-    done = subprocess.run([sys.executable, "-c", CHURN, mode], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     return int(done.stdout)
 
 
 @glibc_only
 def test_big_transient_buffers_go_back_to_the_system_once_tuned() -> None:
-    untuned, tuned = _growth_kb("untuned"), _growth_kb("tuned")
+    untuned, tuned = _run_script(CHURN, "untuned"), _run_script(CHURN, "tuned")
     # Untuned, the freed bodies stay as holes in the heap around the kept objects
     # (about 13 MB here); tuned, only the kept objects remain (about 3 MB).
     assert untuned > 8_000, untuned
@@ -122,16 +123,9 @@ asyncio.run(main())
 """
 
 
-def _read_faults(mode: str) -> int:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", READS, mode], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout)
-
-
 @glibc_only
 def test_streamed_reads_do_not_fault_a_fresh_mapping_each_once_tuned() -> None:
-    with_bound, thresholds_only = _read_faults("tuned"), _read_faults("thresholds-only")
+    with_bound, thresholds_only = _run_script(READS, "tuned"), _run_script(READS, "thresholds-only")
     # Without the read bound, each of the ~3000 reads maps 256 KiB and faults its pages.
     assert thresholds_only > 2_000, thresholds_only
     assert with_bound < thresholds_only / 4, (with_bound, thresholds_only)
