@@ -98,8 +98,10 @@ def bound_heap_growth(*, environ: Mapping[str, str] = os.environ,
     if mallopt is None:
         return HeapTuning(False, "not glibc; malloc left as it is")
     # mallopt returns 1 on success, 0 on an unknown parameter or a bad value.
-    if mallopt(M_MMAP_THRESHOLD, mmap_threshold) != 1 or mallopt(M_TRIM_THRESHOLD, trim_threshold) != 1:
-        return HeapTuning(False, "glibc refused the thresholds; malloc left as it is")
+    if mallopt(M_MMAP_THRESHOLD, mmap_threshold) != 1:
+        return HeapTuning(False, "glibc refused the mmap threshold; malloc left as it is")
+    # The mmap threshold is fixed from here: the reads must go under it whatever the trim does.
+    trim = f"trim threshold {trim_threshold} B" if mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1 else "trim threshold refused"
     reads = bound_read_size(min(read_size, mmap_threshold // 2), transport=transport)
     said = f"socket reads {reads} B" if reads is not None else "socket reads left as they are (no asyncio knob)"
-    return HeapTuning(True, f"mmap threshold {mmap_threshold} B, trim threshold {trim_threshold} B, {said}")
+    return HeapTuning(True, f"mmap threshold {mmap_threshold} B, {trim}, {said}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from soak.run.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, bound_heap_growth, bound_read_size
+from soak.run.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, READ_SIZE, bound_heap_growth, bound_read_size
 
 ROOT = Path(__file__).resolve().parents[2]
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
@@ -146,5 +146,19 @@ def test_a_user_who_tuned_malloc_keeps_it(environ) -> None:
 def test_another_libc_or_a_refusal_leaves_malloc_alone() -> None:
     assert not bound_heap_growth(environ={}, libc=lambda: None).applied
     assert not bound_heap_growth(environ={}, libc=lambda: object()).applied  # no mallopt at all
-    refused = bound_heap_growth(environ={}, libc=lambda: _Libc(answer=0))
+    refused = bound_heap_growth(environ={}, libc=lambda: _Libc(answer=0), transport=lambda: _Transport)
     assert not refused.applied and "refused" in refused.reason
+
+
+def test_a_refused_trim_threshold_still_bounds_the_reads_under_the_fixed_mmap_one() -> None:
+    class Transport:
+        max_size = 256 * 1024
+
+    class TrimRefused(_Libc):
+        def mallopt(self, param: int, value: int) -> int:
+            super().mallopt(param, value)
+            return 0 if param == M_TRIM_THRESHOLD else 1
+
+    tuning = bound_heap_growth(environ={}, libc=TrimRefused, transport=lambda: Transport)
+    assert tuning.applied and "trim threshold refused" in tuning.reason
+    assert Transport.max_size == READ_SIZE
