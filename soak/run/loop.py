@@ -50,8 +50,8 @@ from soak.probes.scheduler import Probe, ProbeScheduler
 from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
 from soak.redact import Redactor
 from soak.respond.responder import Responder
-from soak.run.sinks import FanOut
 from soak.run.heap import HeapTuning
+from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
