@@ -43,8 +43,11 @@ class Detector:
         """The incident decided since the last reset, if any."""
         return self._decision
 
-    def observe(self, sample: Sample) -> None:
-        self._signals.observe(sample)
+    def observe(self, sample: Sample) -> bool:
+        """Fold ``sample`` in. True when an ``assess`` now would decide what the
+        next scheduled one would: the sample fires a rule without waiting (a
+        fatal log line, the server process gone) and nothing is decided yet."""
+        return self._signals.observe(sample) and self._decision is None
 
     def reset(self, now: float) -> None:
         """After a restart: forget the old server (samples older than ``now`` are

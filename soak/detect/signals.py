@@ -149,9 +149,12 @@ class SignalTracker:
 
     # -- folding samples in --------------------------------------------------------
 
-    def observe(self, sample: Sample) -> None:
+    def observe(self, sample: Sample) -> bool:
+        """Fold ``sample`` in; True when it settles a rule at once (a fatal log
+        line, the server process gone), so the caller need not wait for its
+        next assessment tick."""
         if sample.ts < self.started_at:
-            return
+            return False
         if isinstance(sample, GpuSample):
             self._observe_gpu(sample)
         elif isinstance(sample, ServerSample):
@@ -163,12 +166,14 @@ class SignalTracker:
         elif isinstance(sample, ProcessSample):
             if not sample.alive and self.process_dead is None:
                 self.process_dead = sample
+                return True
         elif isinstance(sample, LogSample):
             if sample.fatal:
                 if len(self.fatal_logs) < MAX_FATAL_LINES:  # a dying server repeats itself
                     self.fatal_logs.append(sample)
-            else:
-                self.last_nonfatal_log = sample
+                return len(self.fatal_logs) == 1
+            self.last_nonfatal_log = sample
+        return False
 
     def _progress(self, key: str, ts: float) -> None:
         """Signal ``key`` moved at ``ts``; a healthy gap is learned from it."""

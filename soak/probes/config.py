@@ -73,7 +73,7 @@ class ProbesConfig(StrictModel):
     health_interval: Duration = 1.0
     process_interval: Duration = 1.0
     client_interval: Duration = 0.5
-    log_interval: Duration = 0.25
+    log_interval: Duration = 0.1
     # Per HTTP call of a probe (/metrics, /health, dcgm-exporter, /sim/*).
     timeout: Duration = 2.0
     # A log file to watch instead of (or for an attached server, in the absence of)

@@ -55,7 +55,7 @@ class LogTailer:
 class LogProbe:
     name = "log"
 
-    def __init__(self, path: str | Path, *, clock: Clock, interval_s: float = 0.25, from_start: bool = True) -> None:
+    def __init__(self, path: str | Path, *, clock: Clock, interval_s: float = 0.1, from_start: bool = True) -> None:
         self.interval_s = interval_s
         self._clock = clock
         self._tailer = LogTailer(path, from_start=from_start)

@@ -204,6 +204,9 @@ class SoakRun:
         self._criteria_reported: set[str] = set()
         self._incident_idle = asyncio.Event()
         self._incident_idle.set()
+        # Set by a sample that settles a rule at once: the watch loop judges then,
+        # not up to a detector interval later.
+        self._judge_now = asyncio.Event()
         # /metrics freshness, for the "metrics_stale" warning (the summary says
         # which span the server figures cover from samples.jsonl itself).
         self._metrics_fresh_at: float | None = None
@@ -275,7 +278,8 @@ class SoakRun:
         horizon = sample.ts - self.config.response.evidence.samples_window
         while recent and recent[0].ts < horizon:
             recent.popleft()
-        self.detector.observe(sample)
+        if self.detector.observe(sample):
+            self._judge_now.set()
         self.sinks.on_sample(sample)
         if isinstance(sample, GpuSample):
             change = self._gpu_freshness.observe(sample)
@@ -650,7 +654,11 @@ class SoakRun:
     async def _watch(self) -> None:
         interval = self.config.detector.interval
         while True:
-            await asyncio.sleep(interval)
+            try:
+                await asyncio.wait_for(self._judge_now.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            self._judge_now.clear()
             self._judge_criteria()
             assessment = self.detector.assess(self.clock.now())
             self.sinks.on_assessment(assessment)

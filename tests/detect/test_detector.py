@@ -330,6 +330,22 @@ def test_process_exit_is_a_crash():
     assert d.evidence["signals"]["exit_code"] == 1
 
 
+def test_observe_says_when_a_sample_settles_a_rule_so_the_loop_need_not_wait_for_its_tick():
+    det = make()
+    assert det.observe(gpus(1, 0.0)) is False
+    assert det.observe(log_sample(2, SHM)) is False  # a warning: suspect, decided by time
+    assert det.observe(log_sample(3, WATCHDOG)) is True
+    assert det.observe(log_sample(3.1, WATCHDOG)) is False  # the same incident, already settled
+    (d,) = det.assess(T0 + 3.1).new_incidents
+    assert d.rule == "log_signature"
+    assert det.observe(ProcessSample(T0 + 4, 42, False, exit_code=1)) is False  # decided: nothing to hurry
+    det.reset(T0 + 10)
+    assert det.observe(ProcessSample(T0 + 11, 43, True)) is False
+    assert det.observe(ProcessSample(T0 + 12, 43, False, exit_code=-9)) is True  # the restarted server died
+    (d,) = det.assess(T0 + 12).new_incidents
+    assert d.rule == "server_gone"
+
+
 def test_health_must_fail_several_times_over_a_window():
     det = make()
     det.observe(HealthSample(T0, True, 200))

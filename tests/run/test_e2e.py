@@ -155,3 +155,19 @@ def test_a_deadlock_is_an_incident_the_tree_is_killed_restarted_and_the_exit_is_
         for pid in incident["killed_pids"]:
             assert not pid_alive(pid)
     assert {first_pid, restarted_pid} <= set(summary["incidents"][0]["killed_pids"] + summary["incidents"][1]["killed_pids"])
+
+
+def test_a_fatal_log_line_is_judged_when_it_is_read_not_at_the_next_detector_tick(tmp_path, harness) -> None:
+    """With a 30 s detector interval only the wake on a settling sample can decide
+    the watchdog line (written about 6 s in) before the first tick."""
+    config = small_config(duration="40s")
+    config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "60s"}]}
+    config["detector"] = {"interval": "30s"}
+    config["response"] = {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}}
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "wake.yaml", config), run_dir)
+    assert h.wait(timeout_s=90) == 1, h.stderr
+    (decision,) = [e for e in events(run_dir) if e["type"] == "decision"]
+    assert decision["rule"] == "log_signature"
+    line_read_at = decision["evidence"]["signals"]["lines"][0]["ts"]
+    assert decision["decided_at"] - line_read_at < 2.0
