@@ -1,8 +1,9 @@
 """Replay a recorded sample trace through a detector, as the live loop would.
 
 The run loop calls ``assess(now)`` every ``interval`` seconds while samples
-arrive; ``replay`` does the same under the samples' own timestamps, so a trace
-of 66 simulated minutes replays in seconds.
+arrive, and at once after a sample that ``observe`` says settles a rule;
+``replay`` does the same under the samples' own timestamps, so a trace of 66
+simulated minutes replays in seconds.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def replay(
         while next_tick <= sample.ts:
             tick(next_tick)
             next_tick += step
-        detector.observe(sample)
+        if detector.observe(sample):  # the live loop judges a settling sample at once
+            tick(sample.ts)
+            next_tick = sample.ts + step
         result.last_ts = sample.ts
     if next_tick is not None and result.last_ts is not None:
         tick(max(next_tick, result.last_ts))

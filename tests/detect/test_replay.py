@@ -13,7 +13,7 @@ from soak.detect import Detector, DetectorConfig
 from soak.records import DetectorState, IncidentKind, Topology
 from soak.detect.replay import read_samples, replay
 from soak.errors import ConfigError
-from soak.samples import ClientSample, ServerSample
+from soak.samples import ClientSample, LogSample, ProcessSample, ServerSample
 
 TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 T0 = 1_780_000_000.0  # make.py's epoch
@@ -71,6 +71,14 @@ def test_pp_deadlock_is_decided_within_the_goal():
     for name in ("fault_pp_deadlock", "fault_pp_deadlock_nvml"):
         d = run(name).decisions[0]
         assert d.decided_at - (T0 + EXPECTED[name][1]) <= 10.0
+
+
+def test_a_settling_sample_is_judged_at_its_own_time_as_the_live_loop_does():
+    samples = list(read_samples(TRACES / "fault_crash.jsonl.gz"))
+    settling = next(s for s in samples if (isinstance(s, LogSample) and s.fatal)
+                    or (isinstance(s, ProcessSample) and not s.alive))
+    (d,) = run("fault_crash", samples=samples).decisions
+    assert d.decided_at == settling.ts  # not at the next 0.5 s tick
 
 
 def _gen_flat_spans(samples):
