@@ -66,7 +66,13 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
         raise
     except Exception as exc:  # a bug before anything started: one line, exit 4
         raise HarnessFault(f"harness fault before the run started: {type(exc).__name__}: {exc}") from exc
-    outcome = asyncio.run(soak_run.run())
+    if heap.trimmer is not None:
+        heap.trimmer.start()
+    try:
+        outcome = asyncio.run(soak_run.run())
+    finally:
+        if heap.trimmer is not None:
+            heap.trimmer.close()
     summary = outcome.summary
     requests = summary.get("requests", {})
     print(

@@ -60,6 +60,8 @@ def test_healthy_soak_against_the_simulator_agrees_with_its_counters(tmp_path, s
     # The harness fixed malloc's thresholds for a long run, and said so.
     created = next(e for e in events(run_dir) if e["type"] == "run_created")
     assert created["heap"]["tuned"] is (platform.libc_ver()[0] == "glibc"), created
+    if created["heap"]["tuned"]:  # and hands the heap's free pages back through the run
+        assert "free pages returned every 60 s" in created["heap"]["how"], created
 
 
 def test_default_simulator_target_is_started_and_stopped(tmp_path, harness, monkeypatch) -> None:
