@@ -132,7 +132,8 @@ def sample_from_json(obj: Mapping[str, Any]) -> Sample:
     cls = SAMPLE_TYPES.get(kind)  # type: ignore[arg-type]
     if cls is None:
         raise ValueError(f"unknown sample kind {kind!r}, known: {', '.join(SAMPLE_TYPES)}")
-    data = {k: v for k, v in obj.items() if k != "kind"}
+    # ``mono`` is the run store's (run-relative monotonic seconds), not a field of the record.
+    data = {k: v for k, v in obj.items() if k not in ("kind", "mono")}
     if cls is GpuSample:
         data["source"] = GpuSource(data["source"])
         data["gpus"] = tuple(
@@ -180,6 +181,10 @@ class RequestRecord:
     # a finish_reason that is not a string): how many, and the first few.
     anomalies: int = 0
     anomaly_notes: tuple[str, ...] = ()
+    # Run-relative monotonic seconds (soak.clock: the run store's origin) at the
+    # start and end: what durations and windows take; started_at/ended_at label.
+    started_mono: float | None = None
+    ended_mono: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)

@@ -87,8 +87,13 @@ class StreamingClient:
         max_event_chars: int = DEFAULT_MAX_CHARS,
     ) -> None:
         self._base_url = base_url.rstrip("/")
-        # usage -> cached prompt tokens or None; set by the run once GET /version is known
+        # usage -> cached prompt tokens or None; set by the run once GET /version is known.
+        # It sees every usage (with prompt_tokens_details when the server sent them),
+        # so it can learn that the server's details flag is on (soak.versions.CachedTokensReader).
         self.usage_cached_tokens: Callable[[Mapping[str, Any]], int | None] | None = None
+        # The origin of RequestRecord.started_mono/ended_mono on this clock's
+        # monotonic time line: the run store's (the run loop sets it); None: 0.
+        self.mono_origin: float | None = None
         self._max_event_chars = max_event_chars
         self._timeouts = timeouts
         self._tracker = tracker
@@ -308,11 +313,14 @@ class StreamingClient:
         usage = state.usage or Usage()
         prompt_tokens = usage.prompt_tokens
         cached = usage.cached_tokens
-        if cached is None and state.usage is not None and not usage.cached_unreadable \
-                and self.usage_cached_tokens is not None:
-            # The details were left out: what that means depends on the version
-            # (soak.versions.cached_tokens: 0 on 0.11.x with the flag known on).
-            cached = self.usage_cached_tokens({"prompt_tokens": prompt_tokens})
+        if state.usage is not None and not usage.cached_unreadable and self.usage_cached_tokens is not None:
+            # Details left out: what that means depends on the version and on
+            # whether this server has shown the details flag on (soak.versions:
+            # 0 on 0.11.x with the flag on). Details given teach the reader the flag.
+            shown: dict[str, Any] = {"prompt_tokens": prompt_tokens}
+            if cached is not None:
+                shown["prompt_tokens_details"] = {"cached_tokens": cached}
+            cached = self.usage_cached_tokens(shown)
         output_tokens = usage.completion_tokens
         if output_tokens is None:
             output_tokens = state.chunks
@@ -328,6 +336,7 @@ class StreamingClient:
         tpot = None
         if error is None and ttft is not None and output_tokens > 1:
             tpot = (elapsed - ttft) / (output_tokens - 1)
+        origin = self.mono_origin if self.mono_origin is not None else 0.0
         return RequestRecord(
             request_id=request_id,
             session=request.session_id,
@@ -355,6 +364,8 @@ class StreamingClient:
             cut_by=cut_by,
             anomalies=state.anomalies,
             anomaly_notes=tuple(state.anomaly_notes),
+            started_mono=round(t0 - origin, 6),
+            ended_mono=round(t0 + elapsed - origin, 6),
         )
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, S
 
 import aiohttp
 
-from soak.clock import Clock, SystemClock
+from soak.clock import Clock, SystemClock, WallStepWatch, raw_wall, run_clock
 from soak.config import RunConfig
 from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
 from soak.detect.detector import Detector
@@ -169,7 +169,11 @@ class SoakRun:
         self.workload: Workload | None = None
         self.facts: TargetFacts | None = None  # once the target answered
         self.store = store
-        self.clock = clock or SystemClock()
+        # Labels on the monotonic time line; the raw wall clock is only watched (soak.clock).
+        self.clock = run_clock(clock or SystemClock())
+        self._wall_watch = WallStepWatch()
+        self._observe_wall()
+        self._cached_reader: Any = None  # soak.versions.CachedTokensReader, once the server's version is known
         self.sinks = FanOut([store, *sinks], on_error=self._sink_error)
         self._redacted_config = redacted_config
         self._api_key = api_key
@@ -496,6 +500,7 @@ class SoakRun:
             api_key=self._api_key,
             clock=self.clock,
         )
+        self.client.mono_origin = self.store.mono_origin
         self.client.usage_cached_tokens = self._cached_tokens_reader(facts)
         await self.client.start()
         self._start_probes()
@@ -533,6 +538,12 @@ class SoakRun:
         if self._stop_reason is None:
             self._stop_reason = result.stop_reason
 
+    def _observe_wall(self) -> None:
+        """A step of the wall clock (soak.clock.wall_step) becomes an event; no figure moves."""
+        step = self._wall_watch.observe(raw_wall(self.clock), self.clock.elapsed())
+        if step is not None:
+            self.event("wall_clock_step", **step.to_json())
+
     def _evidence_write_failed(self, exc: BaseException) -> None:
         self.fault(exc, where="writing incident evidence")
 
@@ -563,10 +574,11 @@ class SoakRun:
     def _cached_tokens_reader(self, facts: TargetFacts) -> Callable[[Mapping[str, Any]], int | None]:
         """How a usage object's cached tokens read on this server (a missing field
         is 0 on vLLM 0.11.x when --enable-prompt-tokens-details is known on)."""
-        from soak.versions import cached_tokens
+        from soak.versions import CachedTokensReader
 
-        profile, enabled = facts.version_profile, facts.layout.prompt_tokens_details
-        return lambda usage: cached_tokens(usage, profile=profile, details_enabled=enabled)
+        self._cached_reader = CachedTokensReader(profile=facts.version_profile,
+                                                 details_enabled=facts.layout.prompt_tokens_details)
+        return self._cached_reader
 
     def _check_fit(self, plan: Mapping[str, Any], facts: TargetFacts) -> None:
         """Refuse a workload whose largest request cannot fit the target's
@@ -659,6 +671,7 @@ class SoakRun:
             except asyncio.TimeoutError:
                 pass
             self._judge_now.clear()
+            self._observe_wall()
             self._judge_criteria()
             assessment = self.detector.assess(self.clock.now())
             self.sinks.on_assessment(assessment)
@@ -721,6 +734,8 @@ class SoakRun:
         finally:
             self._restart_task = None
         self.restarts += 1
+        if self._cached_reader is not None:
+            self._cached_reader.restarted()  # a new server life: its details flag is learned again
         self.detector.reset(self.clock.now())
         if self.facts is not None:
             self.facts = replace(self.facts, root_pid=self.target.root_pid)
@@ -779,6 +794,7 @@ class SoakRun:
         if not isinstance(problem, (EnvironmentProblem, UsageError)) and not criteria.passed \
                 and not reason.startswith("criterion"):
             reason = "; ".join(criteria.reasons) + f" (load stopped: {reason})"
+        self._observe_wall()
         self.event("run_ended", verdict=verdict.value, reason=reason, exit_code=exit_code,
                    incidents=incidents, restarts=self.restarts,
                    criteria_failed=[r.name for r in criteria.failed])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
 
 import aiohttp
 
-from soak.clock import Clock, SystemClock
+from soak.clock import Clock, run_clock
 from soak.config import RunConfig, redacted_config
 from soak.errors import ArgumentError, HarnessFault, PortInUse
 from soak.export.live import LiveView
@@ -112,7 +112,8 @@ def build_soak_run(
     heap: HeapTuning | None = None,
 ) -> SoakRun:
     environ = dict(os.environ if environ is None else environ)
-    clock = clock or SystemClock()
+    # The run's labels stay on the monotonic time line through wall-clock steps (soak.clock).
+    clock = run_clock(clock)
     layout = target_layout(config.target)
     make_workload = workload_factory(config, config_path=config_path, block_size=layout.block_size)
     make_workload(None)  # a bad workload or trace file fails here, before anything starts

@@ -170,18 +170,32 @@ def line_head(raw: bytes) -> tuple[str | None, float | None]:
         return kind, None
 
 
+def line_mono(raw: bytes) -> float | None:
+    """The ``mono`` the run store writes last on a sample line (``...,"mono":12.5}``),
+    without parsing the rest; None when the line does not end that way."""
+    raw = raw.rstrip()
+    at = raw.rfind(b',"mono":')
+    if at < 0 or not raw.endswith(b"}"):
+        return None
+    try:
+        return float(raw[at + 8:-1])
+    except ValueError:
+        return None
+
+
 def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = None,
                         kinds: Collection[str] | None = None,
                         scan: dict[str, float] | None = None) -> Iterator[dict[str, Any]]:
     """Every valid JSON object line of the run's sample files, in order. With
     ``kinds``, lines of other kinds are passed over unparsed (the writer puts
     ``"kind"`` first, so that is a prefix test). ``scan``, if given, gets
-    ``lines`` (sample lines seen, parsed or passed over) and ``last_ts`` (the
-    latest ``ts`` among them). Lines are read under ``soak.jsonl``'s rule, bad
+    ``lines`` (sample lines seen, parsed or passed over), ``last_ts`` (the
+    latest ``ts`` among them) and ``last_mono`` (the latest ``mono``). Lines are read under ``soak.jsonl``'s rule, bad
     ones counted in ``stats``."""
     wanted = frozenset(kinds) if kinds is not None else None
     lines = 0
     last_ts: float | None = None
+    last_mono: float | None = None
     try:
         for path, number, raw in iter_sample_lines(run_dir, stats=stats):
             if wanted is not None:
@@ -190,6 +204,9 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
                     lines += 1
                     if ts is not None and (last_ts is None or ts > last_ts):
                         last_ts = ts
+                    mono = line_mono(raw)
+                    if mono is not None and (last_mono is None or mono > last_mono):
+                        last_mono = mono
                     continue
             obj = parse_line(raw, path=path, number=number, errors="skip", stats=stats)
             if not isinstance(obj, dict):
@@ -198,6 +215,9 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
             ts = obj.get("ts")
             if isinstance(ts, (int, float)) and (last_ts is None or ts > last_ts):
                 last_ts = float(ts)
+            mono = obj.get("mono")
+            if isinstance(mono, (int, float)) and not isinstance(mono, bool) and (last_mono is None or mono > last_mono):
+                last_mono = float(mono)
             if wanted is None or obj.get("kind") in wanted:
                 yield obj
     finally:
@@ -205,6 +225,8 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
             scan["lines"] = lines
             if last_ts is not None:
                 scan["last_ts"] = last_ts
+            if last_mono is not None:
+                scan["last_mono"] = last_mono
 
 
 def _count(stats: dict[str, int] | None, key: str) -> None:

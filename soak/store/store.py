@@ -13,6 +13,11 @@ Layout (CONTRACTS.md)::
     incidents/N/     evidence (written by the responder)
     summary.json     at the end (soak.store.summary.summarize)
 
+Every events.jsonl line and every samples line carries ``mono``: seconds on the
+run's monotonic clock since the run's clock started (``soak.clock.RunClock``), so
+readers take durations from it and never from ``ts`` alone (a run recorded
+before ``mono`` existed falls back to ``ts``).
+
 Detector assessments arrive several times a second; only changes of state and
 new decisions become events, so the record grows with what happened, not with time.
 """
@@ -24,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from soak.clock import Clock
+from soak.clock import Clock, run_clock
 from soak.fsio import write_atomic, write_json_atomic
 from soak.records import Assessment, DetectorState, IncidentRecord, RuleState, RunInfo
 from soak.redact import Redactor
@@ -44,13 +49,18 @@ SERVER_LOG = "server.log"
 
 class RunStore:
     """A ``RunSink`` writing the run directory. Its clock is the caller's:
-    events carry the ``ts`` they are given, or ``clock.now()``."""
+    events carry the ``ts`` they are given, or ``clock.now()``, and ``mono``."""
 
     def __init__(self, run_dir: Path, *, clock: Clock, redactor: Redactor | None = None,
                  samples_segment_bytes: int | None = DEFAULT_SEGMENT_BYTES) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._clock = clock
+        # Labels on the run's monotonic time line (soak.clock.RunClock; the run's own
+        # when it is one), so a ``ts`` given and its ``mono`` agree.
+        self._clock = run_clock(clock)
+        # The origin of every ``mono`` the run directory carries (the client's
+        # started_mono/ended_mono too: the run loop hands it this origin).
+        self.mono_origin = self._clock.origin_mono
         # Every byte this store writes passes the run's redactor (soak.redact).
         self._redactor = redactor
         self._redact: Callable[[str], str] | None = redactor.text if redactor is not None else None
@@ -84,8 +94,17 @@ class RunStore:
         return self._redact(text) if self._redact is not None else text
 
     # -- RunSink ---------------------------------------------------------------
+    def mono(self, ts: float | None = None) -> float:
+        """Run-relative monotonic seconds of the label ``ts`` (labels are on the
+        monotonic time line), else of now."""
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            return round(ts - self._clock.origin_wall, 6)
+        return round(self._clock.elapsed(), 6)
+
     def event(self, type: str, ts: float | None = None, **fields: Any) -> None:
-        self._events.write({"ts": self._clock.now() if ts is None else ts, "type": type, **fields})
+        fields.pop("mono", None)
+        self._events.write({"ts": self._clock.now() if ts is None else ts, "type": type,
+                            "mono": self.mono(ts), **fields})
 
     def on_start(self, info: RunInfo) -> None:
         self.event(
@@ -102,7 +121,9 @@ class RunStore:
         )
 
     def on_sample(self, sample: Sample) -> None:
-        self._samples.write(to_json(sample))
+        line = to_json(sample)
+        line["mono"] = self.mono(sample.ts)
+        self._samples.write(line)
 
     def on_request(self, record: RequestRecord) -> None:
         self._requests.write(record.to_json())
