@@ -157,3 +157,34 @@ def cached_tokens(usage: Any, *, profile: VllmProfile | None, details_enabled: b
     if details_enabled and (profile is None or profile.cached_tokens_omitted_when_zero):
         return 0
     return None
+
+
+class CachedTokensReader:
+    """``cached_tokens`` for one server life, learning its details flag.
+
+    Invariant: a vLLM server that has sent ``prompt_tokens_details`` on any
+    response since it (re)started has ``--enable-prompt-tokens-details`` on, so
+    on a version that leaves the field out when nothing was cached (0.11.x) a
+    later response without it means 0 cached, not unknown. ``restarted()``
+    forgets what was learned (a new server life may run with other flags); the
+    configured knowledge (``details_enabled``) stays."""
+
+    def __init__(self, *, profile: VllmProfile | None, details_enabled: bool | None) -> None:
+        self.profile = profile
+        self.configured = details_enabled
+        self.seen_details = False
+
+    @property
+    def details_enabled(self) -> bool | None:
+        return True if self.seen_details else self.configured
+
+    def __call__(self, usage: Any) -> int | None:
+        if isinstance(usage, Mapping) and isinstance(usage.get("prompt_tokens_details"), Mapping):
+            value = cached_tokens(usage, profile=self.profile, details_enabled=self.details_enabled)
+            if value is not None:
+                self.seen_details = True
+            return value
+        return cached_tokens(usage, profile=self.profile, details_enabled=self.details_enabled)
+
+    def restarted(self) -> None:
+        self.seen_details = False

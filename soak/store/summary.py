@@ -9,13 +9,25 @@ Counting rules:
 - ``requests``: every line of requests.jsonl (warm-up included: a warm-up
   failure is still a failure); ``ok`` is outcome ``ok``, ``failed`` the rest.
 - ``tokens``: prompt tokens (as the server reported them in usage, else as
-  planned) and generated tokens over every request, warm-up included: what the
-  server was asked to process, comparable with its own counters.
+  planned) and generated tokens over every request the server accepted
+  (``server_accepted``: a request it refused, reset or answered with an HTTP
+  error before streaming brings no prompt tokens), warm-up included: what the
+  server processed, comparable with its own counters.
 - ``latency`` and ``throughput``: warm-up requests excluded.
 - ``prefix_cache_hit_ratio``: the server's counters over the run,
-  delta(prefix_cache_hits) / delta(prefix_cache_queries), summing increases
-  across counter resets (a restarted server starts again from zero). Never
-  hits / prompt_tokens.
+  increase(prefix_cache_hits) / increase(prefix_cache_queries), each as
+  Prometheus' ``increase()`` reads a counter (``soak.store.counters``: a reset or
+  any decrease splits the span and the new reading counts from zero). Never
+  hits / prompt_tokens. ``server_metrics.counter_resets`` counts the splits per
+  counter; more than the target's restarts explain mark the server figures
+  incomplete, with a note.
+- Time (CONTRACTS.md, "Time is monotonic"): ``duration_s``, throughput and
+  ``ended_at`` come from the ``mono`` fields (run-relative monotonic seconds)
+  the run store writes on every event and sample and the client on every
+  request. ``ended_at`` is a label: ``started_at`` + the monotonic seconds
+  from ``run_started`` to the run's end, so ``ended_at >= started_at`` always.
+  ``clock.wall_steps`` lists the ``wall_clock_step`` events. A run recorded
+  before ``mono`` existed is read from ``ts`` as it was.
 - ``requests.failed`` leaves out requests the harness cut short (outcome
   ``aborted``): they are ``cut_by_drain``, ``cut_by_incident`` and
   ``cut_by_interrupt``, and count neither way in the failure criteria.
@@ -32,6 +44,7 @@ parsing.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from array import array
 from dataclasses import dataclass
@@ -42,6 +55,7 @@ from soak.criteria.rules import RequestTally, cut_cause, judge
 from soak.jsonl import read_json, read_records
 from soak.percentiles import percentiles
 from soak.records import Verdict
+from soak.store.counters import CounterDelta
 from soak.store.segments import read_sample_records
 from soak.store.store import CONFIG, EVENTS, REQUESTS
 
@@ -54,6 +68,62 @@ MAX_STALE_SPANS = 20
 INCIDENT_FIELDS = ("kind", "rule", "onset_at", "detected_at", "killed_pids", "gpus_released", "evidence")
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+# A moment of the run as recorded: its wall label and its run-relative monotonic seconds.
+Moment = tuple[float | None, float | None]
+NOWHEN: Moment = (None, None)
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    started_at: float | None
+    ended_at: float | None
+    load_begin: float | None  # labels, for the coverage note
+    load_end: float | None
+    duration_s: float
+    basis: str  # "monotonic" | "wall" (a run recorded before mono existed)
+
+
+def run_span(*, started: Moment, first_request: Moment, load_started: Moment, load_stopped: Moment,
+             ended: Moment, last_request_end: Moment, last: Moment, cut_off: bool) -> RunSpan:
+    """The run's figures of time from what it recorded (pure). On the monotonic
+    basis every length is a difference of ``mono`` values and every label is the
+    start's label plus one; the wall basis is the old reading of ``ts`` alone."""
+    base = started if started[1] is not None and started[0] is not None else first_request
+    if base[0] is not None and base[1] is not None:
+        base_ts, base_m = base
+
+        def label(m: float | None) -> float | None:
+            return None if m is None else base_ts + (m - base_m)
+
+        def mono(moment: Moment) -> float | None:
+            # A record without ``mono`` (written by hand, or by an older client) is
+            # placed by its label: the run's labels are on the monotonic line.
+            ts, m = moment
+            return m if m is not None else (None if ts is None else base_m + (ts - base_ts))
+
+        begin_m = mono(load_started) if load_started != NOWHEN else mono(first_request)
+        end_m = mono(load_stopped) if load_stopped != NOWHEN else mono(last_request_end if cut_off else ended)
+        duration = max(0.0, end_m - begin_m) if begin_m is not None and end_m is not None else 0.0
+        if ended != NOWHEN:
+            final_m = mono(ended)
+        else:  # cut off: the last thing recorded, by its mono or by its label where it has none
+            found = [m for m in (last[1], mono((last[0], None))) if m is not None]
+            final_m = max(found) if found else None
+        ended_at = label(max(final_m, base_m)) if final_m is not None else base_ts
+        return RunSpan(base_ts, ended_at, label(begin_m), label(end_m), duration, "monotonic")
+    started_at = started[0] if started[0] is not None else first_request[0]
+    ended_at = ended[0] if ended[0] is not None else last[0]
+    begin = load_started[0] if load_started[0] is not None else first_request[0]
+    end = load_stopped[0] if load_stopped[0] is not None else (last_request_end[0] if cut_off else ended_at)
+    duration = max(0.0, end - begin) if begin is not None and end is not None else 0.0
+    return RunSpan(started_at, ended_at, begin, end, duration, "wall")
+
+
 def _stats(values: Sequence[float]) -> dict[str, float | None]:
     p50, p90, p99 = percentiles(values, (50, 90, 99))
     return {
@@ -63,26 +133,6 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
         "p99": p99,
         "max": max(values) if values else None,
     }
-
-
-class CounterDelta:
-    """The increase of a monotonic counter across samples, through resets."""
-
-    __slots__ = ("total", "_last")
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self._last: float | None = None
-
-    def add(self, value: float) -> None:
-        if self._last is not None:
-            # A drop means the server restarted and counts from zero again.
-            self.total += value - self._last if value >= self._last else value
-        self._last = value
-
-    @property
-    def seen(self) -> bool:
-        return self._last is not None
 
 
 def server_counter_deltas(samples: Iterable[dict[str, Any]], keys: Iterable[str]) -> dict[str, CounterDelta]:
@@ -121,6 +171,8 @@ class RequestDigest:
     e2e_s: Sequence[float]
     itl_p50_s: Sequence[float]
     stats: Mapping[str, int]  # unreadable lines, as read_records counts them
+    first_started_mono: float | None = None
+    last_ended_mono: float | None = None
 
     @property
     def ok(self) -> int:
@@ -133,6 +185,23 @@ class RequestDigest:
     @property
     def cut(self) -> Mapping[str, int]:
         return self.tally.cut
+
+
+# Outcomes of a request that never reached a server willing to stream it (no
+# HTTP status recorded): the server processed none of its prompt.
+REJECTED_BEFORE_STREAM = frozenset({"refused", "reset", "timeout_connect", "error", "malformed_stream", "http_status"})
+
+
+def server_accepted(record: Mapping[str, Any]) -> bool:
+    """Whether the server took the request in (its prompt is in the server's
+    counters): a 2xx status; with no status recorded, any outcome but one that
+    says the server refused, reset or failed it before answering. The one
+    place client token totals are made comparable with the server's."""
+    status = record.get("http_status")
+    if isinstance(status, int) and not isinstance(status, bool):
+        return 200 <= status < 300
+    outcome = record.get("outcome")
+    return not (isinstance(outcome, str) and outcome in REJECTED_BEFORE_STREAM)
 
 
 def _count(value: Any) -> int | float:
@@ -153,6 +222,8 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
     prompt_tokens = generated_tokens = cached_tokens = cached_known = 0
     first_started: float | None = None
     last_ended: float | None = None
+    first_mono: float | None = None
+    last_mono: float | None = None
     ttft, tpot, e2e, itl_p50 = array("d"), array("d"), array("d"), array("d")
     latencies = (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e), ("itl_p50_s", itl_p50))
     for record in read_records(path, stats=own_stats):
@@ -167,7 +238,8 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         ended = isinstance(end, (int, float))
         cause = cut_cause(record) if outcome == "aborted" else None
         finished.append((float(end) if ended else 0.0, outcome, cause))
-        prompt_tokens += _count(get("prompt_tokens"))
+        if server_accepted(record):
+            prompt_tokens += _count(get("prompt_tokens"))
         output_tokens = _count(get("output_tokens"))
         generated_tokens += output_tokens
         cached = get("cached_tokens")
@@ -179,6 +251,12 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         start = get("started_at")
         if isinstance(start, (int, float)):
             first_started = start if first_started is None else min(first_started, start)
+        mono = _number(get("started_mono"))
+        if mono is not None:
+            first_mono = mono if first_mono is None else min(first_mono, mono)
+        mono = _number(get("ended_mono"))
+        if mono is not None:
+            last_mono = mono if last_mono is None else max(last_mono, mono)
         if get("warmup"):
             warmup += 1
             continue
@@ -202,7 +280,8 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         criteria=criteria, tally=tally, warmup=warmup, by_outcome=by_outcome, prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens, cached_tokens=cached_tokens, cached_known=cached_known,
         measured=measured, measured_generated=measured_generated, first_started=first_started,
-        last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats)
+        last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats,
+        first_started_mono=first_mono, last_ended_mono=last_mono)
 
 
 def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> dict[str, Any]:
@@ -213,8 +292,10 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     run_dir = Path(run_dir)
     read_stats: dict[str, int] = {}
 
-    started_at = ended_at = load_started = load_stopped = None
+    started = load_started = load_stopped = ended = NOWHEN
     last_ts: float | None = None
+    last_mono: float | None = None
+    wall_steps: list[dict[str, Any]] = []
     run_started: dict[str, Any] = {}
     run_ended: dict[str, Any] | None = None
     incidents: list[dict[str, Any]] = []
@@ -226,20 +307,25 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     build: dict[str, Any] = {}
     criteria_section: dict[str, Any] | None = None
     for event in read_records(run_dir / EVENTS, stats=read_stats):
-        ts = event.get("ts")
-        if isinstance(ts, (int, float)):
+        ts = _number(event.get("ts"))
+        if ts is not None:
             last_ts = ts if last_ts is None else max(last_ts, ts)
+        mono = _number(event.get("mono"))
+        if mono is not None:
+            last_mono = mono if last_mono is None else max(last_mono, mono)
         kind = event.get("type")
         if kind == "run_started":
             run_started = event
-            started_at = ts
+            started = (ts, mono)
         elif kind == "load_started":
-            load_started = ts
+            load_started = (ts, mono)
         elif kind == "load_stopped":
-            load_stopped = ts
+            load_stopped = (ts, mono)
         elif kind == "run_ended":
             run_ended = event
-            ended_at = ts
+            ended = (ts, mono)
+        elif kind == "wall_clock_step" and len(wall_steps) < 20:
+            wall_steps.append({k: event.get(k) for k in ("ts", "mono", "step_s", "wall_before", "wall_after")})
         elif kind == "incident":
             incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis")})
         elif kind == "restart_done":
@@ -285,17 +371,19 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     samples = int(scan.get("lines", 0))
     if "last_ts" in scan:
         last_ts = scan["last_ts"] if last_ts is None else max(last_ts, scan["last_ts"])
+    for mono in (scan.get("last_mono"), requests.last_ended_mono):
+        if mono is not None:
+            last_mono = mono if last_mono is None else max(last_mono, mono)
     hits, queries = deltas["prefix_cache_hits"], deltas["prefix_cache_queries"]
     hit_ratio = hits.total / queries.total if hits.seen and queries.seen and queries.total > 0 else None
 
     cut_off = run_ended is None
-    if ended_at is None:
-        ended_at = last_ts
-    if started_at is None:
-        started_at = requests.first_started
-    load_begin = load_started if load_started is not None else requests.first_started
-    load_end = load_stopped if load_stopped is not None else (requests.last_ended if cut_off else ended_at)
-    duration_s = max(0.0, load_end - load_begin) if load_begin is not None and load_end is not None else 0.0
+    span = run_span(started=started, first_request=(requests.first_started, requests.first_started_mono),
+                    load_started=load_started, load_stopped=load_stopped, ended=ended,
+                    last_request_end=(requests.last_ended, requests.last_ended_mono),
+                    last=(last_ts, last_mono), cut_off=cut_off)
+    started_at, ended_at, duration_s = span.started_at, span.ended_at, span.duration_s
+    load_begin, load_end = span.load_begin, span.load_end
     warmup_s = float(run_started.get("warmup_s") or 0.0)
     measured_s = max(0.0, duration_s - warmup_s)
 
@@ -311,6 +399,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     reasons = [f"incident {i.get('number', '?')}: {i.get('kind', '?')} (rule {i.get('rule', '?')})" for i in incidents]
     reasons += list(decision.reasons)
     metrics = coverage.report(load_begin, load_end)
+    note_counter_resets(metrics, deltas, restarts=restarts)
 
     summary = {
         "verdict": verdict.value,
@@ -355,6 +444,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
         },
         "incidents": incidents,
         "restarts": restarts,
+        "clock": {"basis": span.basis, "wall_steps": wall_steps},
         "gpu_source": gpu_source,
         "server_version": server_version,
         "warnings": warnings,
@@ -365,6 +455,24 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
 
     summary["thresholds"] = summary_thresholds(run_dir, summary)
     return summary
+
+
+def note_counter_resets(metrics: dict[str, Any], deltas: Mapping[str, CounterDelta], *, restarts: int) -> None:
+    """``server_metrics.counter_resets``: how often each server counter split
+    (a reset or a decrease). A split the target's restarts do not explain means
+    the counters went backwards on a live server: the server figures then rest on
+    reading each drop as a restart from zero, and are not complete."""
+    resets = {key: delta.resets for key, delta in deltas.items()}
+    metrics["counter_resets"] = resets
+    unexplained = {key: n for key, n in resets.items() if n > restarts}
+    if not unexplained:
+        return
+    metrics["complete"] = False
+    which = ", ".join(f"{key} {n}x" for key, n in unexplained.items())
+    note = (f"server counters went backwards with {restarts} restart(s) of the target ({which}): each drop is "
+            "read as a restart from zero (Prometheus increase()), so the server token totals and the hit ratio "
+            "may overstate what was served")
+    metrics["note"] = f"{metrics['note']}; {note}" if metrics.get("note") else note
 
 
 def recorded_criteria(run_dir: str | Path) -> CriteriaConfig:
