@@ -28,6 +28,7 @@ from soak.clock import Clock, SystemClock
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
+from soak.store.summary import server_accepted
 from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord, RunInfo
 from soak.samples import (
     ClientSample,
@@ -244,7 +245,9 @@ class Exporter:
         m = self._m
         m["soak_requests"].labels(outcome=record.outcome).inc()
         if record.prompt_tokens is not None:
-            m["soak_prompt_tokens"].inc(record.prompt_tokens)
+            if server_accepted({"http_status": record.http_status, "outcome": record.outcome}):
+                # Comparable with vllm:prompt_tokens_total: only what the server took in.
+                m["soak_prompt_tokens"].inc(record.prompt_tokens)
             m["soak_request_prompt_tokens"].observe(record.prompt_tokens)
             m["soak_context_length_tokens"].set(record.prompt_tokens)
         if record.cached_tokens:

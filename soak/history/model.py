@@ -7,6 +7,10 @@ Counting (docs/nightly.md, "Honest counting"):
   incident contributes up to the onset only.
 - A cut-off run (no ``run_ended``: the harness or host died) counts up to the
   last thing it recorded; an aborted run up to where its load stopped.
+- Every length is a difference on the run's monotonic time line (the
+  ``mono`` of its events; CONTRACTS.md "Time is monotonic"), never of wall
+  labels: a stepped wall clock changes no exposure. A run recorded before
+  ``mono`` existed is read from ``ts``.
 - Each restart starts a new interval, so one night can hold several
   time-to-hang intervals; only hangs (incident kind ``hang``) are failures: a
   crash or a lost server ends its interval, censored.
@@ -76,35 +80,66 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
+    """(time of an event, label of a time): on the monotonic line when the run
+    recorded ``mono`` (run-relative seconds; CONTRACTS.md "Time is monotonic"),
+    else on ``ts`` as a run recorded before ``mono`` existed."""
+    for e in events:
+        if e.get("type") == "run_started":
+            ts, mono = _num(e.get("ts")), _num(e.get("mono"))
+            if ts is not None and mono is not None:
+                def when(event: Mapping[str, Any], label: float | None = None) -> float | None:
+                    m, t = _num(event.get("mono")), _num(event.get("ts"))
+                    if label is not None:  # a label the event carries (an onset): as far before it as its ts
+                        base = m if m is not None else (None if t is None else mono + (t - ts))
+                        return None if base is None or t is None else base - (t - label)
+                    return m if m is not None else (None if t is None else mono + (t - ts))
+
+                return when, lambda m: None if m is None else ts + (m - mono)
+            break
+
+    def when_wall(event: Mapping[str, Any], label: float | None = None) -> float | None:
+        return label if label is not None else _num(event.get("ts"))
+
+    return when_wall, lambda t: t
+
+
 def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Interval, ...]:
-    """The run's time-at-risk intervals, from its events (see the module docstring)."""
+    """The run's time-at-risk intervals, from its events (see the module docstring).
+    Lengths are monotonic differences; ``Interval.start`` is a label."""
+    when, label = _timeline(events)
     load_started = load_stopped = None
     restarts: list[float] = []
     incidents: list[tuple[float, str]] = []
     for e in events:
-        ts, kind = _num(e.get("ts")), e.get("type")
-        if ts is None:
+        t, kind = when(e), e.get("type")
+        if t is None:
             continue
         if kind == "load_started" and load_started is None:
-            load_started = ts
+            load_started = t
         elif kind == "load_stopped":
-            load_stopped = ts
+            load_stopped = t
         elif kind == "restart_done":
-            restarts.append(ts)
+            restarts.append(t)
         elif kind == "incident":
             onset = _num(e.get("onset_at"))
             detected = _num(e.get("detected_at"))
-            when = onset if onset is not None else (detected if detected is not None else ts)
-            incidents.append((when, str(e.get("kind") or "incident")))
+            mark = onset if onset is not None else detected
+            at = when(e, mark) if mark is not None else t
+            incidents.append((at if at is not None else t, str(e.get("kind") or "incident")))
+    # The summary's figures are labels: back onto the time line by the run_started event.
+    anchor = {"ts": None, "type": "summary"}
     if load_started is None:
-        load_started = _num(summary.get("started_at"))
+        started = _num(summary.get("started_at"))
+        load_started = None if started is None else when({**anchor, "ts": started})
     if load_started is None:
         return ()
     cut_off = bool(summary.get("cut_off"))
     if load_stopped is not None:
         end, end_reason = load_stopped, "end of load"
     else:
-        end = _num(summary.get("ended_at"))
+        ended = _num(summary.get("ended_at"))
+        end = None if ended is None else when({**anchor, "ts": ended})
         end_reason = "cut off" if cut_off else "end of load"
     incidents.sort()
     restarts.sort()
@@ -116,13 +151,13 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
             # first was being handled): it belongs to no interval at risk.
             continue
         stop = max(seg_start, onset)
-        out.append(Interval(seg_start, stop - seg_start, kind == "hang", kind))
+        out.append(Interval(label(seg_start), stop - seg_start, kind == "hang", kind))
         nxt = [r for r in restarts if r >= onset]
         seg_start = nxt[0] if nxt else None
         if nxt:
             restarts.remove(nxt[0])
     if seg_start is not None and end is not None and end > seg_start:
-        out.append(Interval(seg_start, end - seg_start, False, end_reason))
+        out.append(Interval(label(seg_start), end - seg_start, False, end_reason))
     return tuple(out)
 
 

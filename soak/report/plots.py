@@ -82,16 +82,19 @@ def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> 
 
 
 def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Per-second rate of a counter in each bin, interpolated at the bin edges; a
-    drop (a server restart) counts as no increase. NaN outside the sampled span."""
+    """Per-second rate of a counter in each bin, interpolated at the bin edges;
+    increases as Prometheus reads a counter (soak.store.counters: after a drop the
+    new value counts from zero). NaN outside the sampled span."""
+    from soak.store.counters import counter_value, increases
+
     ts = np.asarray(ts, dtype=float)
     values = np.asarray(values, dtype=float)
-    ok = np.isfinite(values)
+    ok = np.isfinite(values) & np.array([counter_value(v) is not None for v in values], dtype=bool)
     ts, values = ts[ok], values[ok]
     out = np.full(len(edges) - 1, np.nan)
     if ts.size < 2:
         return out
-    monotone = np.concatenate(([0.0], np.cumsum(np.clip(np.diff(values), 0, None))))
+    monotone = np.cumsum(np.asarray(increases(values.tolist()), dtype=float))
     at_edges = np.interp(edges, ts, monotone)
     rate = np.diff(at_edges) / np.diff(edges)
     inside = (edges[1:] > ts[0]) & (edges[:-1] < ts[-1])

@@ -214,6 +214,9 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         reasons = result.get("reasons") or [result.get("name", "a criterion")]
         notes.append(f"Failure criterion {result.get('name')}: {reasons[0]}."
                      + ("" if hangs else " No MTBF bound is given for a run whose server failed its requests."))
+    for event in run.events:  # the wall clock only labels; a step of it is shown, and moved no figure
+        if event.get("type") == "wall_clock_step":
+            notes.append(wall_step_note(event))
     metrics = summary.get("server_metrics") if isinstance(summary.get("server_metrics"), dict) else {}
     if metrics.get("note"):
         notes.append(f"Server metrics: {metrics['note']}.")
@@ -475,6 +478,15 @@ def ended_because(run_dir: Path, summary: Mapping[str, Any]) -> str | None:
     elif first:
         parts.append("traceback in harness_error.txt")
     return "; ".join(parts) or None
+
+
+def wall_step_note(event: Mapping[str, Any]) -> str:
+    step = event.get("step_s")
+    size = f"{step:+.1f} s" if isinstance(step, (int, float)) and not isinstance(step, bool) else "an unknown amount"
+    mono = event.get("mono")
+    at = f" at +{mono:.0f}s of the run" if isinstance(mono, (int, float)) and not isinstance(mono, bool) else ""
+    return (f"The system wall clock stepped {size}{at}. Durations, rates and windows are measured on the "
+            "monotonic clock, and the times shown stay on it: this run's figures are unaffected.")
 
 
 def render_html(model: ReportModel) -> str:

@@ -161,18 +161,11 @@ def window_values(requests: Iterable[Mapping[str, Any]], server: Sequence[tuple[
 
 
 def _hit_ratio(server: Sequence[tuple[float, Mapping[str, Any]]]) -> float | None:
-    hits = queries = 0.0
-    last: dict[str, float] = {}
+    # Counters read as Prometheus' increase() reads them (soak.store.counters, the one place).
+    from soak.store.counters import CounterDelta
+
+    hits, queries = CounterDelta(), CounterDelta()
     for _ts, values in server:
-        for key in ("prefix_cache_hits", "prefix_cache_queries"):
-            value = _number(values.get(key))
-            if value is None:
-                continue
-            if key in last:
-                step = value - last[key] if value >= last[key] else value  # a restart counts from zero
-                if key == "prefix_cache_hits":
-                    hits += step
-                else:
-                    queries += step
-            last[key] = value
-    return hits / queries if queries > 0 else None
+        hits.add(values.get("prefix_cache_hits"))
+        queries.add(values.get("prefix_cache_queries"))
+    return hits.total / queries.total if queries.total > 0 else None
