@@ -13,6 +13,15 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   odd_shape     one content chunk, then ``"delta": "oops"``
   slow_some     every third request streams slowly (40 chunks, 0.25 s apart), the rest ok
   metrics_garbage  completions ok; /metrics answers unparsable text after 3 scrapes
+  counters_reset   /version 0.11.2; every 4th request is refused with HTTP 503 before any
+                   streaming (the server counts none of its prompt); odd requests report
+                   prompt_tokens_details (half the prompt cached), even ones leave them out
+                   (0 cached, as 0.11.x with the flag on); at the first /metrics scrape after
+                   20 requests every counter restarts from what it gained since the scrape
+                   before (a reset, exactly reconstructible); GET /fake/truth gives what it
+                   really served
+  counters_dip     as counters_reset, and the 2nd scrape after the reset reads 1 below the
+                   one before (counters that go backwards without a restart), the next as before
 """
 
 from __future__ import annotations
@@ -34,6 +43,12 @@ class State:
         self.prompt_tokens = 0
         self.generated = 0
         self.scrapes = 0
+        self.cached = 0
+        self.hits = 0
+        self.base: dict[str, int] = {}  # counters_reset: what the reported counters lost at the reset
+        self.last_true: dict[str, int] = {}
+        self.reset_at: int | None = None  # the scrape the counters_* modes restarted their counters at
+        self.last_reported: dict[str, int] = {}
 
 
 def chunk(content: str | None = None, *, finish: str | None = None, usage: dict | None = None) -> bytes:
@@ -59,6 +74,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         message = f"This model's maximum context length is 1024 tokens. However, you requested {prompt} tokens."
         return web.json_response({"object": "error", "message": message, "type": "BadRequestError", "param": None,
                                   "code": 400}, status=400)
+    counters = mode in ("counters_reset", "counters_dip")
+    if counters and number % 4 == 0:
+        return web.Response(status=503, text="server overloaded, try again")
     if mode == "garbage":
         return web.Response(status=200, body=b"<html><body><h1>502 Bad Gateway</h1></body></html>",
                             content_type="text/html")
@@ -80,6 +98,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state.prompt_tokens += prompt
     await response.write(chunk(finish="stop"))
     usage = {"prompt_tokens": prompt, "completion_tokens": pieces, "total_tokens": prompt + pieces}
+    if counters:
+        cached = prompt // 2 if number % 2 == 1 else 0
+        state.cached += cached
+        state.hits += cached
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
     await response.write(chunk(usage=usage))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
@@ -92,6 +116,8 @@ async def metrics(request: web.Request) -> web.Response:
     if state.mode == "metrics_garbage" and state.scrapes > 3:
         return web.Response(text="<html>this is not {prometheus} text\x00\n", content_type="text/plain")
     labels = f'{{model_name="{MODEL}",engine="0"}}'
+    if state.mode in ("counters_reset", "counters_dip"):
+        return web.Response(text=_reset_counters(state, labels), content_type="text/plain")
     lines = [
         "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{labels} 0",
         "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{labels} 0",
@@ -102,6 +128,37 @@ async def metrics(request: web.Request) -> web.Response:
         "# TYPE vllm:prefix_cache_hits counter", f"vllm:prefix_cache_hits_total{labels} {state.prompt_tokens // 2}",
     ]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+def _reset_counters(state: State, labels: str) -> str:
+    true = {"prompt_tokens": state.prompt_tokens, "generation_tokens": state.generated,
+            "prefix_cache_queries": state.prompt_tokens, "prefix_cache_hits": state.hits}
+    if state.reset_at is None and state.requests >= 20 and state.last_true:
+        # The counters restarted just after the previous scrape, once the load is under way.
+        state.base, state.reset_at = dict(state.last_true), state.scrapes
+    state.last_true = dict(true)
+    reported = {k: v - state.base.get(k, 0) for k, v in true.items()}
+    if state.mode == "counters_dip" and state.reset_at is not None and state.scrapes == state.reset_at + 2:
+        reported = {k: max(0, state.last_reported.get(k, 0) - 1) for k in reported}  # back at the next
+    state.last_reported = reported
+    lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{labels} 0",
+             "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{labels} 0"]
+    for key, value in reported.items():
+        lines += [f"# TYPE vllm:{key} counter", f"vllm:{key}_total{labels} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+async def version(request: web.Request) -> web.Response:
+    state: State = request.app["state"]
+    if state.mode not in ("counters_reset", "counters_dip"):
+        raise web.HTTPNotFound()
+    return web.json_response({"version": "0.11.2"})
+
+
+async def truth(request: web.Request) -> web.Response:
+    state: State = request.app["state"]
+    return web.json_response({"requests": state.requests, "prompt_tokens": state.prompt_tokens,
+                              "generated": state.generated, "cached": state.cached, "hits": state.hits})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -119,6 +176,8 @@ async def main(mode: str, port_file: str) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", version)
+    app.router.add_get("/fake/truth", truth)
     app.router.add_post("/v1/chat/completions", completions)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
