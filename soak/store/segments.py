@@ -190,12 +190,14 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
     ``kinds``, lines of other kinds are passed over unparsed (the writer puts
     ``"kind"`` first, so that is a prefix test). ``scan``, if given, gets
     ``lines`` (sample lines seen, parsed or passed over), ``last_ts`` (the
-    latest ``ts`` among them) and ``last_mono`` (the latest ``mono``). Lines are read under ``soak.jsonl``'s rule, bad
+    latest ``ts`` among them), ``last_mono`` (the latest ``mono``) and
+    ``last_unmarked_ts`` (the latest ``ts`` of a line without ``mono``). Lines are read under ``soak.jsonl``'s rule, bad
     ones counted in ``stats``."""
     wanted = frozenset(kinds) if kinds is not None else None
     lines = 0
     last_ts: float | None = None
     last_mono: float | None = None
+    unmarked: float | None = None
     try:
         for path, number, raw in iter_sample_lines(run_dir, stats=stats):
             if wanted is not None:
@@ -207,6 +209,8 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
                     mono = line_mono(raw)
                     if mono is not None and (last_mono is None or mono > last_mono):
                         last_mono = mono
+                    elif mono is None and ts is not None and (unmarked is None or ts > unmarked):
+                        unmarked = ts
                     continue
             obj = parse_line(raw, path=path, number=number, errors="skip", stats=stats)
             if not isinstance(obj, dict):
@@ -216,8 +220,11 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
             if isinstance(ts, (int, float)) and (last_ts is None or ts > last_ts):
                 last_ts = float(ts)
             mono = obj.get("mono")
-            if isinstance(mono, (int, float)) and not isinstance(mono, bool) and (last_mono is None or mono > last_mono):
-                last_mono = float(mono)
+            if isinstance(mono, (int, float)) and not isinstance(mono, bool):
+                if last_mono is None or mono > last_mono:
+                    last_mono = float(mono)
+            elif isinstance(ts, (int, float)) and (unmarked is None or ts > unmarked):
+                unmarked = float(ts)
             if wanted is None or obj.get("kind") in wanted:
                 yield obj
     finally:
@@ -227,6 +234,8 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
                 scan["last_ts"] = last_ts
             if last_mono is not None:
                 scan["last_mono"] = last_mono
+            if unmarked is not None:
+                scan["last_unmarked_ts"] = unmarked
 
 
 def _count(stats: dict[str, int] | None, key: str) -> None:

@@ -89,10 +89,13 @@ class RunSpan:
 
 
 def run_span(*, started: Moment, first_request: Moment, load_started: Moment, load_stopped: Moment,
-             ended: Moment, last_request_end: Moment, last: Moment, cut_off: bool) -> RunSpan:
+             ended: Moment, last_request_end: Moment, last: Moment, cut_off: bool,
+             last_unmarked: float | None = None) -> RunSpan:
     """The run's figures of time from what it recorded (pure). On the monotonic
     basis every length is a difference of ``mono`` values and every label is the
-    start's label plus one; the wall basis is the old reading of ``ts`` alone."""
+    start's label plus one; the wall basis is the old reading of ``ts`` alone.
+    ``last`` is (the latest label of any record, the latest mono); ``last_unmarked``
+    the latest label among records without mono (placed by their label)."""
     base = started if started[1] is not None and started[0] is not None else first_request
     if base[0] is not None and base[1] is not None:
         base_ts, base_m = base
@@ -112,7 +115,7 @@ def run_span(*, started: Moment, first_request: Moment, load_started: Moment, lo
         if ended != NOWHEN:
             final_m = mono(ended)
         else:  # cut off: the last thing recorded, by its mono or by its label where it has none
-            found = [m for m in (last[1], mono((last[0], None))) if m is not None]
+            found = [m for m in (last[1], mono((last_unmarked, None))) if m is not None]
             final_m = max(found) if found else None
         ended_at = label(max(final_m, base_m)) if final_m is not None else base_ts
         return RunSpan(base_ts, ended_at, label(begin_m), label(end_m), duration, "monotonic")
@@ -173,6 +176,7 @@ class RequestDigest:
     stats: Mapping[str, int]  # unreadable lines, as read_records counts them
     first_started_mono: float | None = None
     last_ended_mono: float | None = None
+    last_ended_unmarked: float | None = None  # the latest ended_at of a request without ended_mono
 
     @property
     def ok(self) -> int:
@@ -224,6 +228,7 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
     last_ended: float | None = None
     first_mono: float | None = None
     last_mono: float | None = None
+    unmarked: float | None = None
     ttft, tpot, e2e, itl_p50 = array("d"), array("d"), array("d"), array("d")
     latencies = (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e), ("itl_p50_s", itl_p50))
     for record in read_records(path, stats=own_stats):
@@ -257,6 +262,8 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         mono = _number(get("ended_mono"))
         if mono is not None:
             last_mono = mono if last_mono is None else max(last_mono, mono)
+        elif ended:
+            unmarked = end if unmarked is None else max(unmarked, end)
         if get("warmup"):
             warmup += 1
             continue
@@ -281,7 +288,7 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         generated_tokens=generated_tokens, cached_tokens=cached_tokens, cached_known=cached_known,
         measured=measured, measured_generated=measured_generated, first_started=first_started,
         last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats,
-        first_started_mono=first_mono, last_ended_mono=last_mono)
+        first_started_mono=first_mono, last_ended_mono=last_mono, last_ended_unmarked=unmarked)
 
 
 def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> dict[str, Any]:
@@ -295,6 +302,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     started = load_started = load_stopped = ended = NOWHEN
     last_ts: float | None = None
     last_mono: float | None = None
+    unmarked_ts: float | None = None  # the latest label of a record that has no mono
     wall_steps: list[dict[str, Any]] = []
     run_started: dict[str, Any] = {}
     run_ended: dict[str, Any] | None = None
@@ -313,6 +321,8 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
         mono = _number(event.get("mono"))
         if mono is not None:
             last_mono = mono if last_mono is None else max(last_mono, mono)
+        elif ts is not None:
+            unmarked_ts = ts if unmarked_ts is None else max(unmarked_ts, ts)
         kind = event.get("type")
         if kind == "run_started":
             run_started = event
@@ -374,6 +384,9 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     for mono in (scan.get("last_mono"), requests.last_ended_mono):
         if mono is not None:
             last_mono = mono if last_mono is None else max(last_mono, mono)
+    for ts in (scan.get("last_unmarked_ts"), requests.last_ended_unmarked):
+        if ts is not None:
+            unmarked_ts = ts if unmarked_ts is None else max(unmarked_ts, ts)
     hits, queries = deltas["prefix_cache_hits"], deltas["prefix_cache_queries"]
     hit_ratio = hits.total / queries.total if hits.seen and queries.seen and queries.total > 0 else None
 
@@ -381,7 +394,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     span = run_span(started=started, first_request=(requests.first_started, requests.first_started_mono),
                     load_started=load_started, load_stopped=load_stopped, ended=ended,
                     last_request_end=(requests.last_ended, requests.last_ended_mono),
-                    last=(last_ts, last_mono), cut_off=cut_off)
+                    last=(last_ts, last_mono), last_unmarked=unmarked_ts, cut_off=cut_off)
     started_at, ended_at, duration_s = span.started_at, span.ended_at, span.duration_s
     load_begin, load_end = span.load_begin, span.load_end
     warmup_s = float(run_started.get("warmup_s") or 0.0)
