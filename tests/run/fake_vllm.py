@@ -16,10 +16,10 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   counters_reset   /version 0.11.2; every 4th request is refused with HTTP 503 before any
                    streaming (the server counts none of its prompt); odd requests report
                    prompt_tokens_details (half the prompt cached), even ones leave them out
-                   (0 cached, as 0.11.x with the flag on); at the first /metrics scrape after
-                   20 requests every counter restarts from what it gained since the scrape
-                   before (a reset, exactly reconstructible); GET /fake/truth gives what it
-                   really served
+                   (0 cached, as 0.11.x with the flag on); at a /metrics scrape after 20
+                   requests where each counter gained less than it held, every counter
+                   restarts from what it gained since the scrape before (a reset that shows,
+                   exactly reconstructible); GET /fake/truth gives what it really served
   counters_dip     as counters_reset, and the 2nd scrape after the reset reads 1 below the
                    one before (counters that go backwards without a restart), the next as before
 """
@@ -133,9 +133,12 @@ async def metrics(request: web.Request) -> web.Response:
 def _reset_counters(state: State, labels: str) -> str:
     true = {"prompt_tokens": state.prompt_tokens, "generation_tokens": state.generated,
             "prefix_cache_queries": state.prompt_tokens, "prefix_cache_hits": state.hits}
-    if state.reset_at is None and state.requests >= 20 and state.last_true:
-        # The counters restarted just after the previous scrape, once the load is under way.
-        state.base, state.reset_at = dict(state.last_true), state.scrapes
+    last = state.last_true
+    if state.reset_at is None and state.requests >= 20 and last \
+            and all(0 <= true[k] - last[k] < last[k] for k in true):
+        # The counters restarted just after the previous scrape, once the load is under way,
+        # where the restart shows: every counter reads below its reading before.
+        state.base, state.reset_at = dict(last), state.scrapes
     state.last_true = dict(true)
     reported = {k: v - state.base.get(k, 0) for k, v in true.items()}
     if state.mode == "counters_dip" and state.reset_at is not None and state.scrapes == state.reset_at + 2:
