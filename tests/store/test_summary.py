@@ -166,3 +166,58 @@ def test_a_digest_read_at_the_runs_end_is_reused_only_under_the_same_criteria(ma
     (run_dir / "requests.jsonl").write_text("")  # what each summary read shows which digest it used
     assert summarize(run_dir, requests=digest)["requests"]["ok"] == 6
     assert summarize(run_dir, requests=other)["requests"]["ok"] == 0
+
+
+def test_counters_that_go_backwards_are_noted_and_not_complete(make_store) -> None:
+    """Before: a dip was read as a restart silently and server_metrics said complete."""
+    store = make_store()
+    store.event("run_started", ts=1000.0, run_id="x")
+    store.event("load_started", ts=1000.0)
+    for ts, hits, queries in ((1000.0, 0, 0), (1001.0, 90, 100), (1002.0, 80, 95), (1003.0, 170, 195)):
+        store.on_sample(server(ts, hits=hits, queries=queries, prompt=queries))
+    store.event("load_stopped", ts=1003.0)
+    store.event("run_ended", ts=1003.0, verdict="pass", reason="duration", exit_code=0)
+    summary = summarize(store.run_dir)
+    metrics = summary["server_metrics"]
+    assert metrics["counter_resets"] == {"prefix_cache_hits": 1, "prefix_cache_queries": 1, "prompt_tokens": 1,
+                                         "generation_tokens": 0}
+    assert metrics["complete"] is False and "went backwards with 0 restart(s)" in metrics["note"]
+    # Prometheus increase(): 100, then 95 counted from zero, then 100
+    assert summary["server_tokens"]["prompt"] == 295.0
+
+
+def test_resets_the_restarts_explain_keep_the_figures_complete(make_store) -> None:
+    store = make_store()
+    store.event("run_started", ts=1000.0, run_id="x")
+    store.event("load_started", ts=1000.0)
+    store.on_sample(server(1000.0, hits=0, queries=0))
+    store.on_sample(server(1001.0, hits=90, queries=100))
+    store.event("restart_done", ts=1001.5, number=1)
+    store.on_sample(server(1002.0, hits=5, queries=10))
+    store.event("load_stopped", ts=1002.0)
+    store.event("run_ended", ts=1002.0, verdict="fail", reason="incident", exit_code=1)
+    metrics = summarize(store.run_dir)["server_metrics"]
+    assert metrics["counter_resets"]["prefix_cache_queries"] == 1
+    assert metrics["complete"] is True and metrics["note"] is None
+
+
+def test_wall_clock_steps_are_listed(make_store) -> None:
+    store = make_store()
+    store.event("run_started", ts=1000.0, run_id="x")
+    store.event("wall_clock_step", ts=1001.0, step_s=3600.0, wall_before=1001.0, wall_after=4601.0)
+    clock = summarize(store.run_dir)["clock"]
+    assert clock["basis"] == "monotonic" and [s["step_s"] for s in clock["wall_steps"]] == [3600.0]
+
+
+def test_refused_requests_bring_no_prompt_tokens(make_store) -> None:
+    """Before: 417,460 client prompt tokens against the server's 2,860, the planned
+    prompts of refused requests counted."""
+    store = make_store()
+    store.on_request(record(0))
+    store.on_request(RequestRecord(request_id="r1", session=None, turn=None, started_at=1.0, ended_at=1.1,
+                                   outcome="http_status", http_status=503, prompt_tokens=4000))
+    store.on_request(RequestRecord(request_id="r2", session=None, turn=None, started_at=1.0, ended_at=1.1,
+                                   outcome="refused", prompt_tokens=4000))
+    store.on_request(RequestRecord(request_id="r3", session=None, turn=None, started_at=1.0, ended_at=1.1,
+                                   outcome="reset", http_status=200, prompt_tokens=700))
+    assert summarize(store.run_dir)["tokens"]["prompt"] == 1000 + 700
