@@ -55,6 +55,7 @@ from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
+from soak.store.counters import CounterDelta
 from soak.store.summary import RequestDigest, digest_requests, disk_incidents, summarize
 from soak.versions import VllmProfile
 from soak.workload import Workload
@@ -174,6 +175,7 @@ class SoakRun:
         self._wall_watch = WallStepWatch()
         self._observe_wall()
         self._cached_reader: Any = None  # soak.versions.CachedTokensReader, once the server's version is known
+        self._server_life = CounterDelta()  # a split of the server's prompt counter: it restarted
         self.sinks = FanOut([store, *sinks], on_error=self._sink_error)
         self._redacted_config = redacted_config
         self._api_key = api_key
@@ -291,6 +293,9 @@ class SoakRun:
                 self.event(change.pop("type"), **change)
         if isinstance(sample, ServerSample):
             self._metrics_freshness(sample)
+            if sample.ok and self._server_life.add(sample.values.get("prompt_tokens")) \
+                    and self._cached_reader is not None:
+                self._cached_reader.restarted()  # its counters restarted: a new server life (an attached one too)
             if self._threshold_book is not None and sample.ok:
                 self._threshold_book.add_server(sample.ts, sample.values)
 

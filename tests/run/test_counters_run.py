@@ -74,10 +74,13 @@ def test_a_counter_reset_and_refused_requests_read_as_the_server_served(tmp_path
     assert metrics["counter_resets"]["prompt_tokens"] == 1 and metrics["counter_resets"]["prefix_cache_queries"] == 1
     assert metrics["complete"] is False and "went backwards" in metrics["note"]
     # 0.11.x leaves the details out at 0 cached: once this server showed them, a missing field is 0
+    # (before: every response without details, half of them, read unknown). The counter reset reads
+    # as a new server life, so the few responses between it and the next details are unknown again.
     ok = [r for r in requests if r["outcome"] == "ok"]
     first_details = next(i for i, r in enumerate(ok) if r["cached_tokens"])
-    assert all(r["cached_tokens"] is not None for r in ok[first_details:])
-    assert any(r["cached_tokens"] == 0 for r in ok[first_details:])
+    later = ok[first_details:]
+    assert sum(r["cached_tokens"] is None for r in later) <= 4 < len(later) // 4
+    assert sum(r["cached_tokens"] == 0 for r in later) >= len(later) // 3
     assert summary["tokens"]["cached"] == truth["cached"]
 
 
