@@ -131,6 +131,11 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
     anchor = {"ts": None, "type": "summary"}
     if load_started is None:
         started = _num(summary.get("started_at"))
+        loaded = _num(summary.get("duration_s"))
+        if not events and started is not None and loaded is not None and loaded > 0:
+            # No events to place anything by: the summary's monotonic seconds of load, not a wall difference.
+            reason = "cut off" if summary.get("cut_off") else "end of load"
+            return (Interval(started, loaded, False, reason),)
         load_started = None if started is None else when({**anchor, "ts": started})
     if load_started is None:
         return ()

@@ -49,3 +49,10 @@ def test_exposure_is_monotonic_time_at_risk(hangs, tail, last_step) -> None:
     expected.append((tail, False))
     assert [(pytest.approx(i.length_s, abs=1e-6), i.hang) for i in got] == expected
     assert sum(i.length_s for i in got) == pytest.approx(sum(t for t, _ in expected), abs=1e-5)
+
+
+def test_a_run_with_no_events_counts_the_summarys_loaded_seconds() -> None:
+    """Never ended_at - started_at (which holds the start-up, and once held a wall step)."""
+    summary = {"started_at": 1000.0, "ended_at": 1000.0 + 3625.0, "duration_s": 25.0, "cut_off": False}
+    (interval,) = intervals_of([], summary)
+    assert interval.length_s == 25.0 and not interval.hang
