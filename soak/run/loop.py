@@ -184,7 +184,7 @@ class SoakRun:
         self.responder: Responder | None = None
         self.gpu_source: GpuSourceLike | None = None
         self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
-        self.probe_session: aiohttp.ClientSession | None = None
+        self.probe_session: Any = None  # soak.net.OutboundSession
         self._scheduler: ProbeScheduler | None = None
         self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
         self._watch_task: asyncio.Task[None] | None = None
@@ -536,10 +536,12 @@ class SoakRun:
     def _evidence_write_failed(self, exc: BaseException) -> None:
         self.fault(exc, where="writing incident evidence")
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _session(self) -> Any:
         """The run's session for its own reads of the server (and the probes')."""
         if self.probe_session is None:
-            self.probe_session = aiohttp.ClientSession()
+            from soak import net
+
+            self.probe_session = net.session()  # a 3xx is a failed read naming its Location, never followed
         return self.probe_session
 
     async def _read_server_version(self) -> VllmProfile:
