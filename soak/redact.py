@@ -104,7 +104,8 @@ _AUTH_HEADER = re.compile(
 _URL = re.compile(
     r"""(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<userinfo>[^\s/?#"'<>\\]*@)?(?P<rest>[^\s"'<>\\]*)"""
 )
-_QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
+# A second ``?`` starts a parameter too (``/a?b=c?sig=S``): it is where a server would split.
+_QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&;#?\s]+)=(?P<value>[^&;#?\s]*)")
 # Query parameters that are credentials in a URL though not by the last-word rule
 # (a signed URL's signature; Azure's ``sig``, AWS's ``X-Amz-Signature``).
 _QUERY_WORDS = {"sig", "signature", "sas", "jwt", "pwd", "pass", "code", "session", "sessionid", "sid",

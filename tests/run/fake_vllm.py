@@ -13,6 +13,8 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   odd_shape     one content chunk, then ``"delta": "oops"``
   slow_some     every third request streams slowly (40 chunks, 0.25 s apart), the rest ok
   metrics_garbage  completions ok; /metrics answers unparsable text after 3 scrapes
+  redirect_other   completions answer 307 to $FAKE_REDIRECT_TO (another server); the rest ok
+  redirect_loop    completions answer 307 to themselves, numbered: ``?n=<this POST's number>``
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     number = state.requests
     prompt = max(1, len(body) // 4)
     mode = state.mode
+    if mode in REDIRECT_MODES:
+        return redirect(mode, number)
     if mode == "http500":
         return web.Response(status=500, body=b"")
     if mode == "http400":
@@ -131,6 +135,20 @@ async def main(mode: str, port_file: str) -> None:
 
     os.replace(port_file + ".tmp", port_file)
     await asyncio.Event().wait()
+
+
+REDIRECT_MODES = ("redirect_other", "redirect_loop")
+
+
+def redirect(mode: str, number: int) -> web.Response:
+    """A 307 (method and body kept: a client that follows re-sends the prompt)."""
+    import os
+
+    if mode == "redirect_other":
+        location = os.environ["FAKE_REDIRECT_TO"].rstrip("/") + f"/v1/chat/completions?n={number}"
+    else:
+        location = f"/v1/chat/completions?n={number}"
+    return web.Response(status=307, headers={"Location": location}, body=b"moved")
 
 
 if __name__ == "__main__":
