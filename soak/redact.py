@@ -55,11 +55,14 @@ MIN_SECRET_LEN = 4
 _NOT_VALUES = {REDACTED, "Bearer", "Basic"}
 
 _WORD_SPLIT = re.compile(r"[-_.\s]+")
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 
 
 def secret_name(name: str) -> bool:
     """``--api-key``, ``hf_token``, ``PGPASSWORD``, ``X-Auth``: the last word is a secret word."""
-    words = [w for w in _WORD_SPLIT.split(name.strip().lstrip("-").lower()) if w]
+    # camelCase is words too: ``accessKey``, ``clientSecret`` (``HFToken`` stays one word, ending in token).
+    name = _CAMEL.sub(r"\1_\2", name.strip().lstrip("-"))
+    words = [w for w in _WORD_SPLIT.split(name.lower()) if w]
     if not words:
         return False
     last = words[-1]
@@ -85,8 +88,9 @@ _NOT_CREDENTIAL_BEFORE = {
 # long JSON lines); the whole name is then read backwards and ``secret_name`` decides.
 _SHAPE = re.compile(
     r"""(?:key|keys|token|secrets?|password|passwd|passphrase|auth|authorization|credentials?|pat|cookie)"""
-    r"""(?P<sep>=|[ \t]+|["']\s*,\s*["']|["']?\s*:\s*\[?\s*["']?|["']?\s*=\s*\[?\s*["']?)"""
-    r"""(?P<value>[^\s"',\]\}]+)"""
+    # A quote may come JSON-escaped (``token=\\"V\\"``: a metric label inside a JSON line).
+    r"""(?P<sep>\\?["']\s*,\s*\\?["']|\\?["']?\s*:\s*\[?\s*\\?["']?|\\?["']?\s*=\s*\[?\s*\\?["']?|=|[ \t]+)"""
+    r"""(?P<value>[^\s"',\]\}\\]+)"""
 )
 # Matched against the lower-cased text (case-sensitive regexes are several times
 # faster on long JSON lines); IGNORECASE only where lowering changes the length.
