@@ -58,13 +58,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = sys.stdout, sys.stderr
     redactor = Redactor.for_run(environ=os.environ)
     sys.stdout, sys.stderr = RedactingStream(sys.stdout, redactor), RedactingStream(sys.stderr, redactor)
-    try:
-        args = build_parser().parse_args(argv)
-        if args.command == "sim":
-            sys.stdout, sys.stderr = saved
-        return _dispatch(args)
-    finally:
+    # An exception that escapes leaves them in place: the interpreter prints its
+    # traceback to sys.stderr, redacted too.
+    args = build_parser().parse_args(argv)
+    if args.command == "sim":
         sys.stdout, sys.stderr = saved
+    code = _dispatch(args)
+    sys.stdout, sys.stderr = saved
+    return code
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -301,3 +301,26 @@ def test_soak_run_against_redirecting_completions_sends_nothing_elsewhere_and_fa
         # A followed loop would use ten numbers a record; a cut request may leave one unseen.
         numbers = [int(r["error"].split("n=")[1].split()[0]) for r in finished]
         assert len(set(numbers)) == len(numbers) and max(numbers) <= len(numbers) + 3, sorted(numbers)
+
+
+def test_every_outbound_http_call_of_the_harness_is_made_by_soak_net():
+    """The one place: a new caller that opens its own aiohttp session or urllib
+    opener (and with it, a default that follows redirects) fails here. The
+    simulator is a server, not the harness."""
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "soak"
+    pattern = re.compile(r"ClientSession\(|aiohttp\.request\(|urlopen\(|build_opener\(|HTTPS?Connection\(|"
+                         r"push_to_gateway\(")
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "net.py" or rel.startswith("sim/"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        for match in pattern.finditer(text):
+            if match.group(0) == "push_to_gateway(" and "handler=urllib_handler" in text[match.end():match.end() + 300]:
+                continue  # prometheus_client's push, with soak.net's handler
+            line = text.count("\n", 0, match.start()) + 1
+            offenders.append(f"soak/{rel}:{line}: {match.group(0)}")
+    assert offenders == []
