@@ -92,19 +92,20 @@ async def wait_ready(
                 raise TargetNotReady(f"{what} exited with code {code} before it was ready (see {SERVER_LOG})")
             base = url()
             if base is not None:
+                where = what if base in what else f"{what} at {base}"
                 try:
                     return base, await _ready_once(session, base)
                 except _Refused as exc:
-                    raise TargetNotReady(f"{what} at {base} {exc}") from None
+                    raise TargetNotReady(f"{where} {exc}") from None
                 except _NotYet as exc:
                     last = str(exc)
                 except net.RedirectRefused as exc:
-                    raise TargetNotReady(f"{what} at {base} answers {exc}") from None
+                    raise TargetNotReady(f"{where} answers {exc}") from None
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
                     last = _why(exc)
                 if on_waiting is not None and last != said:
                     said = last
-                    on_waiting(f"{what} is not ready yet at {base}: {last}")
+                    on_waiting(f"{where} is not ready yet: {last}")
             if clock.monotonic() >= deadline:
                 raise TargetNotReady(f"{what} not ready after {timeout_s:g}s at {base or '(no URL yet)'}: {last}")
             await asyncio.sleep(interval_s)
