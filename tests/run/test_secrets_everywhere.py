@@ -312,3 +312,103 @@ def test_a_target_that_is_not_ready_says_why_within_the_first_poll(tmp_path, har
     assert "connection refused" in waited[0]["message"] and url in waited[0]["message"]
     assert time.monotonic() - started < 30
     wait_for(lambda: "not ready yet" in h.stdout_path.read_text(), 10, "the live view's line")
+
+
+# --- a target that is never ready says why at its first poll --------------------------------------
+
+class _Said(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def behaving_server():
+    """A loopback server whose /health and /v1/models answer what the example says."""
+    import asyncio
+
+    from aiohttp import web
+
+    behaviour = {"health": 200, "models": 200, "hits": 0}
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict = {}
+
+    async def answer(request: web.Request) -> web.Response:
+        behaviour["hits"] += 1
+        status = behaviour["health" if request.path == "/health" else "models"]
+        if status == 200 and request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "m"}]})
+        headers = {"Location": "http://127.0.0.1:9/elsewhere"} if 300 <= status < 400 else {}
+        return web.Response(status=status, headers=headers)
+
+    async def start() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        holder["runner"] = runner
+        holder["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert ready.wait(10)
+    yield holder["url"], behaviour
+    asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+_STATUSES = st.one_of(st.just(200), st.integers(300, 399), st.sampled_from([401, 403, 404, 500, 502, 503]),
+                      st.integers(400, 599))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(health=_STATUSES, models=_STATUSES, refused=st.booleans())
+def test_readiness_is_ready_refused_or_says_why_after_its_first_poll(behaving_server, health, models, refused):
+    import asyncio
+
+    from soak.clock import SystemClock
+    from soak.errors import TargetNotReady
+    from soak.run.target import wait_ready
+
+    url, behaviour = behaving_server
+    behaviour.update(health=health, models=models, hits=0)
+    base = f"http://127.0.0.1:{_free_port()}" if refused else url
+    said: list[str] = []
+
+    def on_waiting(line: str) -> None:
+        said.append(line)
+        raise _Said  # the first line is what matters: stop polling
+
+    async def go() -> str:
+        try:
+            await wait_ready(url=lambda: base, timeout_s=1800, interval_s=30, headers={}, clock=SystemClock(),
+                             what="the target", on_waiting=on_waiting)
+            return "ready"
+        except TargetNotReady as exc:
+            return f"refused: {exc}"
+        except _Said:
+            return "said"
+
+    outcome = asyncio.run(go())
+    if refused:
+        assert outcome == "said" and "connection refused" in said[0]
+        return
+    first_bad = next(((p, s) for p, s in (("/health", health), ("/v1/models", models)) if s != 200), None)
+    if first_bad is None:
+        assert outcome == "ready"
+        return
+    path, status = first_bad
+    assert behaviour["hits"] <= 2  # one poll: /health, then /v1/models if /health was 200
+    if 300 <= status < 400:
+        assert outcome.startswith("refused") and "redirect" in outcome and f"HTTP {status}" in outcome
+    elif status in (401, 403):
+        assert outcome.startswith("refused") and f"HTTP {status}" in outcome and "credentials" in outcome
+    else:
+        assert outcome == "said" and len(said) == 1 and f"{path} answered HTTP {status}" in said[0]
+        assert "\n" not in said[0]
