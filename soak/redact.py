@@ -55,7 +55,11 @@ MIN_SECRET_LEN = 4
 _NOT_VALUES = {REDACTED, "Bearer", "Basic"}
 
 _WORD_SPLIT = re.compile(r"[-_.\s]+")
-_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+# A word starts at an upper-case letter followed by a lower-case one (``accessKey``,
+# not ``xKEY``: base64 is not camelCase).
+_CAMEL = re.compile(r"([a-z0-9])([A-Z][a-z])")
+# An inline image the report made (``data:image/png;base64,...``): bytes, not text to read for shapes.
+_DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+")
 
 
 def secret_name(name: str) -> bool:
@@ -340,7 +344,13 @@ class Redactor:
             data = path.read_bytes()
         except OSError:
             return False
-        out = self.bytes(data)
+        text = data.decode("utf-8", errors="surrogateescape")
+        parts, done = [], 0
+        for match in _DATA_URI.finditer(text):
+            parts += [self.text(text[done:match.start()]), match.group(0)]
+            done = match.end()
+        parts.append(self.text(text[done:]))
+        out = "".join(parts).encode("utf-8", errors="surrogateescape")
         if out == data:
             return False
         write_atomic(path, out)

@@ -198,3 +198,15 @@ def test_base_url_credentials_are_refused_with_one_line_naming_the_field():
                 TypeAdapter(TargetConfig).validate_python({"kind": "attached", "base_url": url, **extra})
             error = info.value.errors()[0]
             assert error["loc"][-1] == "base_url" and "UrlPw12345" not in error["msg"] and "Tk12345" not in error["msg"]
+
+
+def test_the_report_scrub_leaves_inline_images_whole(tmp_path):
+    import base64
+
+    blob = base64.b64encode(b"\x00" * 30 + b"aKey=" + b"\xff" * 40 + b"xKEY=zz token=1").decode()
+    blob = blob[:20] + "aKey=QQQQ" + blob[20:]  # a base64 run that reads like ``Key=`` by chance
+    page = tmp_path / "report.html"
+    page.write_text(f"<img src='data:image/png;base64,{blob}'><p>--api-key sk-Visible99</p>")
+    assert Redactor().scrub_file(page, shapes=True)
+    text = page.read_text()
+    assert blob in text and "sk-Visible99" not in text
