@@ -116,8 +116,10 @@ _URL = re.compile(
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&;#?\s]+)=(?P<value>[^&;#?\s]*)")
 # Query parameters that are credentials in a URL though not by the last-word rule
 # (a signed URL's signature; Azure's ``sig``, AWS's ``X-Amz-Signature``).
-_QUERY_WORDS = {"sig", "signature", "sas", "jwt", "pwd", "pass", "code", "session", "sessionid", "sid",
-                "credential", "credentials", "security-token", "securitytoken"}
+# Not ``session`` or ``code``: their values are learned and hidden everywhere after, and
+# those words name ordinary things too often.
+_QUERY_WORDS = {"sig", "signature", "sas", "jwt", "pwd", "pass", "sessionid", "credential", "credentials",
+                "security-token", "securitytoken"}
 # A user name alone is learned only when it is long enough to be a token (``https://ghp_x@``), not ``postgres``.
 _MIN_USER_TOKEN = 12
 
