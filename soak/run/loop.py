@@ -546,6 +546,7 @@ class SoakRun:
 
     async def _read_server_version(self) -> VllmProfile:
         """GET /version: the run adapts to the server's vLLM version (soak.versions)."""
+        from soak.net import RedirectRefused
         from soak.versions import profile_for, version_from_body
 
         version = None
@@ -554,6 +555,9 @@ class SoakRun:
             async with self._session().get(url, timeout=aiohttp.ClientTimeout(total=self.config.probes.timeout)) as resp:
                 if resp.status == 200:
                     version = version_from_body(await resp.json(content_type=None))
+        except RedirectRefused as exc:  # not followed (soak.net): said, with where it pointed
+            self.event("warning", message=f"GET /version: {exc}")
+            version = None
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             version = None
         profile = profile_for(version)

@@ -15,6 +15,7 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   metrics_garbage  completions ok; /metrics answers unparsable text after 3 scrapes
   redirect_other   completions answer 307 to $FAKE_REDIRECT_TO (another server); the rest ok
   redirect_loop    completions answer 307 to themselves, numbered: ``?n=<this POST's number>``
+  redirect_probes  completions ok; /metrics and /version answer 302 to $FAKE_REDIRECT_TO
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def metrics(request: web.Request) -> web.Response:
     state: State = request.app["state"]
     state.scrapes += 1
+    if state.mode == "redirect_probes":
+        return redirect(state.mode, state.scrapes, path="/metrics")
     if state.mode == "metrics_garbage" and state.scrapes > 3:
         return web.Response(text="<html>this is not {prometheus} text\x00\n", content_type="text/plain")
     labels = f'{{model_name="{MODEL}",engine="0"}}'
@@ -124,6 +127,7 @@ async def main(mode: str, port_file: str) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_get("/version", version)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -140,15 +144,23 @@ async def main(mode: str, port_file: str) -> None:
 REDIRECT_MODES = ("redirect_other", "redirect_loop")
 
 
-def redirect(mode: str, number: int) -> web.Response:
-    """A 307 (method and body kept: a client that follows re-sends the prompt)."""
+def redirect(mode: str, number: int, *, path: str = "/v1/chat/completions") -> web.Response:
+    """A 307 (method and body kept: a client that follows re-sends the prompt); 302 for the probes."""
     import os
 
-    if mode == "redirect_other":
-        location = os.environ["FAKE_REDIRECT_TO"].rstrip("/") + f"/v1/chat/completions?n={number}"
+    if mode == "redirect_loop":
+        location = f"{path}?n={number}"
     else:
-        location = f"/v1/chat/completions?n={number}"
-    return web.Response(status=307, headers={"Location": location}, body=b"moved")
+        location = os.environ["FAKE_REDIRECT_TO"].rstrip("/") + f"{path}?n={number}"
+    return web.Response(status=302 if mode == "redirect_probes" else 307, headers={"Location": location},
+                        body=b"moved")
+
+
+async def version(request: web.Request) -> web.Response:
+    """No /version (404, as before this route) but in redirect_probes."""
+    if request.app["state"].mode == "redirect_probes":
+        return redirect("redirect_probes", 0, path="/version")
+    return web.Response(status=404)
 
 
 if __name__ == "__main__":

@@ -324,3 +324,21 @@ def test_every_outbound_http_call_of_the_harness_is_made_by_soak_net():
             line = text.count("\n", 0, match.start()) + 1
             offenders.append(f"soak/{rel}:{line}: {match.group(0)}")
     assert offenders == []
+
+
+def test_soak_run_with_redirecting_probes_sends_nothing_elsewhere_and_names_the_location(tmp_path, elsewhere):
+    dest_url, dest_hits = elsewhere
+    proc, url = _start_fake(tmp_path, "redirect_probes", {"FAKE_REDIRECT_TO": dest_url})
+    try:
+        code, run_dir, stderr = _soak_run(tmp_path, url)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert dest_hits == [], f"the harness sent {len(dest_hits)} requests elsewhere: {dest_hits[:3]}"
+    assert (run_dir / "summary.json").exists(), stderr
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    assert any(e["type"] == "warning" and "GET /version: HTTP 302 redirect to " + dest_url in e["message"]
+               for e in events), [e for e in events if e["type"] == "warning"]
+    samples = "".join(p.read_text() for p in sorted(run_dir.glob("samples*.jsonl")))
+    assert f"HTTP 302 redirect to {dest_url}/metrics" in samples
+
