@@ -191,7 +191,7 @@ def test_soak_run_leaves_no_planted_secret_anywhere(tmp_path):
     from soakrun_helpers import small_config, soak_cmd, write_config
 
     secrets = {"flag": "FlagPw7x9Q2z", "env": "EnvPw3k8L1m", "harness_env": "HarnEnv5t6Y",
-               "key": "sk-PlantedKey4411", "query": "QryTok8c2V"}
+               "key": "sk-PlantedKey4411", "query": "QryTok8c2V", "push": "PushPw55xQ"}
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(WRAPPER)
     sim_config = tmp_path / "sim.yaml"
@@ -210,6 +210,8 @@ def test_soak_run_leaves_no_planted_secret_anywhere(tmp_path):
     }
     config["workload"] = {**config["workload"], "tokenizer": {"kind": "estimate"}}
     config["probes"] = {"gpu": {"kind": "none"}}
+    # A push that fails prints its URL on stderr and in the push_failed event.
+    config["pushgateway"] = {"url": f"http://pusher:{secrets['push']}@127.0.0.1:{_free_port()}", "timeout": "2s"}
     path = write_config(tmp_path / "config.yaml", config)
     run_dir = tmp_path / "run"
     env = {**os.environ, "SOAK_STORE_URL": f"redis://:{secrets['harness_env']}@cache:6379/0", "PYTHONUNBUFFERED": "1"}
@@ -219,6 +221,7 @@ def test_soak_run_leaves_no_planted_secret_anywhere(tmp_path):
     log = (run_dir / "server.log").read_text()
     assert "non-default args" in log and "INFO connecting to" in log  # the server did print them
     assert (run_dir / "report.html").exists()
+    assert "push to http://***@127.0.0.1" in done.stderr, done.stderr  # said, without the password
     needles = list(secrets.values())
     assert _grep_tree(run_dir, needles) == []
     for stream in (done.stdout, done.stderr):
