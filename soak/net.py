@@ -71,7 +71,7 @@ class _Call:
         response = await self._make()
         if is_redirect(response.status):
             location = response.headers.get("Location")
-            response.release()
+            await response.__aexit__(None, None, None)  # released as aiohttp's own context would
             raise RedirectRefused(response.status, location, url=str(response.url))
         return response
 
@@ -79,13 +79,13 @@ class _Call:
         return self._open().__await__()
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
-        self._response = await self._open()
+        self._response = await (await self._open()).__aenter__()
         return self._response
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: Any) -> None:
         if self._response is not None:
-            self._response.release()
-            self._response = None
+            response, self._response = self._response, None
+            await response.__aexit__(*exc)
 
 
 class OutboundSession:
