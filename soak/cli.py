@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -48,8 +49,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # stdout and stderr are write boundaries like the run directory's files: the
+    # live view, warnings, argparse's and the one error line pass the redactor
+    # (soak.redact). The environment's secrets are known now; a run adds its own
+    # (follow_in_streams). The simulator is a server, not the harness: its log is its own.
+    from soak.redact import RedactingStream, Redactor
+
+    saved = sys.stdout, sys.stderr
+    redactor = Redactor.for_run(environ=os.environ)
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout, redactor), RedactingStream(sys.stderr, redactor)
+    # An exception that escapes leaves them in place: the interpreter prints its
+    # traceback to sys.stderr, redacted too.
+    args = build_parser().parse_args(argv)
+    if args.command == "sim":
+        sys.stdout, sys.stderr = saved
+    code = _dispatch(args)
+    sys.stdout, sys.stderr = saved
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args._module.main(args) or 0)
     except UsageError as exc:

@@ -9,15 +9,25 @@ the redactor knows two things:
 - **values**: every secret it was told or has learned, replaced wherever it
   appears (also in its JSON-escaped spelling);
 - **shapes**: ``--<name> VALUE``, ``--<name>=VALUE``, ``name=VALUE``,
-  ``"name": "VALUE"``, ``Bearer VALUE``, where the last word of ``name`` is a
-  secret word (key, token, secret, password, auth, credential...). Any flag
-  whose name ends that way, not a fixed list; ``--max-num-batched-tokens`` and
-  ``TOKENIZERS_PARALLELISM`` are not secret-looking (the last word decides).
+  ``"name": "VALUE"``, ``Bearer VALUE``, ``Authorization: <scheme> VALUE``,
+  where the last word of ``name`` is a secret word (key, token, secret,
+  password, auth, credential...). Any flag whose name ends that way, not a fixed
+  list; ``--max-num-batched-tokens`` and ``TOKENIZERS_PARALLELISM`` are not
+  secret-looking (the last word decides);
+- **URLs**: the userinfo of any ``scheme://user:password@host`` and the values
+  of query parameters named like credentials (``token``, ``api_key``, ``sig``,
+  ``X-Amz-Signature``...), wherever a URL appears; and the whole value of any
+  variable or flag that holds such a URL (``DB_URL``, ``--db-url``), learned
+  from the environment and the launch command before the run starts.
 
 Values found by shape are learned, so a key seen once in an argv is hidden
 everywhere after. The writers (run store, evidence bundle, server-log pump,
 report) call ``text()`` on what they are about to write; ``scrub_tree()`` is the
-last pass over the directory at the end of a run.
+last pass over the directory at the end of a run; the CLI's stdout and stderr
+pass ``RedactingStream`` (the live view, error lines, warnings).
+
+Invariant: no secret reaches a file or a stream of the harness in any of these
+shapes; ``Redactor.text`` is the one function that decides what is one.
 """
 
 from __future__ import annotations
@@ -45,11 +55,18 @@ MIN_SECRET_LEN = 4
 _NOT_VALUES = {REDACTED, "Bearer", "Basic"}
 
 _WORD_SPLIT = re.compile(r"[-_.\s]+")
+# A word starts at an upper-case letter followed by a lower-case one (``accessKey``,
+# not ``xKEY``: base64 is not camelCase).
+_CAMEL = re.compile(r"([a-z0-9])([A-Z][a-z])")
+# An inline image the report made (``data:image/png;base64,...``): bytes, not text to read for shapes.
+_DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+")
 
 
 def secret_name(name: str) -> bool:
     """``--api-key``, ``hf_token``, ``PGPASSWORD``, ``X-Auth``: the last word is a secret word."""
-    words = [w for w in _WORD_SPLIT.split(name.strip().lstrip("-").lower()) if w]
+    # camelCase is words too: ``accessKey``, ``clientSecret`` (``HFToken`` stays one word, ending in token).
+    name = _CAMEL.sub(r"\1_\2", name.strip().lstrip("-"))
+    words = [w for w in _WORD_SPLIT.split(name.lower()) if w]
     if not words:
         return False
     last = words[-1]
@@ -75,14 +92,82 @@ _NOT_CREDENTIAL_BEFORE = {
 # long JSON lines); the whole name is then read backwards and ``secret_name`` decides.
 _SHAPE = re.compile(
     r"""(?:key|keys|token|secrets?|password|passwd|passphrase|auth|authorization|credentials?|pat|cookie)"""
-    r"""(?P<sep>=|[ \t]+|["']\s*,\s*["']|["']?\s*:\s*\[?\s*["']?|["']?\s*=\s*\[?\s*["']?)"""
-    r"""(?P<value>[^\s"',\]\}]+)"""
+    # A quote may come JSON-escaped (``token=\\"V\\"``: a metric label inside a JSON line).
+    r"""(?P<sep>\\?["']\s*,\s*\\?["']|\\?["']?\s*:\s*\[?\s*\\?["']?|\\?["']?\s*=\s*\[?\s*\\?["']?|=|[ \t]+)"""
+    r"""(?P<value>[^\s"',\]\}\\]+)"""
 )
 # Matched against the lower-cased text (case-sensitive regexes are several times
 # faster on long JSON lines); IGNORECASE only where lowering changes the length.
 _SHAPE_ANY_CASE = re.compile(_SHAPE.pattern, re.IGNORECASE)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _BEARER = re.compile(r"(?P<scheme>\bBearer)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
+# ``Authorization: Basic dXNlcjpwYXNz``, ``"authorization": "Token abc"``: any scheme.
+_AUTH_HEADER = re.compile(
+    r"""(?P<name>\b(?:proxy-)?authorization)(?P<sep>["']?\s*[:=]\s*["']?)(?P<scheme>[A-Za-z][A-Za-z0-9_-]*)"""
+    r"""(?P<gap>\s+)(?P<value>[^\s"',\]\}]+)""",
+    re.IGNORECASE,
+)
+# A URL with a scheme: its userinfo (up to the last ``@`` before the host) and
+# the rest up to where a URL cannot go on.
+_URL = re.compile(
+    r"""(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]{0,30}://)(?P<userinfo>[^\s/?#"'<>\\]*@)?(?P<rest>[^\s"'<>\\]*)"""
+)
+# A second ``?`` starts a parameter too (``/a?b=c?sig=S``): it is where a server would split.
+_QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&;#?\s]+)=(?P<value>[^&;#?\s]*)")
+# Query parameters that are credentials in a URL though not by the last-word rule
+# (a signed URL's signature; Azure's ``sig``, AWS's ``X-Amz-Signature``).
+# Not ``session`` or ``code``: their values are learned and hidden everywhere after, and
+# those words name ordinary things too often.
+_QUERY_WORDS = {"sig", "signature", "sas", "jwt", "pwd", "pass", "sessionid", "credential", "credentials",
+                "security-token", "securitytoken"}
+# A user name alone is learned only when it is long enough to be a token (``https://ghp_x@``), not ``postgres``.
+_MIN_USER_TOKEN = 12
+
+
+def credential_param(name: str) -> bool:
+    """A query parameter whose value is a credential: ``token``, ``api_key``, ``sig``, ``X-Amz-Signature``."""
+    from urllib.parse import unquote
+
+    name = unquote(name)
+    if secret_name(name):
+        return True
+    words = [w for w in _WORD_SPLIT.split(name.strip().lower()) if w]
+    return bool(words) and (words[-1] in _QUERY_WORDS or "-".join(words[-2:]) in _QUERY_WORDS)
+
+
+def url_secrets(text: str) -> list[str]:
+    """The credentials inside the URLs of ``text``: userinfo passwords (and
+    token-like user names), credential-named query values; raw and decoded."""
+    from urllib.parse import unquote
+
+    found: list[str] = []
+    if "://" not in text:
+        return found
+    for match in _URL.finditer(text):
+        userinfo = match.group("userinfo")
+        if userinfo:
+            user, colon, password = userinfo[:-1].partition(":")
+            if colon and password:
+                found += [password, unquote(password)]
+            elif len(user) >= _MIN_USER_TOKEN:
+                found += [user, unquote(user)]
+        for param in _QUERY_PARAM.finditer(match.group("rest")):
+            if param.group("value") and credential_param(param.group("name")):
+                found += [param.group("value"), unquote(param.group("value"))]
+    return found
+
+
+def holds_credential_url(value: str) -> bool:
+    """``value`` holds a URL with credentials in it (userinfo or a credential query parameter)."""
+    if "://" not in value:
+        return False
+    for match in _URL.finditer(value):
+        if match.group("userinfo"):
+            return True
+        if any(p.group("value") and credential_param(p.group("name"))
+               for p in _QUERY_PARAM.finditer(match.group("rest"))):
+            return True
+    return False
 
 
 class Redactor:
@@ -107,7 +192,15 @@ class Redactor:
         if api_key_env and environ.get(api_key_env):
             found.append(environ[api_key_env])
         for source in (environ, env or {}):
-            found += [v for k, v in source.items() if secret_name(k)]
+            for k, v in source.items():
+                if not isinstance(v, str):
+                    continue
+                if secret_name(k):
+                    found.append(v)
+                elif holds_credential_url(v):
+                    # DB_URL=postgres://u:p@h: the whole value, and its parts wherever they appear alone
+                    found.append(v)
+                    found += url_secrets(v)
         found += argv_secrets(command)
         return cls(found)
 
@@ -145,9 +238,35 @@ class Redactor:
         for value in self._values:
             if value in text:
                 text = text.replace(value, REDACTED)
+        if "://" in text:
+            text = _URL.sub(self._url, text)
         if "Bearer" in text:
             text = _BEARER.sub(self._bearer, text)
+        if "uthorization" in text or "UTHORIZATION" in text:
+            text = _AUTH_HEADER.sub(self._auth_header, text)
         return self._shapes(text)
+
+    def _url(self, match: re.Match) -> str:
+        found = url_secrets(match.group(0))
+        if not found:
+            return match.group(0)
+        self._learn_many(found)
+        userinfo = match.group("userinfo")
+        rest = _QUERY_PARAM.sub(self._query_param, match.group("rest"))
+        return match.group("scheme") + (REDACTED + "@" if userinfo else "") + rest
+
+    @staticmethod
+    def _query_param(match: re.Match) -> str:
+        if not match.group("value") or not credential_param(match.group("name")):
+            return match.group(0)
+        return f"{match.group('lead')}{match.group('name')}={REDACTED}"
+
+    def _auth_header(self, match: re.Match) -> str:
+        value = match.group("value")
+        if value == REDACTED:
+            return match.group(0)
+        self.learn(value)
+        return f"{match.group('name')}{match.group('sep')}{match.group('scheme')}{match.group('gap')}{REDACTED}"
 
     def _shapes(self, text: str) -> str:
         out: list[str] = []
@@ -162,7 +281,7 @@ class Redactor:
             value = text[match.start("value"):match.end("value")]
             sep = match.group("sep")
             flag_only = not any(c in sep for c in ":=") or "," in sep  # space or list: a flag's value
-            if (value in _NOT_VALUES or value.startswith("-") or not secret_name(name)
+            if (value in _NOT_VALUES or value.startswith(("-", REDACTED)) or not secret_name(name)
                     or (flag_only and not name.startswith("-")) or start < done):
                 continue
             self.learn(value)
@@ -187,8 +306,12 @@ class Redactor:
         return f"{match.group('scheme')}{match.group('sep')}{REDACTED}"
 
     # --- the last pass ---------------------------------------------------------------
-    def scrub_file(self, path: Path) -> bool:
-        """Rewrite ``path`` if a known secret value is in it; True when it was."""
+    def scrub_file(self, path: Path, *, shapes: bool = False) -> bool:
+        """Rewrite ``path`` if a known secret value is in it; True when it was.
+        ``shapes``: also every shape ``text()`` knows (a file written by a reader of
+        the run directory, such as report.html and junit.xml, not by the run's writers)."""
+        if shapes:
+            return self._scrub_shapes(path)
         values = [v.encode("utf-8", errors="surrogateescape") for v in self._values]
         if not values:
             return False
@@ -216,6 +339,23 @@ class Redactor:
         if packed:
             data = gzip.compress(data, 6)
         write_atomic(path, data)
+        return True
+
+    def _scrub_shapes(self, path: Path) -> bool:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return False
+        text = data.decode("utf-8", errors="surrogateescape")
+        parts, done = [], 0
+        for match in _DATA_URI.finditer(text):
+            parts += [self.text(text[done:match.start()]), match.group(0)]
+            done = match.end()
+        parts.append(self.text(text[done:]))
+        out = "".join(parts).encode("utf-8", errors="surrogateescape")
+        if out == data:
+            return False
+        write_atomic(path, out)
         return True
 
     def structure(self, obj: Any) -> Any:
@@ -253,6 +393,11 @@ def argv_secrets(args: Sequence[str]) -> list[str]:
     out = []
     args = list(args)
     for i, arg in enumerate(args):
+        if holds_credential_url(arg):
+            # --db-url=postgres://u:p@h, or the value after --db-url: the whole value, and its parts
+            flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+            out.append(value if eq and holds_credential_url(value) else arg)
+            out += url_secrets(arg)
         if not arg.startswith("-"):
             continue
         flag, eq, value = arg.partition("=")
@@ -318,3 +463,41 @@ class LineRedactor:
     def flush(self) -> bytes:
         out, self._buf = bytes(self._buf), bytearray()
         return self._redactor.bytes(out) if out else b""
+
+
+class RedactingStream:
+    """A text stream (stdout, stderr) whose every write passes ``Redactor.text``:
+    the live view, error lines and warnings of the harness. ``print`` writes a
+    line in one call, so a secret is never split across two writes."""
+
+    def __init__(self, stream: Any, redactor: Redactor) -> None:
+        self._stream = stream
+        self._redactors = [redactor]
+
+    def follow(self, redactor: Redactor) -> None:
+        """Also hide what ``redactor`` knows or learns (the run's: its launch command, its target's env)."""
+        if all(r is not redactor for r in self._redactors):
+            self._redactors = [*self._redactors, redactor]
+
+    def write(self, text: str) -> int:
+        out = text
+        if isinstance(out, str):
+            for redactor in self._redactors:
+                out = redactor.text(out)
+        self._stream.write(out)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        # isatty, fileno, flush, encoding...: the wrapped stream's
+        return getattr(self._stream, name)
+
+
+def follow_in_streams(redactor: Redactor, *streams: Any) -> None:
+    """The CLI's redacting streams (stdout, stderr) also hide what the run's redactor knows."""
+    for stream in streams:
+        if isinstance(stream, RedactingStream):
+            stream.follow(redactor)

@@ -183,6 +183,10 @@ def _warning(type: str, fields: Mapping[str, Any], start: float | None) -> tuple
                            "and the hit ratio cover only the time before")
     if type == "metrics_fresh":
         return "metrics", ""
+    if type == "target_waiting":  # why the target is not ready yet: said at once, not after the timeout
+        return "target", str(fields.get("message") or "the target is not ready yet")
+    if type == "target_ready":
+        return "target", ""
     if type in ("criterion_at_risk", "criterion_fail"):
         reasons = fields.get("reasons") or []
         state = "failed" if type == "criterion_fail" else "at risk"

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway
 
 from soak.export.names import PUSHED_METRICS, Kind
+from soak.net import urllib_handler  # a 3xx from the gateway is RedirectRefused, never followed
 from soak.records import IncidentKind, Verdict
 from soak.thresholds.metrics import run_value
 
@@ -94,7 +95,7 @@ def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None =
     grouping = _grouping(config.grouping, build.get("build"), config.build_label)
     families = night_families(summary, exit_code=exit_code, confidence=config.confidence)
     push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
-                    timeout=config.timeout)
+                    timeout=config.timeout, handler=urllib_handler)
     return {"job": config.job, "grouping": grouping}
 
 
@@ -117,4 +118,4 @@ def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str
         if b.build in tests:
             f.set("soak_build_better_confidence", 1.0 - tests[b.build].p_b_lower)
         push_to_gateway(url, job=job, registry=f.registry, grouping_key=_grouping(grouping, b.build, True),
-                        timeout=timeout)
+                        timeout=timeout, handler=urllib_handler)

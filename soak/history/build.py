@@ -103,7 +103,9 @@ async def fetch_vllm_version(base_url: str, *, api_key: str | None = None, timeo
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        from soak import net
+
+        async with net.session(total_s=timeout_s) as session:  # a 3xx reads as no /version, never followed
             async with session.get(f"{base_url}/version", headers=headers) as response:
                 if response.status != 200:
                     return None

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
 
+from soak import net
 from soak.clock import Clock, SystemClock
 from soak.errors import (
     ConnectionReset,
@@ -106,7 +107,7 @@ class StreamingClient:
             shortest = min(timeouts.first_token, timeouts.stall, timeouts.total)
             sweep_interval_s = min(1.0, max(0.05, shortest / 8))
         self._sweep_interval_s = sweep_interval_s
-        self._session: aiohttp.ClientSession | None = None
+        self._session: net.OutboundSession | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._closed = False
@@ -116,11 +117,8 @@ class StreamingClient:
         if self._session is not None:
             return
         connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, force_close=False)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.connect),
-            auto_decompress=False,
-        )
+        # soak.net: a 3xx is this request's outcome (``redirect``), never followed elsewhere.
+        self._session = net.session(connector=connector, connect_s=self._timeouts.connect, auto_decompress=False)
         self._sweeper = asyncio.create_task(self._sweep(), name="soak-client-deadlines")
 
     async def __aenter__(self) -> "StreamingClient":
@@ -204,6 +202,9 @@ class StreamingClient:
                 error = RequestAborted(reason)
             else:
                 error = RequestTimeout(progress.cut.value, clock.monotonic() - t0)
+        except net.RedirectRefused as exc:
+            state.status = exc.status
+            error = exc
         except TransportError as exc:
             error = exc
         except asyncio.TimeoutError as exc:  # aiohttp's sock_connect

@@ -116,7 +116,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if sys.stdin.buffer.readline() != GO:
         return 0  # the harness went away before asking: write nothing
-    write_report(Path(argv[0]), html=html)
+    written = write_report(Path(argv[0]), html=html)
+    # As `soak report` does: the files a reader of the run directory writes pass the redactor's shapes.
+    import os
+
+    from soak.redact import Redactor
+
+    redactor = Redactor.for_run(environ=os.environ)
+    for path in (written.html, written.junit, written.summary):
+        if path is not None:
+            redactor.scrub_file(path, shapes=True)
     return 0
 
 

@@ -41,7 +41,7 @@ def report(run_dir: Path, *, confidence: float) -> int:
     redactor = Redactor.for_run(environ=os.environ)
     for path in (written.html, written.junit, written.summary):
         if path is not None:
-            redactor.scrub_file(path)
+            redactor.scrub_file(path, shapes=True)  # every shape: URLs, flags, headers
     model = written.model
     line = f"{model.name}: {model.verdict}" + (" (cut off)" if model.cut_off else "")
     if model.mtbf is not None:

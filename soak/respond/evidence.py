@@ -90,10 +90,9 @@ def write_samples(bundle: Bundle, samples: Sequence[Sample], *, since: float) ->
 
 
 async def fetch_metrics(base_url: str, timeout_s: float) -> str:
-    import aiohttp
+    from soak import net
 
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with net.session(total_s=timeout_s) as session:  # a 3xx: RedirectRefused, never followed
         async with session.get(base_url.rstrip("/") + "/metrics") as resp:
             text = await resp.text()
             if resp.status != 200:

@@ -190,7 +190,7 @@ class SoakRun:
         self.responder: Responder | None = None
         self.gpu_source: GpuSourceLike | None = None
         self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
-        self.probe_session: aiohttp.ClientSession | None = None
+        self.probe_session: Any = None  # soak.net.OutboundSession
         self._scheduler: ProbeScheduler | None = None
         self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
         self._watch_task: asyncio.Task[None] | None = None
@@ -552,14 +552,17 @@ class SoakRun:
     def _evidence_write_failed(self, exc: BaseException) -> None:
         self.fault(exc, where="writing incident evidence")
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _session(self) -> Any:
         """The run's session for its own reads of the server (and the probes')."""
         if self.probe_session is None:
-            self.probe_session = aiohttp.ClientSession()
+            from soak import net
+
+            self.probe_session = net.session()  # a 3xx is a failed read naming its Location, never followed
         return self.probe_session
 
     async def _read_server_version(self) -> VllmProfile:
         """GET /version: the run adapts to the server's vLLM version (soak.versions)."""
+        from soak.net import RedirectRefused
         from soak.versions import profile_for, version_from_body
 
         version = None
@@ -568,6 +571,9 @@ class SoakRun:
             async with self._session().get(url, timeout=aiohttp.ClientTimeout(total=self.config.probes.timeout)) as resp:
                 if resp.status == 200:
                     version = version_from_body(await resp.json(content_type=None))
+        except RedirectRefused as exc:  # not followed (soak.net): said, with where it pointed
+            self.event("warning", message=f"GET /version: {exc}")
+            version = None
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             version = None
         profile = profile_for(version)

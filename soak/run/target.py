@@ -65,46 +65,85 @@ async def wait_ready(
     clock: Clock,
     exited: Callable[[], int | None] = lambda: None,
     what: str = "the target",
+    on_waiting: Callable[[str], None] | None = None,
 ) -> tuple[str, tuple[str, ...]]:
     """Poll until ``/health`` and ``/v1/models`` both answer; returns (base URL, models).
 
     ``url()`` gives the base URL or None while it is not known yet (a port file
     not written yet); ``exited()`` gives the exit code once the process is gone.
+    ``on_waiting(reason)`` hears why the target is not ready, one line, after the
+    first failed poll and again whenever the reason changes: a server that never
+    comes up says why at once, not at the end of a 30-minute start-up timeout.
+    An answer that waiting cannot change (a redirect, 401/403: the credentials)
+    ends the wait at once.
     """
     import aiohttp
 
+    from soak import net
+
     deadline = clock.monotonic() + timeout_s
     last = "no answer yet"
-    timeout = aiohttp.ClientTimeout(total=max(1.0, min(10.0, interval_s * 4)))
-    async with aiohttp.ClientSession(timeout=timeout, headers=dict(headers)) as session:
+    said = None
+    total = max(1.0, min(10.0, interval_s * 4))
+    async with net.session(total_s=total, headers=headers) as session:
         while True:
             code = exited()
             if code is not None:
                 raise TargetNotReady(f"{what} exited with code {code} before it was ready (see {SERVER_LOG})")
             base = url()
             if base is not None:
+                where = what if base in what else f"{what} at {base}"
                 try:
-                    async with session.get(base + "/health") as health:
-                        await health.read()
-                        if health.status != 200:
-                            raise _NotYet(f"/health answered {health.status}")
-                    async with session.get(base + "/v1/models") as models:
-                        body = await models.json(content_type=None) if models.status == 200 else None
-                        if models.status != 200:
-                            raise _NotYet(f"/v1/models answered {models.status}")
-                    names = tuple(m.get("id") for m in (body or {}).get("data", []) if isinstance(m, dict))
-                    return base, tuple(n for n in names if n)
+                    return base, await _ready_once(session, base)
+                except _Refused as exc:
+                    raise TargetNotReady(f"{where} {exc}") from None
                 except _NotYet as exc:
                     last = str(exc)
+                except net.RedirectRefused as exc:
+                    raise TargetNotReady(f"{where} answers {exc}") from None
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
-                    last = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                    last = _why(exc)
+                if on_waiting is not None and last != said:
+                    said = last
+                    on_waiting(f"{where} is not ready yet: {last}")
             if clock.monotonic() >= deadline:
                 raise TargetNotReady(f"{what} not ready after {timeout_s:g}s at {base or '(no URL yet)'}: {last}")
             await asyncio.sleep(interval_s)
 
 
+async def _ready_once(session, base: str) -> tuple[str, ...]:
+    """The model names once /health and /v1/models answer 200; else why not."""
+    for path in ("/health", "/v1/models"):
+        async with session.get(base + path) as response:
+            if response.status in (401, 403):
+                raise _Refused(f"answers {path} with HTTP {response.status}: the credentials are refused "
+                               "(target.api_key_env)")
+            if response.status != 200:
+                await response.read()
+                raise _NotYet(f"{path} answered HTTP {response.status}")
+            body = await response.json(content_type=None) if path == "/v1/models" else await response.read()
+    data = body.get("data") if isinstance(body, dict) else None
+    names = tuple(m.get("id") for m in (data if isinstance(data, list) else []) if isinstance(m, dict))
+    return tuple(str(n) for n in names if n)
+
+
+def _why(exc: BaseException) -> str:
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"connection refused or unreachable ({exc.os_error.strerror or exc.os_error})" \
+            if getattr(exc, "os_error", None) is not None else "connection refused or unreachable"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer within the probe timeout"
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
 class _NotYet(Exception):
     pass
+
+
+class _Refused(Exception):
+    """An answer that no amount of waiting changes."""
 
 
 class ProcessTarget:
@@ -130,7 +169,9 @@ class ProcessTarget:
         redactor: Redactor | None = None,
         guardian: Guardian | None = None,
         on_log_error: Callable[[BaseException], None] | None = None,
+        on_waiting: Callable[[str], None] | None = None,
     ) -> None:
+        self._on_waiting = on_waiting  # why it is not ready yet (wait_ready), one line
         self._redactor = redactor or Redactor()
         self._guardian = guardian
         self._on_log_error = on_log_error
@@ -225,6 +266,7 @@ class ProcessTarget:
             clock=self._clock,
             exited=self.returncode,
             what=self._what,
+            on_waiting=self._on_waiting,
         )
         # Whoever answered must be ours (a server that came up on the port meanwhile is not).
         await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
@@ -344,7 +386,9 @@ class AttachedTarget:
         api_key: str | None = None,
         flight_recorder_pipe_stem: str | None = None,
         clock: Clock | None = None,
+        on_waiting: Callable[[str], None] | None = None,
     ) -> None:
+        self._on_waiting = on_waiting  # why it is not ready yet (wait_ready), one line
         self.base_url = base_url
         self.root_pid = pid
         self.log_path = log_path
@@ -374,6 +418,7 @@ class AttachedTarget:
             headers=self._headers,
             clock=self._clock,
             what=f"the attached server at {self.base_url}",
+            on_waiting=self._on_waiting,
         )
         if self.root_pid is not None:
             # The PID must be the one serving the URL (or its ancestor); pinned by start time.
@@ -435,12 +480,13 @@ def build_target(
     redactor: Redactor | None = None,
     guardian: Guardian | None = None,
     on_log_error: Callable[[BaseException], None] | None = None,
+    on_waiting: Callable[[str], None] | None = None,
 ) -> Target:
     """The target the config names. ``extra_env`` (flight recorder, ownership
     marker) goes to a server the harness starts; its output is redacted by
     ``redactor`` on its way to server.log, and ``guardian`` is told its PID."""
     api_key = api_key_from_env(config.api_key_env, environ)
-    owned = {"redactor": redactor, "guardian": guardian, "on_log_error": on_log_error}
+    owned = {"redactor": redactor, "guardian": guardian, "on_log_error": on_log_error, "on_waiting": on_waiting}
     if isinstance(config, SimulatorTarget):
         return ProcessTarget(
             command=sim_command(config, run_dir),
@@ -482,4 +528,5 @@ def build_target(
         api_key=api_key,
         flight_recorder_pipe_stem=flight_recorder_pipe_stem,
         clock=clock,
+        on_waiting=on_waiting,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
@@ -126,6 +127,11 @@ def build_soak_run(
         env=target_config.env if isinstance(target_config, LaunchedTarget) else None,
     )
 
+    # stderr and stdout (soak.cli's redacting streams) hide what this run's redactor knows.
+    from soak.redact import follow_in_streams
+
+    follow_in_streams(redactor, sys.stdout, sys.stderr)
+
     # What can fail for want of the environment fails before the run directory exists.
     exporter = _start_exporter(config, clock, exporter_port) if config.exporter.enabled else None
     run_id = new_run_id(config.name, clock.now())
@@ -182,6 +188,10 @@ def build_soak_run(
         if "run" in late:
             late["run"].fault(exc, where="writing server.log")
 
+    def target_waiting(reason: str) -> None:
+        if "run" in late:  # the one line a never-ready target gives, at its first failed poll
+            late["run"].event("target_waiting", message=reason)
+
     target = build_target(
         target_config,
         run_dir=run_dir,
@@ -192,6 +202,7 @@ def build_soak_run(
         redactor=redactor,
         guardian=guardian,
         on_log_error=log_failed,
+        on_waiting=target_waiting,
     )
 
     sinks: list[RunSink] = []

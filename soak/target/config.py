@@ -30,8 +30,29 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _check_url(value: str) -> str:
+    """A base URL: scheme, host, port, path. Credentials go in a header, never in
+    the URL (it is written to events, the live view and the report, and a proxy's
+    log): userinfo is refused with one line, as is a query or fragment (the
+    harness appends paths to the base, and a ``?token=`` would be lost or leak)."""
+    from urllib.parse import urlsplit
+
+    from soak.redact import Redactor
+
     if not re.match(r"^https?://[^/\s]+", value):
-        raise ValueError(f"{value!r} is not a base URL such as http://127.0.0.1:8000")
+        raise ValueError(f"{Redactor().text(value)!r} is not a base URL such as http://127.0.0.1:8000")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - a bad port raises here, not at the first request
+    except ValueError:
+        raise ValueError(f"{Redactor().text(value)!r} is not a base URL such as http://127.0.0.1:8000") from None
+    if "@" in parts.netloc:
+        raise ValueError(
+            "credentials in the URL (user:password@) are refused: give the key in an environment variable "
+            "named by target.api_key_env (sent as an Authorization header), and the URL without them"
+        )
+    if parts.query or parts.fragment or value.endswith(("?", "#")):
+        raise ValueError("a base URL has no query or fragment (scheme://host:port/path): credentials go in "
+                         "target.api_key_env, never in the URL")
     return value.rstrip("/")
 
 
@@ -183,36 +204,27 @@ TargetConfig = Annotated[
 ]
 
 
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
-_SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 REDACTED = "***"
 
 
 def redact_target(data: dict) -> dict:
-    """The target section with secrets replaced by ``***``: values of env
-    variables whose names look secret, and the arguments of ``--api-key`` and
-    similar flags in a launch command."""
-    out = dict(data)
-    env = out.get("env")
-    if isinstance(env, dict):
-        out["env"] = {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()}
-    command = out.get("command")
-    if isinstance(command, list):
-        redacted: list[str] = []
-        hide_next = False
-        for arg in command:
-            if hide_next:
-                redacted.append(REDACTED)
-                hide_next = False
-                continue
-            flag, eq, _ = arg.partition("=")
-            if flag in _SECRET_FLAGS:
-                if eq:
-                    redacted.append(f"{flag}={REDACTED}")
-                else:
-                    redacted.append(arg)
-                    hide_next = True
-                continue
-            redacted.append(arg)
-        out["command"] = redacted
+    """The target section with secrets replaced by ``***``, by soak.redact's one
+    rule: values of env variables whose names look secret or that hold a URL with
+    credentials (``DB_URL``), the values of secret-looking flags and of flags that
+    hold such a URL (``--db-url``), URL userinfo and credential query parameters."""
+    from soak.redact import Redactor
+
+    env = data.get("env") if isinstance(data.get("env"), dict) else None
+    command = data.get("command") if isinstance(data.get("command"), list) else ()
+    redactor = Redactor.for_run(environ={}, command=[str(a) for a in command],
+                                env={str(k): str(v) for k, v in env.items()} if env else None)
+    out = redactor.structure(dict(data))
+    if command:
+        out["command"] = redactor.argv([str(a) for a in command])  # by position too: ``--api-key k``
+    if env:
+        # A secret-named variable's value is hidden whatever it is (short, or trivial-looking).
+        from soak.redact import holds_credential_url, secret_name
+
+        out["env"] = {redactor.text(str(k)): (REDACTED if secret_name(str(k)) or holds_credential_url(str(v))
+                                               else redactor.text(str(v))) for k, v in env.items()}
     return out

@@ -123,7 +123,9 @@ class TargetCounter:
         import aiohttp
 
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s))
+            from soak import net
+
+            self._session = net.session(total_s=self._timeout_s)  # a 3xx fails the count, never followed
         self.calls += 1
         try:
             async with self._session.post(self._url, json=payload, headers=self._headers) as response:

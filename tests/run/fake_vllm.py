@@ -22,6 +22,9 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
                    exactly reconstructible); GET /fake/truth gives what it really served
   counters_dip     as counters_reset, and the 2nd scrape after the reset reads 1 below the
                    one before (counters that go backwards without a restart), the next as before
+  redirect_other   completions answer 307 to $FAKE_REDIRECT_TO (another server); the rest ok
+  redirect_loop    completions answer 307 to themselves, numbered: ``?n=<this POST's number>``
+  redirect_probes  completions ok; /metrics and /version answer 302 to $FAKE_REDIRECT_TO
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     number = state.requests
     prompt = max(1, len(body) // 4)
     mode = state.mode
+    if mode in REDIRECT_MODES:
+        return redirect(mode, number)
     if mode == "http500":
         return web.Response(status=500, body=b"")
     if mode == "http400":
@@ -113,6 +118,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def metrics(request: web.Request) -> web.Response:
     state: State = request.app["state"]
     state.scrapes += 1
+    if state.mode == "redirect_probes":
+        return redirect(state.mode, state.scrapes, path="/metrics")
     if state.mode == "metrics_garbage" and state.scrapes > 3:
         return web.Response(text="<html>this is not {prometheus} text\x00\n", content_type="text/plain")
     labels = f'{{model_name="{MODEL}",engine="0"}}'
@@ -152,7 +159,10 @@ def _reset_counters(state: State, labels: str) -> str:
 
 
 async def version(request: web.Request) -> web.Response:
+    """No /version (404) but in the counters_* modes (0.11.2) and redirect_probes (302)."""
     state: State = request.app["state"]
+    if state.mode == "redirect_probes":
+        return redirect("redirect_probes", 0, path="/version")
     if state.mode not in ("counters_reset", "counters_dip"):
         raise web.HTTPNotFound()
     return web.json_response({"version": "0.11.2"})
@@ -193,6 +203,21 @@ async def main(mode: str, port_file: str) -> None:
 
     os.replace(port_file + ".tmp", port_file)
     await asyncio.Event().wait()
+
+
+REDIRECT_MODES = ("redirect_other", "redirect_loop")
+
+
+def redirect(mode: str, number: int, *, path: str = "/v1/chat/completions") -> web.Response:
+    """A 307 (method and body kept: a client that follows re-sends the prompt); 302 for the probes."""
+    import os
+
+    if mode == "redirect_loop":
+        location = f"{path}?n={number}"
+    else:
+        location = os.environ["FAKE_REDIRECT_TO"].rstrip("/") + f"{path}?n={number}"
+    return web.Response(status=302 if mode == "redirect_probes" else 307, headers={"Location": location},
+                        body=b"moved")
 
 
 if __name__ == "__main__":

@@ -137,3 +137,76 @@ def test_token_counts_and_positions_are_not_secrets():
         assert not secret_name(name), name
     for name in ("--api-key", "hf_token", "HF_TOKEN", "PGPASSWORD", "X-Auth", "access_token", "openai_api_key"):
         assert secret_name(name), name
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("base_url http://user:KeyInUrl9@h:8000/v1", "KeyInUrl9"),
+    ("postgres://u:p@ss@word@db/x", "p@ss@word"),  # the last @ before the host ends the userinfo
+    ("https://ghp_abcdefghijkl1234@github.com/o/r", "ghp_abcdefghijkl1234"),  # a token as the user
+    ("GET https://h/x?a=1&token=QryTok99&b=2", "QryTok99"),
+    ("https://b.s3/x?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=deadbeef77", "deadbeef77"),
+    ("https://acct.blob/c?sv=2020&sig=AzSig1234%3D", "AzSig1234%3D"),
+    ("https://h/p?accessKey=CamelKey55", "CamelKey55"),
+    ("https://h/p?b=c?sig=SecondQ77", "SecondQ77"),  # a second '?' starts a parameter too
+    ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+    ('{"authorization": "Token tok-12345"}', "tok-12345"),
+    ('{"line": "vllm:x{api_key=\\"LabelKey7\\"} 1"}', "LabelKey7"),
+])
+def test_url_and_header_shapes_are_hidden_without_being_told(text, secret):
+    out = Redactor().text(text)
+    assert secret not in out and "***" in out, out
+
+
+def test_a_url_without_credentials_is_left_alone():
+    text = "GET http://127.0.0.1:8000/v1/models?limit=3&sort_key=id and /metrics; signature=nccl_timeout"
+    assert Redactor().text(text) == text
+
+
+def test_a_variable_or_flag_holding_a_credential_url_is_hidden_whole_and_its_password_everywhere():
+    from soak.target.config import redact_target
+
+    r = Redactor.for_run(environ={"DB_URL": "postgres://app:EnvPw3k8L1@db:5432/app", "HOME": "/root"},
+                         command=["vllm", "--db-url", "mysql://u:FlagPw7x9@h/x", "--up=https://h/?token=QTok8c2V"])
+    assert r.text("DB_URL=postgres://app:EnvPw3k8L1@db:5432/app") == "DB_URL=***"
+    assert r.text("--db-url mysql://u:FlagPw7x9@h/x --up=https://h/?token=QTok8c2V") == "--db-url *** --up=***"
+    assert r.text("password was EnvPw3k8L1 / FlagPw7x9") == "password was *** / ***"
+    assert "/root" not in r.values
+    target = redact_target({"kind": "launched", "base_url": "http://127.0.0.1:8000",
+                            "command": ["vllm", "--db-url", "mysql://u:FlagPw7x9@h/x", "--api-key", "k"],
+                            "env": {"DB_URL": "postgres://app:EnvPw3k8L1@db/app", "OTHER": "plain"}})
+    assert target["command"] == ["vllm", "--db-url", "***", "--api-key", "***"]
+    assert target["env"] == {"DB_URL": "***", "OTHER": "plain"}
+
+
+def test_the_cli_streams_hide_secrets_in_argparse_and_error_lines(capsys):
+    from soak.cli import main
+
+    assert main(["run", "/nonexistent/cfg.yaml", "--duration", "http://u:ArgSecret12@h/"]) in (2, 3)
+    err = capsys.readouterr().err
+    assert "ArgSecret12" not in err and err.strip()
+
+
+def test_base_url_credentials_are_refused_with_one_line_naming_the_field():
+    from pydantic import TypeAdapter, ValidationError
+
+    from soak.target.config import TargetConfig
+
+    for extra in ({}, {"api_key_env": "KEY_VAR"}):
+        for url in ("http://user:UrlPw12345@127.0.0.1:8000", "http://127.0.0.1:8000/?token=Tk12345",
+                    "http://tok@127.0.0.1:8000"):
+            with pytest.raises(ValidationError) as info:
+                TypeAdapter(TargetConfig).validate_python({"kind": "attached", "base_url": url, **extra})
+            error = info.value.errors()[0]
+            assert error["loc"][-1] == "base_url" and "UrlPw12345" not in error["msg"] and "Tk12345" not in error["msg"]
+
+
+def test_the_report_scrub_leaves_inline_images_whole(tmp_path):
+    import base64
+
+    blob = base64.b64encode(b"\x00" * 30 + b"aKey=" + b"\xff" * 40 + b"xKEY=zz token=1").decode()
+    blob = blob[:20] + "aKey=QQQQ" + blob[20:]  # a base64 run that reads like ``Key=`` by chance
+    page = tmp_path / "report.html"
+    page.write_text(f"<img src='data:image/png;base64,{blob}'><p>--api-key sk-Visible99</p>")
+    assert Redactor().scrub_file(page, shapes=True)
+    text = page.read_text()
+    assert blob in text and "sk-Visible99" not in text
