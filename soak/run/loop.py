@@ -55,7 +55,7 @@ from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
-from soak.store.summary import RequestDigest, digest_requests, disk_incidents, summarize
+from soak.store.summary import RequestDigest, digest_requests, disk_incidents, load_span, summarize
 from soak.versions import VllmProfile
 from soak.workload import Workload
 
@@ -312,7 +312,8 @@ class SoakRun:
                        note="server token totals and the prefix-cache hit ratio cover only the time before")
 
     def _on_record(self, record: RequestRecord) -> None:
-        self.tally.add(record)
+        # Live, a record ends now on the run's monotonic clock, as the load's span does.
+        self.tally.add(record, at=self.clock.monotonic())
         self.sinks.on_request(record)
         if self._threshold_book is not None:
             self._threshold_book.add_request(record.to_json())
@@ -519,9 +520,11 @@ class SoakRun:
         # so summary.json's server-side deltas cover exactly the load applied.
         await self._scrape_metrics()
         self.event("load_started", mode=config.load.mode, concurrency=config.load.concurrency)
+        self.tally.open_load(self.clock.monotonic())  # work is owed from here: no grace hides its absence
         # What the summary judges the requests by, as JSON (config.yaml is for people).
         self.event("criteria_config", criteria=config.criteria.model_dump(mode="json"))
         result = await self.generator.run()
+        self.tally.close_load(self.clock.monotonic())
         await self._scrape_metrics()
         self.event(
             "load_stopped",
@@ -640,6 +643,7 @@ class SoakRun:
                     self.event("metrics_scrape_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _judge_criteria(self) -> CriteriaDecision:
+        self.tally.watch(self.clock.monotonic())
         decision = judge(self.config.criteria, self.tally, final=False)
         for result in decision.results:
             if result.state in (CriterionState.FAIL, CriterionState.AT_RISK) and result.name not in self._criteria_reported:
@@ -647,7 +651,8 @@ class SoakRun:
                 self.event("criterion_" + result.state.value, criterion=result.name, value=result.value,
                            threshold=result.threshold, reasons=list(result.reasons))
         if decision.stop and self.generator is not None and not self.generator.stopping:
-            self._stop_reason = f"criterion no_success: {decision.reasons[0]}"
+            first = decision.failed[0]
+            self._stop_reason = f"criterion {first.name}: {first.reasons[0]}"
             self.generator.stop(self._stop_reason)
         return decision
 
@@ -864,7 +869,8 @@ class SoakRun:
     def _final_criteria(self) -> CriteriaDecision:
         try:
             # Read once: summary.json (and the thresholds) reuse this digest.
-            self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria)
+            self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria,
+                                             span=load_span(self.run_dir))
             tally = self._requests.tally
         except OSError:
             tally = self.tally  # the file is gone: what the run saw live

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from soak.criteria.config import CriteriaConfig
-from soak.criteria.rules import RequestTally, cut_cause, judge
+from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, judge, record_time
+from soak.criteria.rules import generated_tokens as work_tokens
 from soak.jsonl import read_json, read_records
 from soak.percentiles import percentiles
 from soak.records import Verdict
@@ -121,6 +122,7 @@ class RequestDigest:
     e2e_s: Sequence[float]
     itl_p50_s: Sequence[float]
     stats: Mapping[str, int]  # unreadable lines, as read_records counts them
+    span: LoadSpan = LoadSpan(None)  # the load's span the work evidence was judged against
 
     @property
     def ok(self) -> int:
@@ -140,15 +142,29 @@ def _count(value: Any) -> int | float:
     return value if type(value) is int or (isinstance(value, (int, float)) and not isinstance(value, bool)) else 0
 
 
+def load_span(run_dir: Path) -> LoadSpan:
+    """The load's span as events.jsonl recorded it (``load_started``, ``load_stopped``)."""
+    started = stopped = None
+    for event in read_records(run_dir / EVENTS):
+        kind = event.get("type")
+        if kind == "load_started" and started is None:
+            started = event
+        elif kind == "load_stopped":
+            stopped = event
+    return LoadSpan.of_events(started, stopped)
+
+
 def digest_requests(path: Path, criteria: CriteriaConfig, *,
                     on_request: Callable[[dict[str, Any]], None] | None = None,
-                    stats: dict[str, int] | None = None) -> RequestDigest:
+                    stats: dict[str, int] | None = None, span: LoadSpan | None = None) -> RequestDigest:
     """The digest of a requests.jsonl (empty when it is missing). ``on_request``
     sees every parsed record, so a reader that wants more of them (the report's
-    columns) shares this one pass; ``stats`` also gets the unreadable-line counts."""
+    columns) shares this one pass; ``stats`` also gets the unreadable-line counts.
+    ``span``: the load's (``load_span``), for the work-evidence criterion."""
+    span = span or LoadSpan(None)
     own_stats: dict[str, int] = {}
     by_outcome: dict[str, int] = {}
-    finished: list[tuple[float, str, str | None]] = []  # (ended_at, outcome, cut cause)
+    finished: list[tuple[float, str, str | None, int]] = []  # (end, outcome, cut cause, generated tokens)
     warmup = measured = measured_generated = 0
     prompt_tokens = generated_tokens = cached_tokens = cached_known = 0
     first_started: float | None = None
@@ -166,7 +182,8 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         end = get("ended_at")
         ended = isinstance(end, (int, float))
         cause = cut_cause(record) if outcome == "aborted" else None
-        finished.append((float(end) if ended else 0.0, outcome, cause))
+        at = record_time(record, offset=span.offset)
+        finished.append((at if at is not None else 0.0, outcome, cause, work_tokens(record)))
         prompt_tokens += _count(get("prompt_tokens"))
         output_tokens = _count(get("output_tokens"))
         generated_tokens += output_tokens
@@ -192,9 +209,9 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
                     into.append(value)
     # The tally folds in the order requests ended (the no-success stretch is a time span).
     finished.sort(key=lambda row: row[0])
-    tally = RequestTally.for_config(criteria)
-    for ended_at, outcome, cause in finished:
-        tally.add_finished(outcome, ended_at, cause)
+    tally = RequestTally.for_config(criteria, span=span)
+    for ended_at, outcome, cause, tokens in finished:
+        tally.add_finished(outcome, ended_at, cause, tokens=tokens)
     if stats is not None:
         for key, count in own_stats.items():
             stats[key] = stats.get(key, 0) + count
@@ -202,7 +219,7 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         criteria=criteria, tally=tally, warmup=warmup, by_outcome=by_outcome, prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens, cached_tokens=cached_tokens, cached_known=cached_known,
         measured=measured, measured_generated=measured_generated, first_started=first_started,
-        last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats)
+        last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats, span=span)
 
 
 def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> dict[str, Any]:
@@ -225,6 +242,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     warnings: list[str] = []
     build: dict[str, Any] = {}
     criteria_section: dict[str, Any] | None = None
+    load_events: dict[str, dict[str, Any]] = {}
     for event in read_records(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
@@ -235,8 +253,10 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             started_at = ts
         elif kind == "load_started":
             load_started = ts
+            load_events.setdefault("started", event)
         elif kind == "load_stopped":
             load_stopped = ts
+            load_events["stopped"] = event
         elif kind == "run_ended":
             run_ended = event
             ended_at = ts
@@ -262,8 +282,9 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             build = {k: v for k, v in event.items() if k not in ("ts", "type")}
 
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
-    if requests is None or requests.criteria != criteria_config:
-        requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats)
+    span = LoadSpan.of_events(load_events.get("started"), load_events.get("stopped"))
+    if requests is None or requests.criteria != criteria_config or requests.span != span:
+        requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats, span=span)
     else:
         for key, count in requests.stats.items():
             read_stats[key] = read_stats.get(key, 0) + count
