@@ -118,16 +118,20 @@ class LoadSpan:
     ``started``: the ``load_started`` event; ``ended``: ``load_stopped`` (None for
     a run cut off before it); ``offset``: wall minus monotonic when the events
     carry ``mono`` (then the span and the records are on the monotonic clock),
-    None for runs that recorded the wall clock only."""
+    None for runs that recorded the wall clock only; ``cut_short``: the harness
+    itself ended the load (Ctrl-C / SIGTERM, its own fault), so a load with no
+    work yet is judged on the time it had, not as a finished night."""
 
     started: float | None
     ended: float | None = None
     offset: float | None = None
+    cut_short: bool = False
 
     @classmethod
-    def of_events(cls, started: Mapping[str, Any] | None, stopped: Mapping[str, Any] | None) -> "LoadSpan":
+    def of_events(cls, started: Mapping[str, Any] | None, stopped: Mapping[str, Any] | None, *,
+                  cut_short: bool = False) -> "LoadSpan":
         if started is None:
-            return cls(None)
+            return cls(None, cut_short=cut_short)
         ts, mono = _number(started.get("ts")), _number(started.get("mono"))
         offset = ts - mono if ts is not None and mono is not None else None
 
@@ -142,7 +146,7 @@ class LoadSpan:
                 return None if t is None else t - offset
             return _number(event.get("ts"))
 
-        return cls(at(started), at(stopped), offset)
+        return cls(at(started), at(stopped), offset, cut_short)
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,7 @@ class RequestTally:
 
     __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "_window", "_min_failures", "_current",
                  "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
-                 "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work", "longest_gap",
+                 "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work", "longest_gap",
                  "_win", "_win_requests", "_win_tokens", "_short", "_first_short")
 
     def __init__(self, *, window_s: float, min_failures: int, work: WorkEvidenceCriterion | None = None,
@@ -220,6 +224,7 @@ class RequestTally:
         self.offset = span.offset
         self.load_started: float | None = span.started
         self.load_ended: float | None = span.ended
+        self.cut_short = span.cut_short
         self.watched: float | None = None  # live: the latest ``watch(now)``
         self.latest: float | None = None  # the latest record end folded in
         self.work_requests = 0
@@ -481,7 +486,9 @@ def work_evidence(config: CriteriaConfig, tally: RequestTally, *, final: bool) -
         return CriterionResult(name, CriterionState.INACTIVE, None, gap_bound, ("the load never started",))
     until = tally.until(final=final)
     assert until is not None
-    strict = final and tally.load_ended is not None
+    # A load that ran its course owes work however short; one the harness cut
+    # (Ctrl-C, its own fault) is judged on the time it had, start-up allowance included.
+    strict = final and tally.load_ended is not None and not tally.cut_short
 
     def rel(t: float) -> str:
         return f"+{t - origin:.1f}s"

@@ -753,7 +753,8 @@ class SoakRun:
             incidents = max(self._incidents, len(disk_incidents(self.run_dir)))
         except OSError:  # an unreadable run directory: what the run saw live
             incidents = self._incidents
-        criteria = self._final_criteria()
+        # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
+        criteria = self._final_criteria(cut_short=self._interrupted or self._fault is not None or problem is not None)
         failed = self._failed or incidents > 0 or not criteria.passed
         if isinstance(problem, EnvironmentProblem):
             exit_code, verdict = 3, Verdict.ABORTED
@@ -866,14 +867,15 @@ class SoakRun:
             return
         self.event("pushed", url=self.config.pushgateway.url, **pushed)
 
-    def _final_criteria(self) -> CriteriaDecision:
+    def _final_criteria(self, *, cut_short: bool = False) -> CriteriaDecision:
         try:
             # Read once: summary.json (and the thresholds) reuse this digest.
             self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria,
-                                             span=load_span(self.run_dir))
+                                             span=load_span(self.run_dir, cut_short=cut_short))
             tally = self._requests.tally
         except OSError:
             tally = self.tally  # the file is gone: what the run saw live
+            tally.cut_short = cut_short
         return judge(self.config.criteria, tally, final=True)
 
     async def _start_report(self) -> ReportChild | None:

@@ -142,16 +142,26 @@ def _count(value: Any) -> int | float:
     return value if type(value) is int or (isinstance(value, (int, float)) and not isinstance(value, bool)) else 0
 
 
-def load_span(run_dir: Path) -> LoadSpan:
-    """The load's span as events.jsonl recorded it (``load_started``, ``load_stopped``)."""
-    started = stopped = None
+# run_ended exit codes of a load the harness itself cut short: interrupted, its own fault.
+CUT_SHORT_EXITS = (130, 4)
+
+
+def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
+    """The load's span as events.jsonl recorded it (``load_started``, ``load_stopped``).
+    ``cut_short``: None reads it from ``run_ended`` (the run loop, before writing
+    that event, says it)."""
+    started = stopped = ended = None
     for event in read_records(run_dir / EVENTS):
         kind = event.get("type")
         if kind == "load_started" and started is None:
             started = event
         elif kind == "load_stopped":
             stopped = event
-    return LoadSpan.of_events(started, stopped)
+        elif kind == "run_ended":
+            ended = event
+    if cut_short is None:
+        cut_short = ended is not None and ended.get("exit_code") in CUT_SHORT_EXITS
+    return LoadSpan.of_events(started, stopped, cut_short=cut_short)
 
 
 def digest_requests(path: Path, criteria: CriteriaConfig, *,
@@ -282,7 +292,8 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             build = {k: v for k, v in event.items() if k not in ("ts", "type")}
 
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
-    span = LoadSpan.of_events(load_events.get("started"), load_events.get("stopped"))
+    span = LoadSpan.of_events(load_events.get("started"), load_events.get("stopped"),
+                              cut_short=run_ended is not None and run_ended.get("exit_code") in CUT_SHORT_EXITS)
     if requests is None or requests.criteria != criteria_config or requests.span != span:
         requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats, span=span)
     else:

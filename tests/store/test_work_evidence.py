@@ -236,6 +236,28 @@ def test_a_run_cut_off_is_judged_on_the_time_it_has() -> None:
     assert verdict(cfg, late, final=True) is CriterionState.FAIL
 
 
+def test_a_load_the_harness_cut_short_owes_only_the_time_it_had(tmp_path) -> None:
+    """Ctrl-C or the harness's own fault 3 s in, nothing finished yet: not the
+    server's failure (the allowance applies); the same load run to its end is."""
+    from soak.store.summary import load_span, summarize
+
+    cfg = CriteriaConfig()
+    cut = RequestTally.of(cfg, [], span=LoadSpan(ORIGIN, ORIGIN + 3, cut_short=True))
+    assert verdict(cfg, cut, final=True) is CriterionState.PASS
+    whole = RequestTally.of(cfg, [], span=LoadSpan(ORIGIN, ORIGIN + 3))
+    assert verdict(cfg, whole, final=True) is CriterionState.FAIL
+    run = tmp_path / "run"
+    run.mkdir()
+    for code, expected in ((130, "aborted"), (4, "aborted"), (0, "fail")):
+        events = [{"ts": ORIGIN - 1, "type": "run_started", "run_id": "x"},
+                  {"ts": ORIGIN, "type": "load_started"}, {"ts": ORIGIN + 3, "type": "load_stopped"},
+                  {"ts": ORIGIN + 4, "type": "run_ended", "verdict": "aborted" if code else "pass",
+                   "exit_code": code}]
+        (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        assert load_span(run).cut_short is (code != 0)
+        assert summarize(run)["verdict"] == expected
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 400), st.sampled_from((0, 7))), min_size=1, max_size=30),
        st.sampled_from((-3600.0, 0.0, 3600.0)), st.integers(0, 30))
