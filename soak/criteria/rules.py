@@ -300,7 +300,9 @@ class RequestTally:
             self.ok += 1
             self._current = None
             if tokens > 0:
-                self._worked(ended, tokens)
+                # An end before the load's start (an unreadable time, a skewed clock) counts at the start.
+                origin = self.load_started
+                self._worked(ended if origin is None or ended >= origin else origin, tokens)
             else:
                 self.ok_without_tokens += 1
             return
@@ -316,7 +318,6 @@ class RequestTally:
         if (self.breach is None or self.breach.first_end == cur.first_end) and \
                 cur.length_s >= self._window and cur.failures >= self._min_failures:
             self.breach = cur
-
 
     # -- work evidence -------------------------------------------------------------
     def _window_of(self, t: float) -> int:
