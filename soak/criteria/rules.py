@@ -204,8 +204,8 @@ class RequestTally:
 
     __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "_window", "_min_failures", "_current",
                  "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
-                 "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work", "longest_gap",
-                 "_win", "_win_requests", "_win_tokens", "_short", "_first_short")
+                 "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work",
+                 "longest_gap", "_win", "_win_requests", "_win_tokens", "_short", "_first_short")
 
     def __init__(self, *, window_s: float, min_failures: int, work: WorkEvidenceCriterion | None = None,
                  span: LoadSpan | None = None) -> None:
