@@ -74,7 +74,14 @@ def cut_cause(record: Mapping[str, Any] | Any) -> str | None:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A finite number as a float; None for anything else (bool, NaN, inf, text).
+    Exact-type checks first: the end of a 24-hour run reads a few hundred thousand."""
+    kind = type(value)
+    if kind is float:
+        return value if value - value == 0.0 else None  # NaN and inf are not
+    if kind is int:
+        return float(value)
+    if kind is bool or not isinstance(value, (int, float)):
         return None
     value = float(value)
     return value if math.isfinite(value) else None
@@ -86,7 +93,7 @@ def record_time(record: Mapping[str, Any] | Any, *, offset: float | None = None)
     (``offset``, wall minus monotonic at the load's start, is known) and the record
     has one; else ``ended_at`` (unix seconds), moved onto the monotonic clock by
     ``offset`` when there is one. None: the record says nothing usable."""
-    get = _getter(record)
+    get = record.get if type(record) is dict else _getter(record)
     if offset is not None:
         mono = _number(get("ended_mono"))
         if mono is not None:
@@ -102,13 +109,12 @@ def generated_tokens(record: Mapping[str, Any] | Any) -> int:
     ``ok`` and content reached the client (``ttft_s`` set), else 0. The one
     definition of work: a comment, a byte, a usage count without content or a
     stream the harness cut is not."""
-    get = _getter(record)
+    get = record.get if type(record) is dict else _getter(record)
     if get("outcome") != "ok" or _number(get("ttft_s")) is None:
         return 0
     tokens = get("output_tokens")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
-        return 0
-    return tokens
+    # Exactly int: a bool, a float or text in a damaged line is not a count.
+    return tokens if type(tokens) is int and tokens > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -205,7 +211,7 @@ class RequestTally:
     __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "_window", "_min_failures", "_current",
                  "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
                  "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work",
-                 "longest_gap", "_win", "_win_requests", "_win_tokens", "_short", "_first_short")
+                 "longest_gap", "_win", "_win_end", "_win_requests", "_win_tokens", "_short", "_first_short")
 
     def __init__(self, *, window_s: float, min_failures: int, work: WorkEvidenceCriterion | None = None,
                  span: LoadSpan | None = None) -> None:
@@ -233,7 +239,8 @@ class RequestTally:
         self.first_work: float | None = None
         self.last_work: float | None = None
         self.longest_gap: Gap | None = None  # between two productive requests
-        self._win = 0  # the window records now fall in, and its counts
+        self._win = 0  # the window records now fall in, when it ends, and its counts
+        self._win_end = -math.inf  # unknown until a record is placed
         self._win_requests = 0
         self._win_tokens = 0
         self._short = 0  # closed windows below the floor
@@ -337,10 +344,12 @@ class RequestTally:
             self.last_work = t
         if self.load_started is None:
             return
-        index = self._window_of(t)
-        if index > self._win:
-            self._short, self._first_short = self._closed(index)
-            self._win, self._win_requests, self._win_tokens = index, 0, 0
+        if t >= self._win_end:  # past the current window (or the first record): place it
+            index = self._window_of(t)
+            if index > self._win:
+                self._short, self._first_short = self._closed(index)
+                self._win, self._win_requests, self._win_tokens = index, 0, 0
+            self._win_end = self.load_started + (self._win + 1) * self.work.window
         self._win_requests += 1
         self._win_tokens += tokens
 
