@@ -31,6 +31,7 @@ start and ``watch(now)`` alike.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -126,16 +127,22 @@ class LoadSpan:
     carry ``mono`` (then the span and the records are on the monotonic clock),
     None for runs that recorded the wall clock only; ``cut_short``: the harness
     itself ended the load (Ctrl-C / SIGTERM, its own fault), so a load with no
-    work yet is judged on the time it had, not as a finished night."""
+    work yet is judged on the time it had, not as a finished night; ``restarts``:
+    for each restart, when the load paused for the incident (``incident_started``)
+    and when the new server life began (``restart_done``): the time between is not
+    owed work, and each life gets its start-up allowance."""
 
     started: float | None
     ended: float | None = None
     offset: float | None = None
     cut_short: bool = False
+    restarts: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def of_events(cls, started: Mapping[str, Any] | None, stopped: Mapping[str, Any] | None, *,
-                  cut_short: bool = False) -> "LoadSpan":
+                  cut_short: bool = False,
+                  restarts: Iterable[tuple[Mapping[str, Any] | None, Mapping[str, Any]]] = ()) -> "LoadSpan":
+        """``restarts``: (``incident_started`` or None, ``restart_done``) event pairs."""
         if started is None:
             return cls(None, cut_short=cut_short)
         ts, mono = _number(started.get("ts")), _number(started.get("mono"))
@@ -152,7 +159,13 @@ class LoadSpan:
                 return None if t is None else t - offset
             return _number(event.get("ts"))
 
-        return cls(at(started), at(stopped), offset, cut_short)
+        lives = []
+        for paused, resumed in restarts:
+            back = at(resumed)
+            if back is not None:
+                down = at(paused)
+                lives.append((min(down, back) if down is not None else back, back))
+        return cls(at(started), at(stopped), offset, cut_short, tuple(sorted(lives)))
 
 
 @dataclass(frozen=True)
@@ -169,7 +182,7 @@ class Gap:
 
 @dataclass(frozen=True)
 class WindowCount:
-    index: int
+    start: float
     requests: int
     tokens: int
 
@@ -211,7 +224,8 @@ class RequestTally:
     __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "_window", "_min_failures", "_current",
                  "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
                  "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work",
-                 "longest_gap", "_win", "_win_end", "_win_requests", "_win_tokens", "_short", "_first_short")
+                 "longest_gap", "life_started", "life_first", "life_last", "slow_start", "restarts", "_pending",
+                 "_judged_before", "_win", "_win_end", "_win_requests", "_win_tokens", "_short", "_first_short")
 
     def __init__(self, *, window_s: float, min_failures: int, work: WorkEvidenceCriterion | None = None,
                  span: LoadSpan | None = None) -> None:
@@ -238,7 +252,15 @@ class RequestTally:
         self.ok_without_tokens = 0
         self.first_work: float | None = None
         self.last_work: float | None = None
-        self.longest_gap: Gap | None = None  # between two productive requests
+        self.longest_gap: Gap | None = None  # between two productive requests of one server life
+        # The current server life (a restart starts another): its start, first and last work.
+        self.life_started: float | None = span.started
+        self.life_first: float | None = None
+        self.life_last: float | None = None
+        self.slow_start: Gap | None = None  # the slowest life start to its first work
+        self.restarts = 0
+        self._pending = list(span.restarts)  # restarts not folded in yet (stored runs)
+        self._judged_before = 0  # full windows of earlier lives
         self._win = 0  # the window records now fall in, when it ends, and its counts
         self._win_end = -math.inf  # unknown until a record is placed
         self._win_requests = 0
@@ -268,7 +290,35 @@ class RequestTally:
     def open_load(self, at: float) -> None:
         """The load started at ``at``: work is owed from here."""
         if self.load_started is None:
-            self.load_started = at
+            self.load_started = self.life_started = at
+
+    def restart(self, paused: float, at: float) -> None:
+        """The load paused at ``paused`` for an incident and a new server life
+        began at ``at``: windows and gaps start again, with a new start-up
+        allowance; the windows the old life completed before the pause stay
+        judged, the rest of it (the hang, the kill, the relaunch) is not owed."""
+        if self.life_started is None:
+            return
+        full = max(0, math.floor((min(paused, at) - self.life_started) / self.work.window))
+        self._short, self._first_short = self._closed(full)
+        self._judged_before += full
+        self.life_started, self.life_first, self.life_last = at, None, None
+        self._win, self._win_end, self._win_requests, self._win_tokens = 0, -math.inf, 0, 0
+        self.restarts += 1
+
+    def _restarts_until(self, t: float) -> None:
+        while self._pending and self._pending[0][1] <= t:
+            self.restart(*self._pending.pop(0))
+
+    def settled(self, until: float) -> "RequestTally":
+        """This tally with the recorded restarts up to ``until`` folded in (a copy
+        when any is left: judging never changes the tally)."""
+        if not self._pending or self._pending[0][1] > until:
+            return self
+        other = copy.copy(self)
+        other._pending = list(self._pending)
+        other._restarts_until(until)
+        return other
 
     def close_load(self, at: float) -> None:
         """The load is over (drained) at ``at``."""
@@ -303,12 +353,14 @@ class RequestTally:
             return
         if self.latest is None or ended > self.latest:
             self.latest = ended
+        if self._pending:
+            self._restarts_until(ended)
         if outcome == "ok":
             self.ok += 1
             self._current = None
             if tokens > 0:
-                # An end before the load's start (an unreadable time, a skewed clock) counts at the start.
-                origin = self.load_started
+                # An end before its life's start (an unreadable time, a skewed clock) counts at the start.
+                origin = self.life_started
                 self._worked(ended if origin is None or ended >= origin else origin, tokens)
             else:
                 self.ok_without_tokens += 1
@@ -328,28 +380,36 @@ class RequestTally:
 
     # -- work evidence -------------------------------------------------------------
     def _window_of(self, t: float) -> int:
-        assert self.load_started is not None
-        return max(0, math.floor((t - self.load_started) / self.work.window))
+        assert self.life_started is not None
+        return max(0, math.floor((t - self.life_started) / self.work.window))
 
     def _worked(self, t: float, tokens: int) -> None:
         self.work_requests += 1
         self.work_tokens += tokens
         if self.first_work is None:
             self.first_work = t
-        elif self.last_work is not None and t > self.last_work:
-            gap = Gap(self.last_work, t)
-            if self.longest_gap is None or gap.length_s > self.longest_gap.length_s:
-                self.longest_gap = gap
         if self.last_work is None or t > self.last_work:
             self.last_work = t
-        if self.load_started is None:
+        if self.life_first is None:
+            self.life_first = t
+            if self.life_started is not None:
+                start = Gap(self.life_started, t)
+                if self.slow_start is None or start.length_s > self.slow_start.length_s:
+                    self.slow_start = start
+        elif self.life_last is not None and t > self.life_last:
+            gap = Gap(self.life_last, t)
+            if self.longest_gap is None or gap.length_s > self.longest_gap.length_s:
+                self.longest_gap = gap
+        if self.life_last is None or t > self.life_last:
+            self.life_last = t
+        if self.life_started is None:
             return
         if t >= self._win_end:  # past the current window (or the first record): place it
             index = self._window_of(t)
             if index > self._win:
                 self._short, self._first_short = self._closed(index)
                 self._win, self._win_requests, self._win_tokens = index, 0, 0
-            self._win_end = self.load_started + (self._win + 1) * self.work.window
+            self._win_end = self.life_started + (self._win + 1) * self.work.window
         self._win_requests += 1
         self._win_tokens += tokens
 
@@ -360,15 +420,16 @@ class RequestTally:
         """Short windows and the first of them once every window before ``upto``
         is closed: the current one with its counts, those after it empty."""
         short, first = self._short, self._first_short
-        if upto <= self._win:
+        if upto <= self._win or self.life_started is None:
             return short, first
+        window = self.work.window
         if not self._met(self._win_requests, self._win_tokens):
             short += 1
-            first = first or WindowCount(self._win, self._win_requests, self._win_tokens)
+            first = first or WindowCount(self.life_started + self._win * window, self._win_requests, self._win_tokens)
         empties = upto - self._win - 1
         if empties > 0 and not self._met(0, 0):
             short += empties
-            first = first or WindowCount(self._win + 1, 0, 0)
+            first = first or WindowCount(self.life_started + (self._win + 1) * window, 0, 0)
         return short, first
 
     def until(self, *, final: bool) -> float | None:
@@ -380,12 +441,12 @@ class RequestTally:
         return max(known) if known else self.load_started
 
     def windows(self, until: float) -> Windows:
-        """The full windows of the load up to ``until``, judged against the floor."""
-        if self.load_started is None or until <= self.load_started:
-            return Windows(0, 0, None)
-        full = math.floor((until - self.load_started) / self.work.window)
+        """The full windows of the load (every server life's) up to ``until``, judged against the floor."""
+        if self.life_started is None or until <= self.life_started:
+            return Windows(self._judged_before, self._short, self._first_short)
+        full = math.floor((until - self.life_started) / self.work.window)
         short, first = self._closed(full)
-        return Windows(full, short, first)
+        return Windows(self._judged_before + full, short, first)
 
 
 @dataclass(frozen=True)
@@ -496,6 +557,9 @@ def work_evidence(config: CriteriaConfig, tally: RequestTally, *, final: bool) -
         return CriterionResult(name, CriterionState.INACTIVE, None, gap_bound, ("the load never started",))
     until = tally.until(final=final)
     assert until is not None
+    tally = tally.settled(until)
+    life = tally.life_started
+    assert life is not None
     # A load that ran its course owes work however short; one the harness cut
     # (Ctrl-C, its own fault) is judged on the time it had, start-up allowance included.
     strict = final and tally.load_ended is not None and not tally.cut_short
@@ -505,9 +569,11 @@ def work_evidence(config: CriteriaConfig, tally: RequestTally, *, final: bool) -
 
     windows = tally.windows(until)
     first, last = tally.first_work, tally.last_work
-    trailing = Gap(last if last is not None else origin, until)
+    # The current life's silence: since its last work, or since it began (then the start-up allowance).
+    trailing = Gap(tally.life_last if tally.life_last is not None else life, until)
     longest = tally.longest_gap
     gap = trailing if longest is None or trailing.length_s > longest.length_s else longest
+    since_restart = " after the restart" if tally.restarts else ""
     evidence: dict[str, Any] = {
         "window_s": cfg.window, "min_requests": cfg.min_requests, "min_tokens": cfg.min_tokens,
         "max_gap_s": gap_bound, "startup_s": startup, "judged_s": round(until - origin, 3),
@@ -517,30 +583,33 @@ def work_evidence(config: CriteriaConfig, tally: RequestTally, *, final: bool) -
         "last_work_s": None if last is None else round(last - origin, 3),
         "longest_gap": {"from_s": round(gap.start - origin, 3), "to_s": round(gap.end - origin, 3),
                         "length_s": round(gap.length_s, 3)},
+        "restarts": tally.restarts,
         "windows": {"judged": windows.judged, "short": windows.short,
                     "first_short": None if windows.first_short is None else {
-                        "index": windows.first_short.index, "requests": windows.first_short.requests,
-                        "tokens": windows.first_short.tokens}},
+                        "from_s": round(windows.first_short.start - origin, 3),
+                        "requests": windows.first_short.requests, "tokens": windows.first_short.tokens}},
     }
     reasons: list[str] = []
     elapsed = until - origin
-    if first is None:
-        if strict:
-            reasons.append(f"no request finished with generated tokens in {elapsed:.1f}s of load "
-                           f"({_what_happened(tally)})")
-        elif elapsed >= startup:
-            reasons.append(f"no request finished with generated tokens in the first {elapsed:.1f}s of load, "
-                           f"past the start-up allowance of {startup:g}s ({_what_happened(tally)})")
-    else:
-        if first - origin >= startup:
-            reasons.append(f"the first request with generated tokens finished {first - origin:.1f}s into the load, "
-                           f"past the start-up allowance of {startup:g}s")
-        if gap.length_s >= gap_bound:
-            reasons.append(f"no request finished with generated tokens for {gap.length_s:.1f}s "
-                           f"({rel(gap.start)} to {rel(gap.end)} of the load; at most {gap_bound:g}s allowed)")
+    if first is None and strict:
+        reasons.append(f"no request finished with generated tokens in {elapsed:.1f}s of load "
+                       f"({_what_happened(tally)})")
+    elif tally.life_first is None and until - life >= startup:
+        reasons.append(f"no request finished with generated tokens in the first {until - life:.1f}s of load"
+                       f"{since_restart}, past the start-up allowance of {startup:g}s ({_what_happened(tally)})")
+    slow = tally.slow_start
+    if slow is not None and slow.length_s >= startup:
+        reasons.append(f"the first request with generated tokens finished {slow.length_s:.1f}s into the load"
+                       f"{' (or a restart)' if tally.restarts else ''}, past the start-up allowance of {startup:g}s")
+    # Gaps after a life's first work count against max_gap; the silence before it is the start-up's.
+    gaps = [g for g in (longest, trailing if tally.life_first is not None else None) if g is not None]
+    worst = max(gaps, key=lambda g: g.length_s, default=None)
+    if worst is not None and worst.length_s >= gap_bound:
+        reasons.append(f"no request finished with generated tokens for {worst.length_s:.1f}s "
+                       f"({rel(worst.start)} to {rel(worst.end)} of the load; at most {gap_bound:g}s allowed)")
     short = windows.first_short
     if short is not None:
-        start = origin + short.index * cfg.window
+        start = short.start
         reasons.append(f"{windows.short} of {windows.judged} window(s) of {cfg.window:g}s below the floor of "
                        f"{cfg.min_requests} request(s) and {cfg.min_tokens} token(s): the first, {rel(start)} to "
                        f"{rel(start + cfg.window)}, had {short.requests} request(s) with {short.tokens} "

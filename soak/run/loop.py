@@ -693,6 +693,7 @@ class SoakRun:
         self._failed = True
         number = self._incidents
         self.generator.pause()
+        paused = self.clock.monotonic()  # work is not owed while the target is down (soak.criteria)
         cut = self.client.abort_in_flight(f"incident {number}", cut_by="incident")
         self.event("incident_started", number=number, rule=decision.rule, kind=decision.kind.value,
                    aborted_requests=cut)
@@ -731,6 +732,7 @@ class SoakRun:
             self.facts = replace(self.facts, root_pid=self.target.root_pid)
         self._start_probes()
         self.event("restart_done", number=number, restarts=self.restarts, root_pid=self.target.root_pid)
+        self.tally.restart(paused, self.clock.monotonic())  # a new server life: its own start-up allowance
         self.generator.resume()
 
     # -- the end ---------------------------------------------------------------

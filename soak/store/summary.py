@@ -150,7 +150,8 @@ def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
     """The load's span as events.jsonl recorded it (``load_started``, ``load_stopped``).
     ``cut_short``: None reads it from ``run_ended`` (the run loop, before writing
     that event, says it)."""
-    started = stopped = ended = None
+    started = stopped = ended = paused = None
+    lives: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
     for event in read_records(run_dir / EVENTS):
         kind = event.get("type")
         if kind == "load_started" and started is None:
@@ -159,9 +160,13 @@ def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
             stopped = event
         elif kind == "run_ended":
             ended = event
+        elif kind == "incident_started":
+            paused = event
+        elif kind == "restart_done":
+            lives.append((paused, event))
     if cut_short is None:
         cut_short = ended is not None and ended.get("exit_code") in CUT_SHORT_EXITS
-    return LoadSpan.of_events(started, stopped, cut_short=cut_short)
+    return LoadSpan.of_events(started, stopped, cut_short=cut_short, restarts=lives)
 
 
 def digest_requests(path: Path, criteria: CriteriaConfig, *,
@@ -253,6 +258,9 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     build: dict[str, Any] = {}
     criteria_section: dict[str, Any] | None = None
     load_events: dict[str, dict[str, Any]] = {}
+    # (incident_started, restart_done): the load paused, then a new server life
+    lives: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
+    paused: dict[str, Any] | None = None
     for event in read_records(run_dir / EVENTS, stats=read_stats):
         ts = event.get("ts")
         if isinstance(ts, (int, float)):
@@ -272,8 +280,11 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             ended_at = ts
         elif kind == "incident":
             incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis")})
+        elif kind == "incident_started":
+            paused = event
         elif kind == "restart_done":
             restarts += 1
+            lives.append((paused, event))
         elif kind == "gpu_source_stale":
             gpu_source["stale"] = True
             gpu_source["stale_periods"] += 1
@@ -293,7 +304,8 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
 
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
     span = LoadSpan.of_events(load_events.get("started"), load_events.get("stopped"),
-                              cut_short=run_ended is not None and run_ended.get("exit_code") in CUT_SHORT_EXITS)
+                              cut_short=run_ended is not None and run_ended.get("exit_code") in CUT_SHORT_EXITS,
+                              restarts=lives)
     if requests is None or requests.criteria != criteria_config or requests.span != span:
         requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats, span=span)
     else:

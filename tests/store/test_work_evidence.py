@@ -315,3 +315,105 @@ def test_defaults_are_one_request_and_one_token_every_ten_minutes() -> None:
     assert (w.enabled, w.window, w.min_requests, w.min_tokens, w.gap_s, w.startup_s) == (
         True, 600.0, 1, 1, 600.0, 600.0)
     assert json.loads(CriteriaConfig().model_dump_json())["work_evidence"]["max_gap"] is None
+
+
+def oracle_with_restarts(cfg: CriteriaConfig, end: float, rows: list[dict],
+                         restarts: list[tuple[float, float]]) -> bool:
+    """The invariant over server lives: each life (from the load's start, then
+    from each restart's relaunch, to the next incident's pause or the load's end)
+    owes its own start-up, gaps and full windows; the time between a pause and
+    the relaunch is not owed. A load with no work at all fails."""
+    w = cfg.work_evidence
+    work = sorted((r["ended_at"] - ORIGIN, r["output_tokens"]) for r in rows
+                  if r["outcome"] == "ok" and r["output_tokens"] > 0 and r["ttft_s"] is not None)
+    if not work:
+        return False
+    starts = [0.0, *(back for _, back in restarts)]
+    stops = [*(down for down, _ in restarts), end]
+    for i, (start, stop) in enumerate(zip(starts, stops)):
+        last_life = i == len(starts) - 1
+        # A record ending exactly at a relaunch belongs to the new life (restarts fold first).
+        mine = [(t, n) for t, n in work if start <= t < stop or (last_life and t == stop)]
+        times = [t for t, _ in mine]
+        if not times:
+            if last_life and stop - start >= w.startup_s:
+                return False
+        else:
+            if times[0] - start >= w.startup_s:
+                return False
+            if any(b - a >= w.gap_s for a, b in zip(times, times[1:])):
+                return False
+            if last_life and stop - times[-1] >= w.gap_s:
+                return False
+        for k in range(math.floor((stop - start) / w.window)):
+            inside = [n for t, n in mine if max(0, math.floor((t - start) / w.window)) == k]
+            if len(inside) < w.min_requests or sum(inside) < w.min_tokens:
+                return False
+    return True
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.lists(st.integers(min_value=1, max_value=4 * 120), max_size=6, unique=True))
+def test_restarts_start_a_new_life_and_live_agrees_with_the_end(run, quarters) -> None:
+    """on_hang: restart: the time a server was down and relaunching is not owed
+    work, each life gets its start-up allowance; the live tally (restart() as
+    restart_done happens) and the stored one (the span's restarts) agree."""
+    cfg, end, rows = run
+    marks = sorted(q / 4 for q in quarters if q / 4 < end)
+    restarts = list(zip(marks[0::2], marks[1::2]))  # (paused, relaunched) pairs
+    # Nothing finishes while the target is down: the incident cut what was in flight.
+    rows = [r for r in rows if not any(down <= r["ended_at"] - ORIGIN < back for down, back in restarts)]
+    span = LoadSpan(ORIGIN, ORIGIN + end, restarts=tuple((ORIGIN + d, ORIGIN + b) for d, b in restarts))
+    stored = verdict(cfg, RequestTally.of(cfg, rows, span=span), final=True)
+    assert (stored is CriterionState.PASS) == oracle_with_restarts(cfg, end, rows, restarts), (end, restarts, rows)
+    live = RequestTally.for_config(cfg)
+    live.open_load(ORIGIN)
+    pending = [(ORIGIN + d, ORIGIN + b) for d, b in restarts]
+    for row in sorted(rows, key=lambda r: r["ended_at"]):
+        while pending and pending[0][1] <= row["ended_at"]:
+            live.restart(*pending.pop(0))
+        live.add(row, at=row["ended_at"])
+    for down, back in pending:
+        live.restart(down, back)
+    live.close_load(ORIGIN + end)
+    assert verdict(cfg, live, final=True) is stored
+
+
+def test_a_long_restart_is_not_a_gap_in_the_work() -> None:
+    """Work, a hang at +100 s decided at +200 s, a relaunch until +700 s, work
+    again: with the restart known the night's work evidence holds; read without
+    it, the hang and the relaunch are a gap."""
+    cfg = CriteriaConfig.model_validate({"work_evidence": {"window": "5m"}})
+    rows = [{"outcome": "ok", "ended_at": ORIGIN + t, "output_tokens": 4, "ttft_s": 0.1}
+            for t in [*range(0, 100, 5), *range(730, 1200, 5)]]
+    restart = ((ORIGIN + 200, ORIGIN + 700),)
+    with_restart = RequestTally.of(cfg, rows, span=LoadSpan(ORIGIN, ORIGIN + 1200, restarts=restart))
+    assert verdict(cfg, with_restart, final=True) is CriterionState.PASS
+    without = RequestTally.of(cfg, rows, span=LoadSpan(ORIGIN, ORIGIN + 1200))
+    assert verdict(cfg, without, final=True) is CriterionState.FAIL
+    # A relaunched server that never works again still fails once its allowance runs out.
+    dead = RequestTally.of(cfg, rows[:20], span=LoadSpan(ORIGIN, ORIGIN + 1200, restarts=restart))
+    result = judge(cfg, dead, final=True).failed[-1]
+    assert result.reasons[0].startswith("no request finished with generated tokens in the first 500.0s of load "
+                                        "after the restart, past the start-up allowance of 300s")
+
+
+def test_summarize_reads_the_restarts_from_the_events(tmp_path) -> None:
+    from soak.store.summary import load_span, summarize
+
+    run = tmp_path / "run"
+    run.mkdir()
+    events = [{"ts": ORIGIN - 1, "type": "run_started", "run_id": "x"},
+              {"ts": ORIGIN, "type": "load_started"},
+              {"ts": ORIGIN + 200, "type": "incident_started", "number": 1},
+              {"ts": ORIGIN + 700, "type": "restart_done", "number": 1},
+              {"ts": ORIGIN + 1200, "type": "load_stopped"},
+              {"ts": ORIGIN + 1201, "type": "run_ended", "verdict": "fail", "exit_code": 1},
+              {"ts": ORIGIN + 1, "type": "criteria_config", "criteria": {"work_evidence": {"window": 300}}}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows = [{"outcome": "ok", "ended_at": ORIGIN + t, "output_tokens": 4, "ttft_s": 0.1}
+            for t in [*range(0, 100, 5), *range(730, 1200, 5)]]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_span(run).restarts == ((ORIGIN + 200, ORIGIN + 700),)
+    work = next(r for r in summarize(run)["criteria"]["results"] if r["name"] == "work_evidence")
+    assert work["state"] == "pass" and work["evidence"]["restarts"] == 1
