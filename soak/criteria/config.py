@@ -24,7 +24,9 @@ each with its own block so a config can tune or switch off one:
   requests and produced nothing. A generated token is content the client saw
   (``ttft_s`` set) on a request that ended ``ok`` with ``output_tokens`` > 0;
   bytes, SSE comments, a usage count without content, and requests still
-  streaming when the harness cut them are not work.
+  streaming when the harness cut them are not work. After a restart
+  (``response.on_hang: restart``) the new server life owes the same again; the
+  time it was down is not owed.
 
 ``stop_on_breach``: a no-success stretch past its window, or missing work,
 decides the verdict for good, so the soak ends there (exit 1) instead of
