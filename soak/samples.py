@@ -98,7 +98,8 @@ class ClientSample:
     bytes_total: int
     tokens_total: int
     requests_done: int
-    # Seconds since the stalest in-flight stream last received a byte; None when idle.
+    # Seconds since the stalest in-flight stream last generated a token (or started,
+    # before its first); None when idle. Bytes alone (keep-alives) are not progress.
     max_silence_s: float | None = None
     # Streams past their first token that have been silent longest.
     streaming: int = 0

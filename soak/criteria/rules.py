@@ -13,15 +13,31 @@ Which records count: outcome ``ok`` is a success; ``aborted`` (cut by the
 harness: the drain ran out, an incident's kill, Ctrl-C) counts neither way and
 is kept apart by cause; every other outcome (HTTP status, reset, refused,
 malformed stream, an error object, any timeout) is a failure.
+
+Work (``work_evidence``): a success is not yet work. What counts as work is
+decided here and nowhere else (``generated_tokens``): a request that ended
+``ok`` having streamed content (its ``ttft_s`` is set) and reporting
+``output_tokens`` > 0. Bytes, SSE comments, a usage count with no content, and
+requests still streaming when the harness cut them are not. The tally keeps
+where that work fell in time against the load's span (``LoadSpan``): the first
+and last productive end, the longest gap between two, and the per-window
+counts, in O(1) state (windows close in time order).
+
+Time: a record's end is read through ``record_time`` only (the run's monotonic
+clock when the run recorded one, else ``ended_at``); the live loop passes its
+injected clock's ``monotonic()`` instead, for the record's end, the load's
+start and ``watch(now)`` alike.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable, Mapping
 
-from soak.criteria.config import CriteriaConfig
+from soak.criteria.config import CriteriaConfig, WorkEvidenceCriterion
 
 CUT_CAUSES = ("drain", "incident", "interrupt")
 
@@ -58,6 +74,128 @@ def cut_cause(record: Mapping[str, Any] | Any) -> str | None:
     return "drain"
 
 
+def _number(value: Any) -> float | None:
+    """A finite number as a float; None for anything else (bool, NaN, inf, text).
+    Exact-type checks first: the end of a 24-hour run reads a few hundred thousand."""
+    kind = type(value)
+    if kind is float:
+        return value if value - value == 0.0 else None  # NaN and inf are not
+    if kind is int:
+        return float(value)
+    if kind is bool or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def record_time(record: Mapping[str, Any] | Any, *, offset: float | None = None) -> float | None:
+    """When a request ended, on the clock its run's span is read on: ``ended_mono``
+    (seconds on the run's monotonic clock) when the run recorded monotonic times
+    (``offset``, wall minus monotonic at the load's start, is known) and the record
+    has one; else ``ended_at`` (unix seconds), moved onto the monotonic clock by
+    ``offset`` when there is one. None: the record says nothing usable."""
+    get = record.get if type(record) is dict else _getter(record)
+    if offset is not None:
+        mono = _number(get("ended_mono"))
+        if mono is not None:
+            return mono
+    wall = _number(get("ended_at"))
+    if wall is None:
+        return None
+    return wall - offset if offset is not None else wall
+
+
+def generated_tokens(record: Mapping[str, Any] | Any) -> int:
+    """The tokens this request is evidence of: its ``output_tokens`` when it ended
+    ``ok`` and content reached the client (``ttft_s`` set), else 0. The one
+    definition of work: a comment, a byte, a usage count without content or a
+    stream the harness cut is not."""
+    get = record.get if type(record) is dict else _getter(record)
+    if get("outcome") != "ok" or _number(get("ttft_s")) is None:
+        return 0
+    tokens = get("output_tokens")
+    # Exactly int: a bool, a float or text in a damaged line is not a count.
+    return tokens if type(tokens) is int and tokens > 0 else 0
+
+
+@dataclass(frozen=True)
+class LoadSpan:
+    """When the load ran, on the clock records are read on (``record_time``).
+
+    ``started``: the ``load_started`` event; ``ended``: ``load_stopped`` (None for
+    a run cut off before it); ``offset``: wall minus monotonic when the events
+    carry ``mono`` (then the span and the records are on the monotonic clock),
+    None for runs that recorded the wall clock only; ``cut_short``: the harness
+    itself ended the load (Ctrl-C / SIGTERM, its own fault), so a load with no
+    work yet is judged on the time it had, not as a finished night; ``restarts``:
+    for each restart, when the load paused for the incident (``incident_started``)
+    and when the new server life began (``restart_done``): the time between is not
+    owed work, and each life gets its start-up allowance."""
+
+    started: float | None
+    ended: float | None = None
+    offset: float | None = None
+    cut_short: bool = False
+    restarts: tuple[tuple[float, float], ...] = ()
+
+    @classmethod
+    def of_events(cls, started: Mapping[str, Any] | None, stopped: Mapping[str, Any] | None, *,
+                  cut_short: bool = False,
+                  restarts: Iterable[tuple[Mapping[str, Any] | None, Mapping[str, Any]]] = ()) -> "LoadSpan":
+        """``restarts``: (``incident_started`` or None, ``restart_done``) event pairs."""
+        if started is None:
+            return cls(None, cut_short=cut_short)
+        ts, mono = _number(started.get("ts")), _number(started.get("mono"))
+        offset = ts - mono if ts is not None and mono is not None else None
+
+        def at(event: Mapping[str, Any] | None) -> float | None:
+            if event is None:
+                return None
+            if offset is not None:
+                m = _number(event.get("mono"))
+                if m is not None:
+                    return m
+                t = _number(event.get("ts"))
+                return None if t is None else t - offset
+            return _number(event.get("ts"))
+
+        lives = []
+        for paused, resumed in restarts:
+            back = at(resumed)
+            if back is not None:
+                down = at(paused)
+                lives.append((min(down, back) if down is not None else back, back))
+        return cls(at(started), at(stopped), offset, cut_short, tuple(sorted(lives)))
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Load time with no request finishing with generated tokens: ``start`` to ``end``."""
+
+    start: float
+    end: float
+
+    @property
+    def length_s(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class WindowCount:
+    start: float
+    requests: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The full windows judged: how many, how many met the floor, the first that did not."""
+
+    judged: int
+    short: int
+    first_short: WindowCount | None
+
+
 @dataclass(frozen=True)
 class Stretch:
     """Failures with no success between: ends of the first and latest failure."""
@@ -84,9 +222,13 @@ class RequestTally:
     """
 
     __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "_window", "_min_failures", "_current",
-                 "breach", "longest")
+                 "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
+                 "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work",
+                 "longest_gap", "life_started", "life_first", "life_last", "slow_start", "restarts", "_pending",
+                 "_judged_before", "_win", "_win_end", "_win_requests", "_win_tokens", "_short", "_first_short")
 
-    def __init__(self, *, window_s: float, min_failures: int) -> None:
+    def __init__(self, *, window_s: float, min_failures: int, work: WorkEvidenceCriterion | None = None,
+                 span: LoadSpan | None = None) -> None:
         self.ok = 0
         self.failed = 0
         self.cut: dict[str, int] = {cause: 0 for cause in CUT_CAUSES}
@@ -96,20 +238,96 @@ class RequestTally:
         self._current: Stretch | None = None
         self.breach: Stretch | None = None  # the first stretch past the window
         self.longest: Stretch | None = None
+        # Work evidence, on the span's clock (see the module's docstring).
+        self.work = work if work is not None else WorkEvidenceCriterion()
+        span = span or LoadSpan(None)
+        self.offset = span.offset
+        self.load_started: float | None = span.started
+        self.load_ended: float | None = span.ended
+        self.cut_short = span.cut_short
+        self.watched: float | None = None  # live: the latest ``watch(now)``
+        self.latest: float | None = None  # the latest record end folded in
+        self.work_requests = 0
+        self.work_tokens = 0
+        self.ok_without_tokens = 0
+        self.first_work: float | None = None
+        self.last_work: float | None = None
+        self.longest_gap: Gap | None = None  # between two productive requests of one server life
+        # The current server life (a restart starts another): its start, first and last work.
+        self.life_started: float | None = span.started
+        self.life_first: float | None = None
+        self.life_last: float | None = None
+        self.slow_start: Gap | None = None  # the slowest life start to its first work
+        self.restarts = 0
+        self._pending = list(span.restarts)  # restarts not folded in yet (stored runs)
+        self._judged_before = 0  # full windows of earlier lives
+        self._win = 0  # the window records now fall in, when it ends, and its counts
+        self._win_end = -math.inf  # unknown until a record is placed
+        self._win_requests = 0
+        self._win_tokens = 0
+        self._short = 0  # closed windows below the floor
+        self._first_short: WindowCount | None = None
 
     @classmethod
-    def for_config(cls, config: CriteriaConfig) -> "RequestTally":
-        return cls(window_s=config.no_success.window, min_failures=config.no_success.min_failures)
+    def for_config(cls, config: CriteriaConfig, *, span: LoadSpan | None = None) -> "RequestTally":
+        return cls(window_s=config.no_success.window, min_failures=config.no_success.min_failures,
+                   work=config.work_evidence, span=span)
 
     @classmethod
-    def of(cls, config: CriteriaConfig, records: Iterable[Mapping[str, Any]]) -> "RequestTally":
+    def of(cls, config: CriteriaConfig, records: Iterable[Mapping[str, Any]], *,
+           span: LoadSpan | None = None) -> "RequestTally":
         """A tally of stored records, folded in the order they ended."""
-        tally = cls.for_config(config)
+        tally = cls.for_config(config, span=span)
         rows = [r for r in records if isinstance(r, Mapping)]
-        rows.sort(key=lambda r: r["ended_at"] if isinstance(r.get("ended_at"), (int, float)) else 0.0)
-        for row in rows:
-            tally.add(row)
+        offset = tally.offset
+        timed = [(record_time(r, offset=offset), r) for r in rows]
+        timed.sort(key=lambda tr: tr[0] if tr[0] is not None else 0.0)
+        for t, row in timed:
+            tally.add(row, at=t)
         return tally
+
+    # -- the load's span (live: the run loop, on its monotonic clock) -------------
+    def open_load(self, at: float) -> None:
+        """The load started at ``at``: work is owed from here."""
+        if self.load_started is None:
+            self.load_started = self.life_started = at
+
+    def restart(self, paused: float, at: float) -> None:
+        """The load paused at ``paused`` for an incident and a new server life
+        began at ``at``: windows and gaps start again, with a new start-up
+        allowance; the windows the old life completed before the pause stay
+        judged, the rest of it (the hang, the kill, the relaunch) is not owed."""
+        if self.life_started is None:
+            return
+        full = max(0, math.floor((min(paused, at) - self.life_started) / self.work.window))
+        self._short, self._first_short = self._closed(full)
+        self._judged_before += full
+        self.life_started, self.life_first, self.life_last = at, None, None
+        self._win, self._win_end, self._win_requests, self._win_tokens = 0, -math.inf, 0, 0
+        self.restarts += 1
+
+    def _restarts_until(self, t: float) -> None:
+        while self._pending and self._pending[0][1] <= t:
+            self.restart(*self._pending.pop(0))
+
+    def settled(self, until: float) -> "RequestTally":
+        """This tally with the recorded restarts up to ``until`` folded in (a copy
+        when any is left: judging never changes the tally)."""
+        if not self._pending or self._pending[0][1] > until:
+            return self
+        other = copy.copy(self)
+        other._pending = list(self._pending)
+        other._restarts_until(until)
+        return other
+
+    def close_load(self, at: float) -> None:
+        """The load is over (drained) at ``at``."""
+        self.load_ended = at
+
+    def watch(self, now: float) -> None:
+        """The run has been watched up to ``now`` (live: every detector tick)."""
+        if self.watched is None or now > self.watched:
+            self.watched = now
 
     @property
     def finished(self) -> int:
@@ -119,20 +337,33 @@ class RequestTally:
     def current(self) -> Stretch | None:
         return self._current
 
-    def add(self, record: Mapping[str, Any] | Any) -> None:
+    def add(self, record: Mapping[str, Any] | Any, *, at: float | None = None) -> None:
+        """Fold one record in. ``at``: when it ended on the span's clock (the live
+        loop's ``monotonic()``); else ``record_time`` reads it."""
         get = _getter(record)
-        ended = get("ended_at")
-        self.add_finished(get("outcome"), float(ended) if isinstance(ended, (int, float)) else 0.0, cut_cause(record))
+        ended = at if at is not None else record_time(record, offset=self.offset)
+        self.add_finished(get("outcome"), ended if ended is not None else 0.0, cut_cause(record),
+                          tokens=generated_tokens(record))
 
-    def add_finished(self, outcome: Any, ended: float, cause: str | None) -> None:
+    def add_finished(self, outcome: Any, ended: float, cause: str | None, *, tokens: int = 0) -> None:
         """``add`` for a record already read: its outcome, end (0.0 when
-        unknown) and ``cut_cause``."""
+        unknown), ``cut_cause`` and ``generated_tokens``."""
         if cause is not None:
             self.cut[cause] += 1
             return
+        if self.latest is None or ended > self.latest:
+            self.latest = ended
+        if self._pending:
+            self._restarts_until(ended)
         if outcome == "ok":
             self.ok += 1
             self._current = None
+            if tokens > 0:
+                # An end before its life's start (an unreadable time, a skewed clock) counts at the start.
+                origin = self.life_started
+                self._worked(ended if origin is None or ended >= origin else origin, tokens)
+            else:
+                self.ok_without_tokens += 1
             return
         self.failed += 1
         key = str(outcome)
@@ -146,6 +377,76 @@ class RequestTally:
         if (self.breach is None or self.breach.first_end == cur.first_end) and \
                 cur.length_s >= self._window and cur.failures >= self._min_failures:
             self.breach = cur
+
+    # -- work evidence -------------------------------------------------------------
+    def _window_of(self, t: float) -> int:
+        assert self.life_started is not None
+        return max(0, math.floor((t - self.life_started) / self.work.window))
+
+    def _worked(self, t: float, tokens: int) -> None:
+        self.work_requests += 1
+        self.work_tokens += tokens
+        if self.first_work is None:
+            self.first_work = t
+        if self.last_work is None or t > self.last_work:
+            self.last_work = t
+        if self.life_first is None:
+            self.life_first = t
+            if self.life_started is not None:
+                start = Gap(self.life_started, t)
+                if self.slow_start is None or start.length_s > self.slow_start.length_s:
+                    self.slow_start = start
+        elif self.life_last is not None and t > self.life_last:
+            gap = Gap(self.life_last, t)
+            if self.longest_gap is None or gap.length_s > self.longest_gap.length_s:
+                self.longest_gap = gap
+        if self.life_last is None or t > self.life_last:
+            self.life_last = t
+        if self.life_started is None:
+            return
+        if t >= self._win_end:  # past the current window (or the first record): place it
+            index = self._window_of(t)
+            if index > self._win:
+                self._short, self._first_short = self._closed(index)
+                self._win, self._win_requests, self._win_tokens = index, 0, 0
+            self._win_end = self.life_started + (self._win + 1) * self.work.window
+        self._win_requests += 1
+        self._win_tokens += tokens
+
+    def _met(self, requests: int, tokens: int) -> bool:
+        return requests >= self.work.min_requests and tokens >= self.work.min_tokens
+
+    def _closed(self, upto: int) -> tuple[int, WindowCount | None]:
+        """Short windows and the first of them once every window before ``upto``
+        is closed: the current one with its counts, those after it empty."""
+        short, first = self._short, self._first_short
+        if upto <= self._win or self.life_started is None:
+            return short, first
+        window = self.work.window
+        if not self._met(self._win_requests, self._win_tokens):
+            short += 1
+            first = first or WindowCount(self.life_started + self._win * window, self._win_requests, self._win_tokens)
+        empties = upto - self._win - 1
+        if empties > 0 and not self._met(0, 0):
+            short += empties
+            first = first or WindowCount(self.life_started + (self._win + 1) * window, 0, 0)
+        return short, first
+
+    def until(self, *, final: bool) -> float | None:
+        """The time the work is judged up to: the load's end once it is over (and
+        recorded), else the latest time the run was watched or a record ended."""
+        if final and self.load_ended is not None:
+            return self.load_ended
+        known = [t for t in (self.watched, self.latest, self.load_ended) if t is not None]
+        return max(known) if known else self.load_started
+
+    def windows(self, until: float) -> Windows:
+        """The full windows of the load (every server life's) up to ``until``, judged against the floor."""
+        if self.life_started is None or until <= self.life_started:
+            return Windows(self._judged_before, self._short, self._first_short)
+        full = math.floor((until - self.life_started) / self.work.window)
+        short, first = self._closed(full)
+        return Windows(self._judged_before + full, short, first)
 
 
 @dataclass(frozen=True)
@@ -232,13 +533,105 @@ def no_success(config: CriteriaConfig, tally: RequestTally, *, final: bool) -> C
                            evidence)
 
 
-CRITERIA = (error_rate, no_success)
+def _what_happened(tally: RequestTally) -> str:
+    cut = sum(tally.cut.values())
+    parts = [f"{tally.ok_without_tokens} finished ok with no generated tokens" if tally.ok_without_tokens else "",
+             f"{tally.failed} failed" if tally.failed else "",
+             f"{cut} cut by the harness still in flight" if cut else ""]
+    said = ", ".join(p for p in parts if p)
+    return said or "none finished"
+
+
+def work_evidence(config: CriteriaConfig, tally: RequestTally, *, final: bool) -> CriterionResult:
+    """No evidence, no pass: finished requests with generated tokens, in every
+    full window at its floor, the first within ``startup`` of the load's start and
+    never ``max_gap`` without one after. Final (the load over and its end
+    recorded), a load with no such request at all fails whatever its length."""
+    cfg = config.work_evidence
+    name = "work_evidence"
+    gap_bound, startup = cfg.gap_s, cfg.startup_s
+    origin = tally.load_started
+    if not cfg.enabled:
+        return CriterionResult(name, CriterionState.INACTIVE, None, gap_bound, ("disabled",))
+    if origin is None:
+        return CriterionResult(name, CriterionState.INACTIVE, None, gap_bound, ("the load never started",))
+    until = tally.until(final=final)
+    assert until is not None
+    tally = tally.settled(until)
+    life = tally.life_started
+    assert life is not None
+    # A load that ran its course owes work however short; one the harness cut
+    # (Ctrl-C, its own fault) is judged on the time it had, start-up allowance included.
+    strict = final and tally.load_ended is not None and not tally.cut_short
+
+    def rel(t: float) -> str:
+        return f"+{t - origin:.1f}s"
+
+    windows = tally.windows(until)
+    first, last = tally.first_work, tally.last_work
+    # The current life's silence: since its last work, or since it began (then the start-up allowance).
+    trailing = Gap(tally.life_last if tally.life_last is not None else life, until)
+    longest = tally.longest_gap
+    gap = trailing if longest is None or trailing.length_s > longest.length_s else longest
+    since_restart = " after the restart" if tally.restarts else ""
+    evidence: dict[str, Any] = {
+        "window_s": cfg.window, "min_requests": cfg.min_requests, "min_tokens": cfg.min_tokens,
+        "max_gap_s": gap_bound, "startup_s": startup, "judged_s": round(until - origin, 3),
+        "requests_with_tokens": tally.work_requests, "generated_tokens": tally.work_tokens,
+        "ok_without_tokens": tally.ok_without_tokens,
+        "first_work_s": None if first is None else round(first - origin, 3),
+        "last_work_s": None if last is None else round(last - origin, 3),
+        "longest_gap": {"from_s": round(gap.start - origin, 3), "to_s": round(gap.end - origin, 3),
+                        "length_s": round(gap.length_s, 3)},
+        "restarts": tally.restarts,
+        "windows": {"judged": windows.judged, "short": windows.short,
+                    "first_short": None if windows.first_short is None else {
+                        "from_s": round(windows.first_short.start - origin, 3),
+                        "requests": windows.first_short.requests, "tokens": windows.first_short.tokens}},
+    }
+    reasons: list[str] = []
+    elapsed = until - origin
+    if first is None and strict:
+        reasons.append(f"no request finished with generated tokens in {elapsed:.1f}s of load "
+                       f"({_what_happened(tally)})")
+    elif tally.life_first is None and until - life >= startup:
+        reasons.append(f"no request finished with generated tokens in the first {until - life:.1f}s of load"
+                       f"{since_restart}, past the start-up allowance of {startup:g}s ({_what_happened(tally)})")
+    slow = tally.slow_start
+    if slow is not None and slow.length_s >= startup:
+        reasons.append(f"the first request with generated tokens finished {slow.length_s:.1f}s into the load"
+                       f"{' (or a restart)' if tally.restarts else ''}, past the start-up allowance of {startup:g}s")
+    # Gaps after a life's first work count against max_gap; the silence before it is the start-up's.
+    gaps = [g for g in (longest, trailing if tally.life_first is not None else None) if g is not None]
+    worst = max(gaps, key=lambda g: g.length_s, default=None)
+    if worst is not None and worst.length_s >= gap_bound:
+        reasons.append(f"no request finished with generated tokens for {worst.length_s:.1f}s "
+                       f"({rel(worst.start)} to {rel(worst.end)} of the load; at most {gap_bound:g}s allowed)")
+    short = windows.first_short
+    if short is not None:
+        start = short.start
+        reasons.append(f"{windows.short} of {windows.judged} window(s) of {cfg.window:g}s below the floor of "
+                       f"{cfg.min_requests} request(s) and {cfg.min_tokens} token(s): the first, {rel(start)} to "
+                       f"{rel(start + cfg.window)}, had {short.requests} request(s) with {short.tokens} "
+                       f"generated token(s)")
+    if reasons:
+        return CriterionResult(name, CriterionState.FAIL, round(gap.length_s, 3), gap_bound, tuple(reasons), evidence)
+    said = (f"{tally.work_requests} request(s) finished with {tally.work_tokens} generated tokens; "
+            f"longest gap {gap.length_s:.1f}s (at most {gap_bound:g}s); {windows.judged} full window(s) of "
+            f"{cfg.window:g}s at the floor")
+    return CriterionResult(name, CriterionState.PASS, round(gap.length_s, 3), gap_bound, (said,), evidence)
+
+
+CRITERIA = (error_rate, no_success, work_evidence)
+# A breach of these cannot recover: the soak can end at once (stop_on_breach).
+FINAL_ONCE_FAILED = ("no_success", "work_evidence")
 
 
 def judge(config: CriteriaConfig, tally: RequestTally, *, final: bool) -> CriteriaDecision:
     """Every criterion on the tally. ``final``: the run's load is over (the error
-    rate is then decided; before, a rate over its threshold is only at risk)."""
+    rate is then decided; before, a rate over its threshold is only at risk; and
+    a load that ended with no work at all fails however short)."""
     results = tuple(rule(config, tally, final=final) for rule in CRITERIA)
     stop = config.stop_on_breach and any(
-        r.state is CriterionState.FAIL and r.name == "no_success" for r in results)
+        r.state is CriterionState.FAIL and r.name in FINAL_ONCE_FAILED for r in results)
     return CriteriaDecision(results=results, stop=stop)

@@ -122,7 +122,7 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
     }
     reasons = (
         f"no progress signal moved for {elapsed:.1f}s with requests running "
-        f"(generation counter, KV usage, prefix-cache queries, client bytes all flat)",
+        f"(generation counter, KV usage, prefix-cache queries, client tokens all flat)",
         f"threshold {threshold:.1f}s: {basis}",
     )
     return _against_threshold(name, elapsed, threshold, cfg.suspect_fraction, since, reasons, evidence)
@@ -170,7 +170,7 @@ def client_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleSt
         },
     }
     reasons = (
-        f"no byte arrived on any of {client.in_flight} in-flight streams for {elapsed:.1f}s",
+        f"no generated token arrived on any of {client.in_flight} in-flight streams for {elapsed:.1f}s",
         f"threshold {threshold:.1f}s: longest healthy gap {learned:.1f}s x {cfg.safety_factor:g}, "
         f"clamped to [{cfg.floor:g}s, {cfg.ceiling:g}s]",
     )

@@ -274,12 +274,15 @@ class SignalTracker:
         for key, value in current.items():
             old = self._client_prev.get(key)
             if old is not None and value != old:
-                if key == "client_bytes":
+                if key == "client_tokens":
                     self._client_gap(sample.ts)
-                if key == "client_requests_done":
-                    # A request that ends without a byte is a failure (the client's own
-                    # stall timeout on a hung server, seen on the real vLLM), not progress:
-                    # counting it restarted the clock and taught a 60 s "healthy" gap.
+                if key in ("client_requests_done", "client_bytes"):
+                    # Progress is generated tokens (soak.load.progress). Bytes alone are
+                    # keep-alive comments or a trickle: a server that sends ": ping" and
+                    # nothing else read as healthy for a whole soak. A request that ends
+                    # without a token is a failure (the client's own stall timeout on a
+                    # hung server, seen on the real vLLM), not progress: counting it
+                    # restarted the clock and taught a 60 s "healthy" gap.
                     continue
                 self._progress(key, sample.ts)
         if sample.in_flight > 0 and self.busy_since is None:
@@ -311,6 +314,7 @@ class SignalTracker:
         self.cold_done_base = sample.requests_done
 
     def _client_gap(self, ts: float) -> None:
+        """Generated tokens arrived at ``ts`` (the attribute keeps its old name)."""
         previous = self.last_bytes_change
         self.last_bytes_change = ts
         if self.streaming_since is None:

@@ -32,7 +32,7 @@ from soak.errors import (
 )
 from soak.load.chunks import ContentTemplate, Usage, interpret, preview
 from soak.load.config import TimeoutsConfig
-from soak.load.progress import ProgressTracker, StreamCut, StreamProgress
+from soak.load.progress import ProgressTracker, StreamCut, StreamProgress, timeout_phase
 from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
 from soak.percentiles import percentile
 from soak.samples import RequestRecord
@@ -164,14 +164,7 @@ class StreamingClient:
             for stream_id, stream in self._tracker.streams():
                 if stream.cut is not None:
                     continue
-                phase = None
-                if now - stream.started_at > timeouts.total:
-                    phase = StreamCut.TOTAL
-                elif stream.first_token_at is None:
-                    if now - stream.started_at > timeouts.first_token:
-                        phase = StreamCut.FIRST_TOKEN
-                elif now - stream.last_byte_at > timeouts.stall:
-                    phase = StreamCut.STALL
+                phase = timeout_phase(stream, now, timeouts)
                 if phase is not None:
                     task = self._tasks.get(stream_id)
                     if task is not None:
@@ -240,8 +233,7 @@ class StreamingClient:
             decoder = SSEDecoder(max_chars=self._max_event_chars)
             async for chunk in response.content.iter_any():
                 now = mono()
-                progress.last_byte_at = now
-                progress.bytes += len(chunk)
+                progress.received(now, len(chunk))
                 for event in decoder.feed(chunk):
                     self._on_event(event.data, now, progress, state)
                 if decoder.oversized:
@@ -273,12 +265,11 @@ class StreamingClient:
         if content:
             if state.first_at is None:
                 state.first_at = now
-                progress.first_token_at = now
             else:
                 state.gaps.append(now - state.last_at)  # type: ignore[operator]
             state.last_at = now
             state.chunks += content
-            progress.tokens += content
+            progress.generated(now, content)
         if chunk is None:
             return
         if chunk.finish_reason is not None:

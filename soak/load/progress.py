@@ -10,6 +10,14 @@ speculative decoding a chunk carries several tokens) and becomes the server's
 exact ``usage.completion_tokens`` once the usage chunk arrives, so finished
 requests add exact counts to the totals.
 
+Progress is generated tokens, not bytes. ``generated(now, n)`` is the one
+place a stream is marked as having made progress; ``received`` only counts
+bytes. An SSE comment (``: ping``), a keep-alive newline, a role chunk or a
+usage chunk moves ``bytes`` and ``last_byte_at`` but never ``last_token_at``,
+so a server that answers 200 and then sends only keep-alives is cut at the
+first-token timeout, and one that stops generating is cut at the stall
+timeout (``timeout_phase``), however many bytes it trickles.
+
 Memory is bounded by the number of in-flight streams: a stream's entry goes
 when it ends; only totals are kept.
 """
@@ -18,7 +26,12 @@ from __future__ import annotations
 
 from enum import Enum
 
+from typing import TYPE_CHECKING
+
 from soak.samples import ClientSample
+
+if TYPE_CHECKING:
+    from soak.load.config import TimeoutsConfig
 
 
 class StreamCut(str, Enum):
@@ -35,17 +48,50 @@ class StreamCut(str, Enum):
 class StreamProgress:
     """One in-flight stream. Times are monotonic seconds from the run's clock."""
 
-    __slots__ = ("started_at", "first_token_at", "last_byte_at", "bytes", "tokens", "cut")
+    __slots__ = ("started_at", "first_token_at", "last_token_at", "last_byte_at", "bytes", "tokens", "cut")
 
     def __init__(self, started_at: float) -> None:
         self.started_at = started_at
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
         self.last_byte_at = started_at
         self.bytes = 0
         self.tokens = 0
         # Set when the harness cancels the stream: by the client's deadline sweep
         # to the timeout that fired, or by an abort.
         self.cut: StreamCut | None = None
+
+    def received(self, now: float, nbytes: int) -> None:
+        """Bytes arrived: counted, and nothing more (bytes are not progress)."""
+        self.last_byte_at = now
+        self.bytes += nbytes
+
+    def generated(self, now: float, tokens: int) -> None:
+        """Generated output arrived (``tokens`` content choices): the stream progressed."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.tokens += tokens
+
+    @property
+    def progressed_at(self) -> float:
+        """When the stream last progressed: its last generated token, else its start."""
+        last = self.last_token_at if self.last_token_at is not None else self.first_token_at
+        return last if last is not None else self.started_at
+
+
+def timeout_phase(stream: StreamProgress, now: float, timeouts: "TimeoutsConfig") -> StreamCut | None:
+    """The timeout ``stream`` has run past at ``now`` (monotonic), if any: the
+    total; before the first generated token, the first-token timeout; after it,
+    the stall timeout counted from the last generated token, never from the
+    last byte (keep-alive comments and a trickle of bytes are not progress)."""
+    if now - stream.started_at > timeouts.total:
+        return StreamCut.TOTAL
+    if stream.first_token_at is None:
+        return StreamCut.FIRST_TOKEN if now - stream.started_at > timeouts.first_token else None
+    if now - stream.progressed_at > timeouts.stall:
+        return StreamCut.STALL
+    return None
 
 
 class ProgressTracker:
@@ -96,7 +142,8 @@ class ProgressTracker:
         mono = now if mono is None else mono
         streams = list(self._streams.values())
         streaming = [s for s in streams if s.first_token_at is not None]
-        max_silence = max((mono - s.last_byte_at for s in streams), default=None)
+        # Silence is time without a generated token (or since the start, before the first).
+        max_silence = max((mono - s.progressed_at for s in streams), default=None)
         return ClientSample(
             ts=now,
             in_flight=len(streams),

@@ -22,7 +22,7 @@ from soak.errors import ConfigError
 from soak.jsonl import parse_line, read_json, read_records
 from soak.store.segments import iter_sample_lines, line_head, sample_files
 from soak.store.store import REQUESTS
-from soak.store.summary import digest_requests, recorded_criteria, summarize
+from soak.store.summary import digest_requests, load_span, recorded_criteria, summarize
 
 # The timelines are binned to at most 720 columns; more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
@@ -164,7 +164,8 @@ def load_run(run_dir: str | Path) -> RunData:
     log_lines: list[dict[str, Any]] = []
     # One pass over requests.jsonl: the summary's figures and the report's columns.
     columns = RequestColumnsBuilder()
-    digest = digest_requests(path / REQUESTS, recorded_criteria(path), on_request=columns.add)
+    digest = digest_requests(path / REQUESTS, recorded_criteria(path), on_request=columns.add,
+                             span=load_span(path))
     summary = dict(summarize(path, requests=digest))
     requests = columns.build()
     unreadable_requests = digest.stats.get("bad_lines", 0) + digest.stats.get("torn_lines", 0)

@@ -56,7 +56,7 @@ from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
 from soak.store.counters import CounterDelta
-from soak.store.summary import RequestDigest, digest_requests, disk_incidents, summarize
+from soak.store.summary import RequestDigest, digest_requests, disk_incidents, load_span, summarize
 from soak.versions import VllmProfile
 from soak.workload import Workload
 
@@ -321,7 +321,8 @@ class SoakRun:
                        note="server token totals and the prefix-cache hit ratio cover only the time before")
 
     def _on_record(self, record: RequestRecord) -> None:
-        self.tally.add(record)
+        # Live, a record ends now on the run's monotonic clock, as the load's span does.
+        self.tally.add(record, at=self.clock.monotonic())
         self.sinks.on_request(record)
         if self._threshold_book is not None:
             self._threshold_book.add_request(record.to_json())
@@ -529,9 +530,11 @@ class SoakRun:
         # so summary.json's server-side deltas cover exactly the load applied.
         await self._scrape_metrics()
         self.event("load_started", mode=config.load.mode, concurrency=config.load.concurrency)
+        self.tally.open_load(self.clock.monotonic())  # work is owed from here: no grace hides its absence
         # What the summary judges the requests by, as JSON (config.yaml is for people).
         self.event("criteria_config", criteria=config.criteria.model_dump(mode="json"))
         result = await self.generator.run()
+        self.tally.close_load(self.clock.monotonic())
         await self._scrape_metrics()
         self.event(
             "load_stopped",
@@ -663,6 +666,7 @@ class SoakRun:
                     self.event("metrics_scrape_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _judge_criteria(self) -> CriteriaDecision:
+        self.tally.watch(self.clock.monotonic())
         decision = judge(self.config.criteria, self.tally, final=False)
         for result in decision.results:
             if result.state in (CriterionState.FAIL, CriterionState.AT_RISK) and result.name not in self._criteria_reported:
@@ -670,7 +674,8 @@ class SoakRun:
                 self.event("criterion_" + result.state.value, criterion=result.name, value=result.value,
                            threshold=result.threshold, reasons=list(result.reasons))
         if decision.stop and self.generator is not None and not self.generator.stopping:
-            self._stop_reason = f"criterion no_success: {decision.reasons[0]}"
+            first = decision.failed[0]
+            self._stop_reason = f"criterion {first.name}: {first.reasons[0]}"
             self.generator.stop(self._stop_reason)
         return decision
 
@@ -712,6 +717,7 @@ class SoakRun:
         self._failed = True
         number = self._incidents
         self.generator.pause()
+        paused = self.clock.monotonic()  # work is not owed while the target is down (soak.criteria)
         cut = self.client.abort_in_flight(f"incident {number}", cut_by="incident")
         self.event("incident_started", number=number, rule=decision.rule, kind=decision.kind.value,
                    aborted_requests=cut)
@@ -752,6 +758,7 @@ class SoakRun:
             self.facts = replace(self.facts, root_pid=self.target.root_pid)
         self._start_probes()
         self.event("restart_done", number=number, restarts=self.restarts, root_pid=self.target.root_pid)
+        self.tally.restart(paused, self.clock.monotonic())  # a new server life: its own start-up allowance
         self.generator.resume()
 
     # -- the end ---------------------------------------------------------------
@@ -774,7 +781,8 @@ class SoakRun:
             incidents = max(self._incidents, len(disk_incidents(self.run_dir)))
         except OSError:  # an unreadable run directory: what the run saw live
             incidents = self._incidents
-        criteria = self._final_criteria()
+        # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
+        criteria = self._final_criteria(cut_short=self._interrupted or self._fault is not None or problem is not None)
         failed = self._failed or incidents > 0 or not criteria.passed
         if isinstance(problem, EnvironmentProblem):
             exit_code, verdict = 3, Verdict.ABORTED
@@ -888,13 +896,15 @@ class SoakRun:
             return
         self.event("pushed", url=self.config.pushgateway.url, **pushed)
 
-    def _final_criteria(self) -> CriteriaDecision:
+    def _final_criteria(self, *, cut_short: bool = False) -> CriteriaDecision:
         try:
             # Read once: summary.json (and the thresholds) reuse this digest.
-            self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria)
+            self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria,
+                                             span=load_span(self.run_dir, cut_short=cut_short))
             tally = self._requests.tally
         except OSError:
             tally = self.tally  # the file is gone: what the run saw live
+            tally.cut_short = cut_short
         return judge(self.config.criteria, tally, final=True)
 
     async def _start_report(self) -> ReportChild | None:

@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from soak.criteria.config import CriteriaConfig
-from soak.criteria.rules import RequestTally, cut_cause, judge
+from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, judge, record_time
+from soak.criteria.rules import generated_tokens as work_tokens
 from soak.jsonl import read_json, read_records
 from soak.percentiles import percentiles
 from soak.records import Verdict
@@ -177,6 +178,7 @@ class RequestDigest:
     first_started_mono: float | None = None
     last_ended_mono: float | None = None
     last_ended_unmarked: float | None = None  # the latest ended_at of a request without ended_mono
+    span: LoadSpan = LoadSpan(None)  # the load's span the work evidence was judged against
 
     @property
     def ok(self) -> int:
@@ -213,15 +215,44 @@ def _count(value: Any) -> int | float:
     return value if type(value) is int or (isinstance(value, (int, float)) and not isinstance(value, bool)) else 0
 
 
+# run_ended exit codes of a load the harness itself cut short: interrupted, its own fault.
+CUT_SHORT_EXITS = (130, 4)
+
+
+def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
+    """The load's span as events.jsonl recorded it (``load_started``, ``load_stopped``).
+    ``cut_short``: None reads it from ``run_ended`` (the run loop, before writing
+    that event, says it)."""
+    started = stopped = ended = paused = None
+    lives: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
+    for event in read_records(run_dir / EVENTS):
+        kind = event.get("type")
+        if kind == "load_started" and started is None:
+            started = event
+        elif kind == "load_stopped":
+            stopped = event
+        elif kind == "run_ended":
+            ended = event
+        elif kind == "incident_started":
+            paused = event
+        elif kind == "restart_done":
+            lives.append((paused, event))
+    if cut_short is None:
+        cut_short = ended is not None and ended.get("exit_code") in CUT_SHORT_EXITS
+    return LoadSpan.of_events(started, stopped, cut_short=cut_short, restarts=lives)
+
+
 def digest_requests(path: Path, criteria: CriteriaConfig, *,
                     on_request: Callable[[dict[str, Any]], None] | None = None,
-                    stats: dict[str, int] | None = None) -> RequestDigest:
+                    stats: dict[str, int] | None = None, span: LoadSpan | None = None) -> RequestDigest:
     """The digest of a requests.jsonl (empty when it is missing). ``on_request``
     sees every parsed record, so a reader that wants more of them (the report's
-    columns) shares this one pass; ``stats`` also gets the unreadable-line counts."""
+    columns) shares this one pass; ``stats`` also gets the unreadable-line counts.
+    ``span``: the load's (``load_span``), for the work-evidence criterion."""
+    span = span or LoadSpan(None)
     own_stats: dict[str, int] = {}
     by_outcome: dict[str, int] = {}
-    finished: list[tuple[float, str, str | None]] = []  # (ended_at, outcome, cut cause)
+    finished: list[tuple[float, str, str | None, int]] = []  # (end, outcome, cut cause, generated tokens)
     warmup = measured = measured_generated = 0
     prompt_tokens = generated_tokens = cached_tokens = cached_known = 0
     first_started: float | None = None
@@ -242,7 +273,8 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         end = get("ended_at")
         ended = isinstance(end, (int, float))
         cause = cut_cause(record) if outcome == "aborted" else None
-        finished.append((float(end) if ended else 0.0, outcome, cause))
+        at = record_time(record, offset=span.offset)
+        finished.append((at if at is not None else 0.0, outcome, cause, work_tokens(record)))
         if server_accepted(record):
             prompt_tokens += _count(get("prompt_tokens"))
         output_tokens = _count(get("output_tokens"))
@@ -277,9 +309,9 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
                     into.append(value)
     # The tally folds in the order requests ended (the no-success stretch is a time span).
     finished.sort(key=lambda row: row[0])
-    tally = RequestTally.for_config(criteria)
-    for ended_at, outcome, cause in finished:
-        tally.add_finished(outcome, ended_at, cause)
+    tally = RequestTally.for_config(criteria, span=span)
+    for ended_at, outcome, cause, tokens in finished:
+        tally.add_finished(outcome, ended_at, cause, tokens=tokens)
     if stats is not None:
         for key, count in own_stats.items():
             stats[key] = stats.get(key, 0) + count
@@ -288,7 +320,7 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
         generated_tokens=generated_tokens, cached_tokens=cached_tokens, cached_known=cached_known,
         measured=measured, measured_generated=measured_generated, first_started=first_started,
         last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats,
-        first_started_mono=first_mono, last_ended_mono=last_mono, last_ended_unmarked=unmarked)
+        first_started_mono=first_mono, last_ended_mono=last_mono, last_ended_unmarked=unmarked, span=span)
 
 
 def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> dict[str, Any]:
@@ -314,6 +346,10 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     warnings: list[str] = []
     build: dict[str, Any] = {}
     criteria_section: dict[str, Any] | None = None
+    load_events: dict[str, dict[str, Any]] = {}
+    # (incident_started, restart_done): the load paused, then a new server life
+    lives: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
+    paused: dict[str, Any] | None = None
     for event in read_records(run_dir / EVENTS, stats=read_stats):
         ts = _number(event.get("ts"))
         if ts is not None:
@@ -329,8 +365,10 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             started = (ts, mono)
         elif kind == "load_started":
             load_started = (ts, mono)
+            load_events.setdefault("started", event)
         elif kind == "load_stopped":
             load_stopped = (ts, mono)
+            load_events["stopped"] = event
         elif kind == "run_ended":
             run_ended = event
             ended = (ts, mono)
@@ -338,8 +376,11 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             wall_steps.append({k: event.get(k) for k in ("ts", "mono", "step_s", "wall_before", "wall_after")})
         elif kind == "incident":
             incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis")})
+        elif kind == "incident_started":
+            paused = event
         elif kind == "restart_done":
             restarts += 1
+            lives.append((paused, event))
         elif kind == "gpu_source_stale":
             gpu_source["stale"] = True
             gpu_source["stale_periods"] += 1
@@ -358,8 +399,11 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
             build = {k: v for k, v in event.items() if k not in ("ts", "type")}
 
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
-    if requests is None or requests.criteria != criteria_config:
-        requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats)
+    span = LoadSpan.of_events(load_events.get("started"), load_events.get("stopped"),
+                              cut_short=run_ended is not None and run_ended.get("exit_code") in CUT_SHORT_EXITS,
+                              restarts=lives)
+    if requests is None or requests.criteria != criteria_config or requests.span != span:
+        requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats, span=span)
     else:
         for key, count in requests.stats.items():
             read_stats[key] = read_stats.get(key, 0) + count
@@ -391,12 +435,12 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     hit_ratio = hits.total / queries.total if hits.seen and queries.seen and queries.total > 0 else None
 
     cut_off = run_ended is None
-    span = run_span(started=started, first_request=(requests.first_started, requests.first_started_mono),
+    times = run_span(started=started, first_request=(requests.first_started, requests.first_started_mono),
                     load_started=load_started, load_stopped=load_stopped, ended=ended,
                     last_request_end=(requests.last_ended, requests.last_ended_mono),
                     last=(last_ts, last_mono), last_unmarked=unmarked_ts, cut_off=cut_off)
-    started_at, ended_at, duration_s = span.started_at, span.ended_at, span.duration_s
-    load_begin, load_end = span.load_begin, span.load_end
+    started_at, ended_at, duration_s = times.started_at, times.ended_at, times.duration_s
+    load_begin, load_end = times.load_begin, times.load_end
     warmup_s = float(run_started.get("warmup_s") or 0.0)
     measured_s = max(0.0, duration_s - warmup_s)
 
@@ -457,7 +501,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
         },
         "incidents": incidents,
         "restarts": restarts,
-        "clock": {"basis": span.basis, "wall_steps": wall_steps},
+        "clock": {"basis": times.basis, "wall_steps": wall_steps},
         "gpu_source": gpu_source,
         "server_version": server_version,
         "warnings": warnings,

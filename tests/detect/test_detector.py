@@ -263,6 +263,26 @@ def test_client_stall_fires_when_every_stream_goes_silent():
     assert decisions[0].decided_at - decisions[0].onset_at == pytest.approx(floor, abs=1.0)
 
 
+def test_keepalive_bytes_without_tokens_are_not_progress():
+    """A server that keeps streams open with SSE comments (``: ping``): bytes grow
+    every second, generated tokens do not. Both client-fed rules see the silence."""
+    def pings(t, base_tokens):
+        return ClientSample(T0 + t, 4, 100_000 + 50 * t, base_tokens, 0, 0.0, 4)
+
+    det = make(generation_frozen={"enabled": False}, pp_tail_stall={"enabled": False})
+    samples = [client(t, 1000 + 100 * t) for t in range(0, 20)]
+    samples += [pings(t, (1000 + 100 * 19) // 10) for t in range(20, 80)]
+    decisions, _ = feed(det, samples, 79)
+    assert [d.rule for d in decisions] == ["client_stall"]
+    assert decisions[0].onset_at == pytest.approx(T0 + 19)
+    assert "no generated token arrived" in decisions[0].reasons[0]
+    det = make(client_stall={"enabled": False})
+    frozen = [s for s in frozen_after(20, 80) if not isinstance(s, ClientSample)]
+    frozen += [pings(t, 500) for t in range(21, 81)]
+    decisions, _ = feed(det, frozen, 80)
+    assert [d.rule for d in decisions] == ["generation_frozen"]
+
+
 def test_client_stall_waits_for_a_stream_past_its_first_token():
     det = make(generation_frozen={"enabled": False})
     samples = [client(t, 0, in_flight=3, streaming=0) for t in range(0, 120)]

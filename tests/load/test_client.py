@@ -46,12 +46,20 @@ async def behaviour(request: web.Request) -> web.StreamResponse:
     if mode == "first_token":
         await response.write(b": waiting\n\n")
         await asyncio.sleep(30)
+    if mode == "ping_only":  # keep-alive comments and nothing else, for ever
+        for _ in range(600):
+            await response.write(b": ping\n\n")
+            await asyncio.sleep(0.05)
     await response.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}).encode() + b"\n\n")
     for i in range(5):
         await response.write(chunk(f"t{i}"))
         await asyncio.sleep(0.01)
         if mode == "stall" and i == 2:
             await asyncio.sleep(30)
+        if mode == "ping_stall" and i == 2:  # generation stops; keep-alives go on
+            for _ in range(600):
+                await response.write(b": ping\n\n")
+                await asyncio.sleep(0.05)
         if mode == "reset" and i == 2:
             request.transport.abort()  # type: ignore[union-attr]
             return response
@@ -137,6 +145,9 @@ async def test_failures_are_classified_and_the_client_goes_on(server_url, make_c
     ("stall", {"stall": 0.3}, "timeout_stall"),
     ("first_token", {"first_token": 0.3}, "timeout_first_token"),
     ("stall", {"total": 0.3}, "timeout_total"),
+    # Keep-alive bytes are not progress: the stall and first-token clocks run on tokens.
+    ("ping_stall", {"stall": 0.3}, "timeout_stall"),
+    ("ping_only", {"first_token": 0.3}, "timeout_first_token"),
 ])
 async def test_each_timeout_is_named(server_url, make_client, mode, timeouts, outcome) -> None:
     client = await make_client(server_url, **timeouts)

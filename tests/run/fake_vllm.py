@@ -25,6 +25,19 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   redirect_other   completions answer 307 to $FAKE_REDIRECT_TO (another server); the rest ok
   redirect_loop    completions answer 307 to themselves, numbered: ``?n=<this POST's number>``
   redirect_probes  completions ok; /metrics and /version answer 302 to $FAKE_REDIRECT_TO
+
+Servers that answer but do no work (issue 32, "no evidence, no pass"); PACE
+(optional third argument, seconds, default 20 as the issue's trickle) sets
+their rhythm:
+
+  never_answer  reads the request and never sends a status line
+  trickle       200, then one real content chunk after another, one byte every PACE
+                seconds: a token now and then, no request ever finishes
+  all_slow      200 and a normal stream, but one content chunk every PACE seconds
+                and 10,000 of them: every request is still streaming when cut
+  zero_tokens   200 and a well-formed stream with no content: finish "stop",
+                usage completion_tokens 0, [DONE]
+  keepalive_only  200, then only SSE comments (``: ping``) every PACE seconds
 """
 
 from __future__ import annotations
@@ -33,15 +46,16 @@ import asyncio
 import json
 import sys
 
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
 
 MODEL = "fake-model"
 MAX_MODEL_LEN = 1_000_000
 
 
 class State:
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, pace: float = 20.0) -> None:
         self.mode = mode
+        self.pace = pace
         self.requests = 0
         self.prompt_tokens = 0
         self.generated = 0
@@ -85,8 +99,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if mode == "garbage":
         return web.Response(status=200, body=b"<html><body><h1>502 Bad Gateway</h1></body></html>",
                             content_type="text/html")
+    if mode == "never_answer":
+        await asyncio.Event().wait()  # holds the connection open, answers nothing
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if mode in IDLE_MODES:
+        try:
+            return await IDLE_MODES[mode](state, response)
+        except (ConnectionError, ClientConnectionResetError):
+            return response  # the harness gave up on it (its drain or a timeout): expected
+
     await response.write(chunk(""))
     pieces = 40 if mode == "slow_some" and number % 3 == 0 else 3
     for i in range(pieces):
@@ -113,6 +135,43 @@ async def completions(request: web.Request) -> web.StreamResponse:
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+async def _trickle(state: State, response: web.StreamResponse) -> web.StreamResponse:
+    while True:
+        for byte in chunk("t "):
+            await response.write(bytes([byte]))
+            await asyncio.sleep(state.pace)
+        state.generated += 1
+
+
+async def _all_slow(state: State, response: web.StreamResponse) -> web.StreamResponse:
+    await response.write(chunk(""))
+    for i in range(10_000):
+        await response.write(chunk(f"t{i} "))
+        state.generated += 1
+        await asyncio.sleep(state.pace)
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+async def _zero_tokens(state: State, response: web.StreamResponse) -> web.StreamResponse:
+    await response.write(chunk(""))
+    await response.write(chunk(finish="stop"))
+    await response.write(chunk(usage={"prompt_tokens": 100, "completion_tokens": 0, "total_tokens": 100}))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _keepalive_only(state: State, response: web.StreamResponse) -> web.StreamResponse:
+    while True:
+        await response.write(b": ping\n\n")
+        await asyncio.sleep(state.pace)
+
+
+IDLE_MODES = {"trickle": _trickle, "all_slow": _all_slow, "zero_tokens": _zero_tokens,
+              "keepalive_only": _keepalive_only}
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -183,9 +242,9 @@ async def models(request: web.Request) -> web.Response:
         {"id": MODEL, "object": "model", "owned_by": "fake", "root": MODEL, "max_model_len": MAX_MODEL_LEN}]})
 
 
-async def main(mode: str, port_file: str) -> None:
+async def main(mode: str, port_file: str, pace: float = 20.0) -> None:
     app = web.Application()
-    app["state"] = State(mode)
+    app["state"] = State(mode, pace)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
@@ -221,4 +280,4 @@ def redirect(mode: str, number: int, *, path: str = "/v1/chat/completions") -> w
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], *(float(a) for a in sys.argv[3:4])))

@@ -104,7 +104,8 @@ def test_a_server_that_fails_every_request_fails_the_soak(tmp_path, fake_server,
     req = summary["requests"]
     assert req["ok"] == 0 and req["failed"] > 3
     assert req["by_outcome"][outcome] == req["failed"]
-    assert summary["criteria"]["failed"] == ["error_rate"]
+    # Failing every request is also doing no work (issue 32): both criteria say so.
+    assert summary["criteria"]["failed"] == ["error_rate", "work_evidence"]
     reason = summary["verdict_reasons"][0]
     assert reason.startswith("error rate 100.0% is above the 5.0% allowed") and outcome in reason
     assert "error rate 100.0%" in summary["stop_reason"]
@@ -127,7 +128,7 @@ def test_a_stretch_of_failures_ends_the_soak_early(tmp_path, fake_server, harnes
     assert time.monotonic() - started < 40  # not the 60 s duration
     summary = summary_of(run_dir)
     assert summary["verdict"] == "fail"
-    assert set(summary["criteria"]["failed"]) == {"error_rate", "no_success"}
+    assert set(summary["criteria"]["failed"]) == {"error_rate", "no_success", "work_evidence"}
     assert summary["stop_reason"].startswith("criterion no_success: requests kept failing for")
     breach = next(r for r in summary["criteria"]["results"] if r["name"] == "no_success")["evidence"]["breach"]
     assert breach["length_s"] >= 1.5 and breach["failures"] >= 3

@@ -48,7 +48,9 @@ def test_requests_cut_by_the_harness_count_neither_way() -> None:
 def test_too_few_requests_and_disabled_criteria_are_inactive() -> None:
     cfg, tally = tally_of([rec(1, "http_status")], error_rate={"min_requests": 5}, no_success={"enabled": False})
     decision = judge(cfg, tally, final=True)
-    assert states(decision) == {"error_rate": CriterionState.INACTIVE, "no_success": CriterionState.INACTIVE}
+    # work_evidence: no load span given (the load never started), nothing is owed.
+    assert states(decision) == {"error_rate": CriterionState.INACTIVE, "no_success": CriterionState.INACTIVE,
+                                "work_evidence": CriterionState.INACTIVE}
     assert decision.passed
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from soak.clock import ManualClock
 from soak.detect.replay import read_samples
-from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, HealthSample, ServerSample
+from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, HealthSample, RequestRecord, ServerSample
 from soak.store.segments import RollingJsonlWriter, read_sample_records, sample_files
 from soak.store.store import RunStore
 from soak.store.summary import summarize
@@ -48,6 +48,11 @@ def rolled_run(tmp_path) -> Path:
     store.event("load_started", ts=T0)
     for sample in _samples(600):
         store.on_sample(sample)
+        if isinstance(sample, ClientSample) and sample.requests_done % 10 == 1:
+            # The run did work: a pass needs finished requests with generated tokens.
+            t = sample.ts
+            store.on_request(RequestRecord(request_id=f"r{t}", session=None, turn=None, started_at=t - 1.0,
+                                           ended_at=t, outcome="ok", output_tokens=100, ttft_s=0.2))
     store.event("load_stopped", ts=T0 + 600)
     store.event("run_ended", ts=T0 + 601, verdict="pass", reason="duration", exit_code=0)
     store.close()
