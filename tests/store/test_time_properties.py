@@ -44,8 +44,9 @@ def test_each_step_is_reported_once_with_its_size(ops) -> None:
 
 @SETTINGS
 @given(st.floats(min_value=-1e6, max_value=1e6), st.floats(min_value=0.0, max_value=1e5),
-       st.floats(min_value=-WALL_STEP_TOLERANCE_S, max_value=WALL_STEP_TOLERANCE_S))
+       st.floats(min_value=-0.99 * WALL_STEP_TOLERANCE_S, max_value=0.99 * WALL_STEP_TOLERANCE_S))
 def test_agreeing_clocks_are_no_step(wall0, elapsed, jitter) -> None:
+    # 1% short of the tolerance: at its edge the float sums decide either way.
     assert wall_step((wall0, 5.0), (wall0 + elapsed + jitter, 5.0 + elapsed)) is None
 
 
