@@ -13,15 +13,20 @@ come from users. Both read under the same rule:
   or counted in ``stats['bad_lines']`` (``errors="skip"``, for run directories,
   where the rest of the run is still worth reading).
 
+Lines and values are bounded (``soak.bounds``): a line longer than
+``Limits.line_bytes`` or nested deeper than ``Limits.depth`` is a bad line under
+the same rule, named by its bound, and is never held whole in memory.
+
 ``soak.store.segments`` adds the gzip/segment iteration around ``raw_lines`` and
 ``parse_line``; everything else calls ``read_jsonl`` or ``read_records``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import IO, Any, Iterator, Literal
+
+from soak.bounds import LIMITS, BoundExceeded, InputRejected, Limits, OverlongLine, iter_lines, read_json_file, loads_json
 
 Errors = Literal["raise", "skip"]
 
@@ -39,32 +44,38 @@ class JsonlLineError(ValueError):
         self.line = line
 
 
-def raw_lines(handle: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """``(line number, raw line)`` for each non-blank line of a binary handle."""
-    for number, raw in enumerate(handle, start=1):
-        if raw.strip():
+def raw_lines(handle: IO[bytes], *, limits: Limits = LIMITS) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)`` for each non-blank line of a binary handle; a
+    line past ``limits.line_bytes`` comes as an ``OverlongLine`` that
+    ``parse_line`` treats as a bad line."""
+    for number, raw in iter_lines(handle, limit=limits.line_bytes):
+        if type(raw) is OverlongLine or raw.strip():
             yield number, raw
 
 
 def parse_line(raw: bytes, *, path: Path | str, number: int, errors: Errors = "raise",
-               stats: dict[str, int] | None = None) -> Any:
+               stats: dict[str, int] | None = None, limits: Limits = LIMITS) -> Any:
     """The JSON value of one raw line, or ``SKIP`` for a torn last line (and,
     with ``errors="skip"``, for a bad line); see the module docstring."""
+    if type(raw) is OverlongLine:
+        return _bad(raw.error, raw, path=path, number=number, errors=errors, stats=stats)
     try:
-        # Decoded here, not by json.loads: its encoding sniffing costs a fifth of a parse.
-        return json.loads(raw.decode("utf-8"))
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
-        if not raw.endswith(b"\n"):
+        return loads_json(raw, max_depth=limits.depth)
+    except InputRejected as exc:
+        if not raw.endswith(b"\n") and not isinstance(exc, BoundExceeded):
             _count(stats, "torn_lines")
             return SKIP
-        if errors == "skip":
-            _count(stats, "bad_lines")
-            return SKIP
-        if isinstance(exc, UnicodeDecodeError):
-            message = f"not UTF-8 text: {exc}"
-        else:
-            message = f"invalid JSON: {getattr(exc, 'msg', exc)}"
-        raise JsonlLineError(message, path=path, line=number) from exc
+        return _bad(exc, raw, path=path, number=number, errors=errors, stats=stats)
+
+
+def _bad(exc: InputRejected, raw: bytes, *, path: Path | str, number: int, errors: Errors,
+         stats: dict[str, int] | None) -> Any:
+    if errors == "skip":
+        _count(stats, "bad_lines")
+        if isinstance(exc, BoundExceeded):
+            _count(stats, f"bound_{exc.bound.value}")
+        return SKIP
+    raise JsonlLineError(exc.message, path=path, line=number) from exc
 
 
 def read_jsonl(path: Path, *, errors: Errors = "raise",
@@ -90,12 +101,13 @@ def read_records(path: Path, *, stats: dict[str, int] | None = None) -> Iterator
             yield value
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, *, limits: Limits = LIMITS) -> Any:
     """A whole JSON file (summary.json, incident.json, plan.json), or None where
-    it is missing, unreadable or not JSON: a run directory may be cut off anywhere."""
+    it is missing, unreadable, not JSON or past a bound: a run directory may be
+    cut off (or damaged) anywhere."""
     try:
-        return json.loads(Path(path).read_bytes())
-    except (OSError, ValueError):
+        return read_json_file(path, limits=limits)
+    except (OSError, InputRejected):
         return None
 
 
