@@ -7,6 +7,7 @@ Each stage keeps its own section model beside its code (``soak/<stage>/config.py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
@@ -132,3 +133,30 @@ def read_yaml(path: str | Path, *, error: type[ConfigError] = ConfigError, limit
         return load_yaml(text, limits=limits)
     except InputRejected as exc:
         raise error(exc.message, path=path, line=exc.line) from exc
+
+
+_BARE_REDACTED = re.compile(r"^(\s*(?:[^#\n]*?:|-)\s+)\*\*\*\s*$", re.M)
+
+
+def read_recorded_yaml(path: str | Path, *, retry_redacted: bool = True,
+                       limits: Limits = LIMITS) -> dict[str, Any] | None:
+    """A run directory's config.yaml as a mapping, or None where it is missing,
+    unreadable, not a mapping or past a bound: the readers of a run (report,
+    summary, thresholds) go on without it. A redacted value written bare
+    (``key: ***``) reads as a YAML alias, so it is quoted and read again."""
+    try:
+        text = read_file(path, limit=limits.yaml_bytes).decode("utf-8")
+    except (OSError, BoundExceeded, UnicodeDecodeError):
+        return None
+    try:
+        data = load_yaml(text, limits=limits)
+    except BoundExceeded:
+        return None
+    except InputRejected:
+        if not retry_redacted:
+            return None
+        try:
+            data = load_yaml(_BARE_REDACTED.sub(r"\1'***'", text), limits=limits)
+        except InputRejected:
+            return None
+    return data if isinstance(data, dict) else None

@@ -23,8 +23,9 @@ the same rule, named by its bound, and is never held whole in memory.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import IO, Any, Iterator, Literal
+from typing import IO, Any, Callable, Iterator, Literal, Mapping
 
 from soak.bounds import LIMITS, BoundExceeded, InputRejected, Limits, OverlongLine, iter_lines, read_json_file, loads_json
 
@@ -91,14 +92,62 @@ def read_jsonl(path: Path, *, errors: Errors = "raise",
                 yield number, value
 
 
-def read_records(path: Path, *, stats: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+FieldCheck = Callable[[Any], bool]
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (a bool is not a number here)."""
+    return (type(value) is float and math.isfinite(value)) or (type(value) is int and -2**63 <= value < 2**63)
+
+
+def is_timestamp(value: Any) -> bool:
+    """Unix seconds a date can be made of (1970 to 5138)."""
+    return is_number(value) and 0 <= value < 1e11
+
+
+def is_int(value: Any) -> bool:
+    return type(value) is int and -2**63 <= value < 2**63
+
+
+def is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def is_bool(value: Any) -> bool:
+    return type(value) is bool
+
+
+def is_list(value: Any) -> bool:
+    return type(value) is list
+
+
+def is_dict(value: Any) -> bool:
+    return type(value) is dict
+
+
+def typed_fields(record: dict[str, Any], fields: Mapping[str, FieldCheck],
+                 stats: dict[str, int] | None = None) -> dict[str, Any]:
+    """``record`` with every field ``fields`` knows and whose value fails its
+    check left out (counted in ``stats['wrong_type_fields']``): a field of the
+    wrong type reads as absent, so no reader downstream trips on it."""
+    wrong = [key for key, check in fields.items() if key in record and record[key] is not None
+             and not check(record[key])]
+    if not wrong:
+        return record
+    _count(stats, "wrong_type_fields", len(wrong))
+    return {k: v for k, v in record.items() if k not in wrong}
+
+
+def read_records(path: Path, *, stats: dict[str, int] | None = None,
+                 fields: Mapping[str, FieldCheck] | None = None) -> Iterator[dict[str, Any]]:
     """Every JSON object line of a run-directory file (none if it is missing);
-    bad lines are counted in ``stats``, lines that are not objects passed over."""
+    bad lines are counted in ``stats``, lines that are not objects passed over,
+    fields of the wrong type (per ``fields``) left out and counted."""
     if not path.is_file():
         return
     for _, value in read_jsonl(path, errors="skip", stats=stats):
         if isinstance(value, dict):
-            yield value
+            yield typed_fields(value, fields, stats) if fields else value
 
 
 def read_json(path: Path, *, limits: Limits = LIMITS) -> Any:
@@ -111,9 +160,10 @@ def read_json(path: Path, *, limits: Limits = LIMITS) -> Any:
         return None
 
 
-def _count(stats: dict[str, int] | None, key: str) -> None:
+def _count(stats: dict[str, int] | None, key: str, n: int = 1) -> None:
     if stats is not None:
-        stats[key] = stats.get(key, 0) + 1
+        stats[key] = stats.get(key, 0) + n
 
 
-__all__ = ["JsonlLineError", "SKIP", "parse_line", "raw_lines", "read_json", "read_jsonl", "read_records"]
+__all__ = ["JsonlLineError", "SKIP", "is_bool", "is_dict", "is_int", "is_list", "is_number", "is_str", "is_timestamp",
+           "parse_line", "raw_lines", "read_json", "read_jsonl", "read_records", "typed_fields"]
