@@ -93,7 +93,8 @@ class StreamingClient:
         self._timeouts = timeouts
         self._tracker = tracker
         self._max_connections = max_connections
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                         "Accept-Encoding": "identity"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._clock = clock or SystemClock()
@@ -231,6 +232,12 @@ class StreamingClient:
             if response.status >= 400:
                 body = await response.content.read(_ERROR_BODY_LIMIT)
                 raise HTTPStatusError(response.status, _error_message(body))
+            coding = response.headers.get("Content-Encoding", "")
+            if coding.strip().lower() not in ("", "identity"):
+                # The stream is read raw (auto_decompress off: an inflater on a stream has no
+                # bound); a compressed one is the server's error, named, not fed to the decoder.
+                raise MalformedStream(f"a compressed stream (Content-Encoding: {coding[:40]}), "
+                                      "not read: the harness asks for identity")
             decoder = SSEDecoder(max_chars=self._max_event_chars)
             async for chunk in response.content.iter_any():
                 now = mono()

@@ -92,13 +92,14 @@ def write_samples(bundle: Bundle, samples: Sequence[Sample], *, since: float) ->
 async def fetch_metrics(base_url: str, timeout_s: float) -> str:
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.get(base_url.rstrip("/") + "/metrics") as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise RuntimeError(f"/metrics answered HTTP {resp.status}")
-            return text
+    from soak.bounds import fetch
+
+    async with aiohttp.ClientSession() as session:
+        # Bounded in total time and decompressed bytes (BoundExceeded names the bound hit).
+        resp = await fetch(session, base_url.rstrip("/") + "/metrics", total_s=timeout_s)
+        if resp.status != 200:
+            raise RuntimeError(f"/metrics answered HTTP {resp.status}")
+        return resp.text()
 
 
 def read_tail(path: Path, max_bytes: int) -> str:

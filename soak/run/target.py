@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import yaml
 
+from soak.bounds import fetch
 from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
@@ -84,19 +85,22 @@ async def wait_ready(
             base = url()
             if base is not None:
                 try:
-                    async with session.get(base + "/health") as health:
-                        await health.read()
-                        if health.status != 200:
-                            raise _NotYet(f"/health answered {health.status}")
-                    async with session.get(base + "/v1/models") as models:
-                        body = await models.json(content_type=None) if models.status == 200 else None
-                        if models.status != 200:
-                            raise _NotYet(f"/v1/models answered {models.status}")
-                    names = tuple(m.get("id") for m in (body or {}).get("data", []) if isinstance(m, dict))
+                    # Each call bounded in total time and bytes: a trickle is one failed probe, not a hang.
+                    total_s = max(1.0, min(10.0, interval_s * 4))
+                    health = await fetch(session, base + "/health", total_s=total_s)
+                    if health.status != 200:
+                        raise _NotYet(f"/health answered {health.status}")
+                    models = await fetch(session, base + "/v1/models", total_s=total_s)
+                    if models.status != 200:
+                        raise _NotYet(f"/v1/models answered {models.status}")
+                    body = models.json()
+                    data = body.get("data") if isinstance(body, dict) else None
+                    names = tuple(m.get("id") for m in (data if isinstance(data, list) else []) if isinstance(m, dict))
+                    names = tuple(n for n in names if isinstance(n, str))
                     return base, tuple(n for n in names if n)
                 except _NotYet as exc:
                     last = str(exc)
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:  # bounds: ValueError
                     last = f"{type(exc).__name__}: {exc}".rstrip(": ")
             if clock.monotonic() >= deadline:
                 raise TargetNotReady(f"{what} not ready after {timeout_s:g}s at {base or '(no URL yet)'}: {last}")
