@@ -270,10 +270,11 @@ def load_yaml(text: str | bytes, *, loader: type | None = None, limits: Limits =
     if len(text) > limits.yaml_bytes:
         raise BoundExceeded(Bound.FILE_BYTES, limits.yaml_bytes)
     cls = _bounded_loader(loader or yaml.SafeLoader)
-    instance = cls(text)
-    instance.max_depth = limits.depth
-    instance.max_aliases = limits.yaml_aliases
+    instance = None
     try:
+        instance = cls(text)  # the reader checks the characters here already
+        instance.max_depth = limits.depth
+        instance.max_aliases = limits.yaml_aliases
         return instance.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -288,7 +289,8 @@ def load_yaml(text: str | bytes, *, loader: type | None = None, limits: Limits =
             raise
         raise InputRejected(f"invalid YAML: {type(exc).__name__}: {exc}") from exc
     finally:
-        instance.dispose()
+        if instance is not None:
+            instance.dispose()
 
 
 # ---------------------------------------------------------------- HTTP bodies
