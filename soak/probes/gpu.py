@@ -103,7 +103,7 @@ async def _get_text(session, url: str, timeout_s: float) -> str:
             raise ProbeError(f"GET {url}: HTTP {resp.status}")
         return resp.text()
     except InputRejected as exc:  # a bound hit (bytes, total time) or an unreadable body
-        raise ProbeError(f"GET {url}: {exc}") from exc
+        raise ProbeError(str(exc) if url in str(exc) else f"GET {url}: {exc}") from exc
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise ProbeError(f"GET {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
 

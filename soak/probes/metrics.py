@@ -166,7 +166,8 @@ class MetricsProbe:
         except MetricsUnavailable as exc:
             return [ServerSample(ts, False, error=str(exc), latency_s=time.monotonic() - started)]
         except InputRejected as exc:
-            return [ServerSample(ts, False, error=f"GET {self.url}: {exc}", latency_s=time.monotonic() - started)]
+            error = str(exc) if self.url in str(exc) else f"GET {self.url}: {exc}"
+            return [ServerSample(ts, False, error=error, latency_s=time.monotonic() - started)]
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"GET {self.url}: {type(exc).__name__}: {exc}".rstrip(": ")
             return [ServerSample(ts, False, error=error, latency_s=time.monotonic() - started)]

@@ -13,6 +13,7 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   odd_shape     one content chunk, then ``"delta": "oops"``
   slow_some     every third request streams slowly (40 chunks, 0.25 s apart), the rest ok
   metrics_garbage  completions ok; /metrics answers unparsable text after 3 scrapes
+  metrics_bomb  completions ok; /metrics answers a gzip of 512 MiB of zeros (half a MB on the wire)
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ async def metrics(request: web.Request) -> web.Response:
     state.scrapes += 1
     if state.mode == "metrics_garbage" and state.scrapes > 3:
         return web.Response(text="<html>this is not {prometheus} text\x00\n", content_type="text/plain")
+    if state.mode == "metrics_bomb":
+        return web.Response(body=gzip_bomb(), headers={"Content-Encoding": "gzip"}, content_type="text/plain")
     labels = f'{{model_name="{MODEL}",engine="0"}}'
     lines = [
         "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{labels} 0",
@@ -102,6 +105,20 @@ async def metrics(request: web.Request) -> web.Response:
         "# TYPE vllm:prefix_cache_hits counter", f"vllm:prefix_cache_hits_total{labels} {state.prompt_tokens // 2}",
     ]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+_BOMB: list[bytes] = []
+
+
+def gzip_bomb(size: int = 512 << 20) -> bytes:
+    """``size`` zeros gzipped, made once (a MiB at a time: the fake stays small too)."""
+    if not _BOMB:
+        import zlib
+
+        packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        block = bytes(1 << 20)
+        _BOMB.append(b"".join(packer.compress(block) for _ in range(size >> 20)) + packer.flush())
+    return _BOMB[0]
 
 
 async def health(request: web.Request) -> web.Response:
@@ -116,6 +133,8 @@ async def models(request: web.Request) -> web.Response:
 async def main(mode: str, port_file: str) -> None:
     app = web.Application()
     app["state"] = State(mode)
+    if mode == "metrics_bomb":
+        gzip_bomb()  # made before the port is known: every scrape answers at once
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
