@@ -226,3 +226,19 @@ def test_soak_compare_on_a_run_it_cannot_read_is_one_line_exit_2(tmp_path) -> No
     done = _soak("compare", str(RUNS / "pass"), str(run), cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and str(run) in done.stderr
+
+
+@pytest.mark.parametrize("form", ["json", "pickle"])
+def test_soak_diagnose_on_a_deeply_nested_dump_is_exit_2_with_one_line(tmp_path, form) -> None:
+    folder = tmp_path / "nccl"
+    folder.mkdir()
+    depth = 100_000
+    if form == "json":
+        data = b'{"entries": ' + b"[" * depth + b"]" * depth + b"}"
+    else:  # built from opcodes: the unpickler nests it without recursing, the readers after it would
+        data = b"\x80\x02}q\x00X\x07\x00\x00\x00entries" + b"]" * depth + b"a" * (depth - 1) + b"s."
+    (folder / "nccl_trace_rank_0").write_bytes(data)
+    done = _soak("diagnose", str(folder), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "nccl_trace_rank_0" in line and "nesting_depth" in line
