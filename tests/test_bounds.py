@@ -307,3 +307,82 @@ def test_a_call_that_trickles_ends_at_its_total_time() -> None:
         return loop.time() - start
 
     assert asyncio.run(main()) < 1.5
+
+
+# ------------------------------------------------------------------ HTTP, end to end on loopback
+
+async def _serve(handler):
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(coding=st.sampled_from(["gzip", "deflate", "raw-deflate", ""]), body=st.binary(max_size=3000),
+       bomb=st.booleans())
+def test_fetch_returns_the_body_or_names_the_bound_whatever_the_server_compresses(coding, body, bomb) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from soak.bounds import fetch
+
+    wire = _bomb(coding, 16 << 20) if bomb and coding else _compress(body, coding, 6)
+
+    async def handler(request):
+        return web.Response(body=wire, headers={"Content-Encoding": _header(coding)} if coding else {})
+
+    async def main() -> None:
+        runner, url = await _serve(handler)
+        try:
+            async with aiohttp.ClientSession() as session:
+                try:
+                    got = await fetch(session, url + "/metrics", total_s=10, limits=Limits(body_bytes=1 << 20))
+                except BoundExceeded as exc:
+                    assert bomb and coding and exc.bound is Bound.BODY_BYTES
+                    return
+                assert not (bomb and coding) and got.body == body
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_the_stream_client_asks_for_identity_and_names_a_compressed_stream() -> None:
+    from aiohttp import web
+
+    from soak.load.client import StreamingClient
+    from soak.load.config import TimeoutsConfig
+    from soak.load.progress import ProgressTracker
+    from soak.workload.types import TurnRequest
+
+    asked: list[str] = []
+    stream = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+
+    async def handler(request):
+        asked.append(request.headers.get("Accept-Encoding", ""))
+        await request.read()
+        return web.Response(body=gzip.compress(stream), headers={"Content-Encoding": "gzip",
+                                                                  "Content-Type": "text/event-stream"})
+
+    async def main():
+        runner, url = await _serve(handler)
+        client = StreamingClient(base_url=url, timeouts=TimeoutsConfig(connect=2, first_token=5, stall=5, total=10),
+                                 tracker=ProgressTracker(), max_connections=2)
+        await client.start()
+        try:
+            turn = TurnRequest(session_id=None, turn=None, path="/v1/chat/completions", body=b"{}",
+                               planned_prompt_tokens=None, max_tokens=4, think_time_s=0.0)
+            return await client.send(turn, request_id="r1")
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    record = asyncio.run(main())
+    assert asked == ["identity"]
+    assert record.outcome == "malformed_stream" and "Content-Encoding: gzip" in (record.error or "")
