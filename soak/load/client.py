@@ -14,11 +14,11 @@ SSE decoder.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
 
+from soak.bounds import loads_json
 from soak.clock import Clock, SystemClock
 from soak.errors import (
     ConnectionReset,
@@ -368,7 +368,7 @@ class StreamingClient:
 def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", errors="replace").strip()
     try:
-        obj = json.loads(text)
+        obj = loads_json(text)  # bounded nesting: an error body of "[[[[" is text, not a RecursionError
     except ValueError:
         return text[:200]
     if isinstance(obj, dict):
