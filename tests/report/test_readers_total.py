@@ -61,15 +61,25 @@ def damage(run: Path, how: tuple) -> None:
         if not path.is_file():
             return
         if name.endswith(".jsonl"):
-            lines = path.read_text().splitlines()
+            lines = path.read_bytes().splitlines()
             i = line_index % max(1, len(lines))
-            record = json.loads(lines[i]) if lines else {}
+            try:  # an earlier damage may have left that line unreadable: leave it so
+                record = json.loads(lines[i]) if lines else {}
+            except (ValueError, RecursionError):
+                return
+            if not isinstance(record, dict):
+                return
             keys = sorted(record) or ["ts"]
             record[keys[key_index % len(keys)]] = value
-            lines[i:i + 1] = [json.dumps(record)]
-            path.write_text("\n".join(lines) + "\n")
+            lines[i:i + 1] = [json.dumps(record).encode()]
+            path.write_bytes(b"\n".join(lines) + b"\n")
         else:
-            record = json.loads(path.read_text())
+            try:
+                record = json.loads(path.read_bytes())
+            except (ValueError, RecursionError):
+                return
+            if not isinstance(record, dict):
+                return
             keys = sorted(record) or ["verdict"]
             record[keys[key_index % len(keys)]] = value
             if "record" in record and isinstance(record["record"], dict):
