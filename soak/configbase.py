@@ -7,12 +7,15 @@ Each stage keeps its own section model beside its code (``soak/<stage>/config.py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
+from soak.bounds import LIMITS, BoundExceeded, InputRejected, Limits, read_file
+from soak.bounds import load_yaml as bounded_load_yaml
 from soak.durations import parse_duration
 from soak.errors import ConfigError
 
@@ -53,9 +56,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` that refuses duplicate keys (``yaml.MarkedYAMLError`` with the line)."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+def load_yaml(text: str, *, limits: Limits = LIMITS) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys, nesting past
+    ``limits.depth`` and alias bombs: ``InputRejected`` with the line."""
+    return bounded_load_yaml(text, loader=_StrictLoader, limits=limits)
 
 
 def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
@@ -111,20 +115,48 @@ def validation_error_to_config_error(
     return ConfigError(_message(first), path=path, field=field)
 
 
-def read_yaml(path: str | Path, *, error: type[ConfigError] = ConfigError) -> Any:
-    """The YAML document in ``path``; a missing, unreadable or invalid file is
-    one ``error`` (a ConfigError, or the subclass a caller names) with the line."""
+def read_yaml(path: str | Path, *, error: type[ConfigError] = ConfigError, limits: Limits = LIMITS) -> Any:
+    """The YAML document in ``path``; a missing, unreadable, invalid or
+    unbounded file (too large, too deep) is one ``error`` (a ConfigError, or the
+    subclass a caller names) with the line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_file(path, limit=limits.yaml_bytes)
+        text = data.decode("utf-8")
     except FileNotFoundError as exc:
         raise error("no such file", path=path) from exc
+    except BoundExceeded as exc:
+        raise error(exc.message, path=path) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"cannot read: {exc}", path=path) from exc
     try:
-        return load_yaml(text)
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        raise error(f"invalid YAML: {exc.problem}", path=path, line=line) from exc
-    except yaml.YAMLError as exc:
-        raise error(f"invalid YAML: {exc}", path=path) from exc
+        return load_yaml(text, limits=limits)
+    except InputRejected as exc:
+        raise error(exc.message, path=path, line=exc.line) from exc
+
+
+_BARE_REDACTED = re.compile(r"^(\s*(?:[^#\n]*?:|-)\s+)\*\*\*\s*$", re.M)
+
+
+def read_recorded_yaml(path: str | Path, *, retry_redacted: bool = True,
+                       limits: Limits = LIMITS) -> dict[str, Any] | None:
+    """A run directory's config.yaml as a mapping, or None where it is missing,
+    unreadable, not a mapping or past a bound: the readers of a run (report,
+    summary, thresholds) go on without it. A redacted value written bare
+    (``key: ***``) reads as a YAML alias, so it is quoted and read again."""
+    try:
+        text = read_file(path, limit=limits.yaml_bytes).decode("utf-8")
+    except (OSError, BoundExceeded, UnicodeDecodeError):
+        return None
+    try:
+        data = load_yaml(text, limits=limits)
+    except BoundExceeded:
+        return None
+    except InputRejected:
+        if not retry_redacted:
+            return None
+        try:
+            data = load_yaml(_BARE_REDACTED.sub(r"\1'***'", text), limits=limits)
+        except InputRejected:
+            return None
+    return data if isinstance(data, dict) else None

@@ -13,15 +13,21 @@ come from users. Both read under the same rule:
   or counted in ``stats['bad_lines']`` (``errors="skip"``, for run directories,
   where the rest of the run is still worth reading).
 
+Lines and values are bounded (``soak.bounds``): a line longer than
+``Limits.line_bytes`` or nested deeper than ``Limits.depth`` is a bad line under
+the same rule, named by its bound, and is never held whole in memory.
+
 ``soak.store.segments`` adds the gzip/segment iteration around ``raw_lines`` and
 ``parse_line``; everything else calls ``read_jsonl`` or ``read_records``.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
-from typing import IO, Any, Iterator, Literal
+from typing import IO, Any, Callable, Iterator, Literal, Mapping
+
+from soak.bounds import LIMITS, BoundExceeded, InputRejected, Limits, OverlongLine, iter_lines, read_json_file, loads_json
 
 Errors = Literal["raise", "skip"]
 
@@ -39,32 +45,38 @@ class JsonlLineError(ValueError):
         self.line = line
 
 
-def raw_lines(handle: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """``(line number, raw line)`` for each non-blank line of a binary handle."""
-    for number, raw in enumerate(handle, start=1):
-        if raw.strip():
+def raw_lines(handle: IO[bytes], *, limits: Limits = LIMITS) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)`` for each non-blank line of a binary handle; a
+    line past ``limits.line_bytes`` comes as an ``OverlongLine`` that
+    ``parse_line`` treats as a bad line."""
+    for number, raw in iter_lines(handle, limit=limits.line_bytes):
+        if type(raw) is OverlongLine or raw.strip():
             yield number, raw
 
 
 def parse_line(raw: bytes, *, path: Path | str, number: int, errors: Errors = "raise",
-               stats: dict[str, int] | None = None) -> Any:
+               stats: dict[str, int] | None = None, limits: Limits = LIMITS) -> Any:
     """The JSON value of one raw line, or ``SKIP`` for a torn last line (and,
     with ``errors="skip"``, for a bad line); see the module docstring."""
+    if type(raw) is OverlongLine:
+        return _bad(raw.error, raw, path=path, number=number, errors=errors, stats=stats)
     try:
-        # Decoded here, not by json.loads: its encoding sniffing costs a fifth of a parse.
-        return json.loads(raw.decode("utf-8"))
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
-        if not raw.endswith(b"\n"):
+        return loads_json(raw, max_depth=limits.depth)
+    except InputRejected as exc:
+        if not raw.endswith(b"\n") and not isinstance(exc, BoundExceeded):
             _count(stats, "torn_lines")
             return SKIP
-        if errors == "skip":
-            _count(stats, "bad_lines")
-            return SKIP
-        if isinstance(exc, UnicodeDecodeError):
-            message = f"not UTF-8 text: {exc}"
-        else:
-            message = f"invalid JSON: {getattr(exc, 'msg', exc)}"
-        raise JsonlLineError(message, path=path, line=number) from exc
+        return _bad(exc, raw, path=path, number=number, errors=errors, stats=stats)
+
+
+def _bad(exc: InputRejected, raw: bytes, *, path: Path | str, number: int, errors: Errors,
+         stats: dict[str, int] | None) -> Any:
+    if errors == "skip":
+        _count(stats, "bad_lines")
+        if isinstance(exc, BoundExceeded):
+            _count(stats, f"bound_{exc.bound.value}")
+        return SKIP
+    raise JsonlLineError(exc.message, path=path, line=number) from exc
 
 
 def read_jsonl(path: Path, *, errors: Errors = "raise",
@@ -80,28 +92,78 @@ def read_jsonl(path: Path, *, errors: Errors = "raise",
                 yield number, value
 
 
-def read_records(path: Path, *, stats: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+FieldCheck = Callable[[Any], bool]
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (a bool is not a number here)."""
+    return (type(value) is float and math.isfinite(value)) or (type(value) is int and -2**63 <= value < 2**63)
+
+
+def is_timestamp(value: Any) -> bool:
+    """Unix seconds a date can be made of (1970 to 5138)."""
+    return is_number(value) and 0 <= value < 1e11
+
+
+def is_int(value: Any) -> bool:
+    return type(value) is int and -2**63 <= value < 2**63
+
+
+def is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def is_bool(value: Any) -> bool:
+    return type(value) is bool
+
+
+def is_list(value: Any) -> bool:
+    return type(value) is list
+
+
+def is_dict(value: Any) -> bool:
+    return type(value) is dict
+
+
+def typed_fields(record: dict[str, Any], fields: Mapping[str, FieldCheck],
+                 stats: dict[str, int] | None = None) -> dict[str, Any]:
+    """``record`` with every field ``fields`` knows and whose value fails its
+    check left out (counted in ``stats['wrong_type_fields']``): a field of the
+    wrong type reads as absent, so no reader downstream trips on it."""
+    wrong = [key for key, check in fields.items() if key in record and record[key] is not None
+             and not check(record[key])]
+    if not wrong:
+        return record
+    _count(stats, "wrong_type_fields", len(wrong))
+    return {k: v for k, v in record.items() if k not in wrong}
+
+
+def read_records(path: Path, *, stats: dict[str, int] | None = None,
+                 fields: Mapping[str, FieldCheck] | None = None) -> Iterator[dict[str, Any]]:
     """Every JSON object line of a run-directory file (none if it is missing);
-    bad lines are counted in ``stats``, lines that are not objects passed over."""
+    bad lines are counted in ``stats``, lines that are not objects passed over,
+    fields of the wrong type (per ``fields``) left out and counted."""
     if not path.is_file():
         return
     for _, value in read_jsonl(path, errors="skip", stats=stats):
         if isinstance(value, dict):
-            yield value
+            yield typed_fields(value, fields, stats) if fields else value
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, *, limits: Limits = LIMITS) -> Any:
     """A whole JSON file (summary.json, incident.json, plan.json), or None where
-    it is missing, unreadable or not JSON: a run directory may be cut off anywhere."""
+    it is missing, unreadable, not JSON or past a bound: a run directory may be
+    cut off (or damaged) anywhere."""
     try:
-        return json.loads(Path(path).read_bytes())
-    except (OSError, ValueError):
+        return read_json_file(path, limits=limits)
+    except (OSError, InputRejected):
         return None
 
 
-def _count(stats: dict[str, int] | None, key: str) -> None:
+def _count(stats: dict[str, int] | None, key: str, n: int = 1) -> None:
     if stats is not None:
-        stats[key] = stats.get(key, 0) + 1
+        stats[key] = stats.get(key, 0) + n
 
 
-__all__ = ["JsonlLineError", "SKIP", "parse_line", "raw_lines", "read_json", "read_jsonl", "read_records"]
+__all__ = ["JsonlLineError", "SKIP", "is_bool", "is_dict", "is_int", "is_list", "is_number", "is_str", "is_timestamp",
+           "parse_line", "raw_lines", "read_json", "read_jsonl", "read_records", "typed_fields"]

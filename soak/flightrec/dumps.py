@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from soak.bounds import LIMITS, Bound, BoundExceeded, InputRejected, loads_json, read_file, value_depth
+
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 _NOT_DUMPS = (".pipe", ".json", ".txt", ".log", ".py")
 MAX_DUMP_BYTES = 512 * 1024 * 1024
@@ -84,14 +86,20 @@ def load_dump_bytes(data: bytes, *, name: str = "<dump>") -> dict[str, Any]:
     stripped = data.lstrip()
     if stripped[:1] == b"{":
         try:
-            obj = json.loads(stripped.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FlightRecorderError(f"{name}: not a flight-recorder dump (bad JSON: {exc})") from exc
+            obj = loads_json(stripped, max_depth=LIMITS.depth)
+        except BoundExceeded as exc:
+            raise FlightRecorderError(f"{name}: not a flight-recorder dump ({exc.message})") from exc
+        except InputRejected as exc:
+            raise FlightRecorderError(f"{name}: not a flight-recorder dump (bad JSON: {exc.message})") from exc
     else:
         try:
             obj = _DumpUnpickler(io.BytesIO(data)).load()
-        except Exception as exc:  # pickle raises many types on junk input
-            raise FlightRecorderError(f"{name}: not a flight-recorder dump ({exc})") from exc
+        except Exception as exc:  # pickle raises many types on junk input (RecursionError too)
+            raise FlightRecorderError(f"{name}: not a flight-recorder dump ({type(exc).__name__}: {exc})"[:300]) from exc
+        # The unpickler builds without recursion; what walks the result does not.
+        if value_depth(obj, stop=LIMITS.depth) > LIMITS.depth:
+            raise FlightRecorderError(f"{name}: not a flight-recorder dump "
+                                      f"({BoundExceeded(Bound.NESTING, LIMITS.depth).message})")
     if not isinstance(obj, Mapping) or "entries" not in obj and "pg_status" not in obj:
         raise FlightRecorderError(f"{name}: not a flight-recorder dump (no entries or pg_status)")
     return dict(obj)
@@ -236,13 +244,18 @@ def read_dump(path: str | Path, *, rank: int | None = None) -> RankDump:
         rank = rank_from_name(path)
         if rank is None:
             raise FlightRecorderError(f"{path}: no rank number at the end of the file name")
+    return parse_dump(load_dump_bytes(read_dump_bytes(path), name=str(path)), rank=rank, path=str(path))
+
+
+def read_dump_bytes(path: str | Path) -> bytes:
+    """A dump file's bytes, at most ``MAX_DUMP_BYTES`` (whatever its stat says:
+    a device or a file still growing); ``FlightRecorderError`` naming it otherwise."""
     try:
-        if path.stat().st_size > MAX_DUMP_BYTES:
-            raise FlightRecorderError(f"{path}: larger than {MAX_DUMP_BYTES} bytes")
-        data = path.read_bytes()
+        return read_file(path, limit=MAX_DUMP_BYTES)
+    except BoundExceeded as exc:
+        raise FlightRecorderError(f"{path}: larger than {MAX_DUMP_BYTES} bytes") from exc
     except OSError as exc:
         raise FlightRecorderError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    return parse_dump(load_dump_bytes(data, name=str(path)), rank=rank, path=str(path))
 
 
 @dataclass(frozen=True)
@@ -362,7 +375,7 @@ def summarize_dumps(directory: str | Path) -> FlightRecorderSummary:
     for path in dump_files(directory):
         try:
             dumps.append(read_dump(path))
-            raw[dumps[-1].rank] = load_dump_bytes(path.read_bytes(), name=str(path))
+            raw[dumps[-1].rank] = load_dump_bytes(read_dump_bytes(path), name=str(path))
         except (FlightRecorderError, OSError) as exc:
             errors.append(str(exc))
     summary = summarize(dumps, errors=errors)
@@ -370,6 +383,6 @@ def summarize_dumps(directory: str | Path) -> FlightRecorderSummary:
         return summary
     try:
         found = diagnose(raw)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a dump shape the matcher does not know
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:  # a dump shape the matcher does not know
         return replace(summary, errors=(*summary.errors, f"diagnosis failed: {type(exc).__name__}: {exc}"))
     return replace(summary, diagnosis=found.line, diagnosis_detail=found.to_json())

@@ -102,15 +102,17 @@ async def fetch_vllm_version(base_url: str, *, api_key: str | None = None, timeo
     import aiohttp
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    from soak.bounds import fetch
+
     try:
         from soak import net
 
-        async with net.session(total_s=timeout_s) as session:  # a 3xx reads as no /version, never followed
-            async with session.get(f"{base_url}/version", headers=headers) as response:
-                if response.status != 200:
-                    return None
-                body = await response.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+        async with net.session() as session:  # a 3xx is RedirectRefused: reads as no /version, never followed
+            response = await fetch(session, f"{base_url}/version", headers=headers, total_s=timeout_s)
+            if response.status != 200:
+                return None
+            body = response.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):  # a bound hit is a ValueError
         return None
     version = body.get("version") if isinstance(body, dict) else None
     return str(version)[:100] if isinstance(version, (str, int, float)) else None

@@ -50,8 +50,13 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
     runs = find_runs(dirs)
     from soak.history.collect import build_history
 
+    import sys
+
+    def skip(error: Exception) -> None:  # one line per night left out; the others still count
+        print(f"soak history: skipped {error}", file=sys.stderr)
+
     h = build_history(runs, confidence=confidence, baseline=baseline, baseline_mtbf_s=baseline_mtbf_s,
-                      window_s=window_s)
+                      window_s=window_s, on_skip=skip)
     if out is None:
         out = dirs[0] if len(dirs) == 1 and not is_run_dir(dirs[0]) else Path(".")
     written = write_history(h, out)

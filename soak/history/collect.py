@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from soak.errors import ConfigError
 from soak.history.model import (
@@ -44,22 +44,49 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     return list(unique.values())
 
 
-def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baseline: str | None = None,
-                  baseline_mtbf_s: float | None = None, window_s: float = 60.0, resamples: int = 400) -> History:
+def read_night(path: Path, *, window_s: float) -> tuple[RunRecord, list[float], dict[str, list[float]]]:
+    """One run's record, throughput windows and latencies; a run that cannot be
+    read (damaged in any way) is one ``ConfigError`` naming it, never a traceback."""
     from soak.report.compare import window_throughput
     from soak.report.rundir import load_run
 
+    try:
+        data = load_run(path)
+        record = run_record(path=str(path), summary=data.summary, events=data.events, config=data.config)
+        windows = window_throughput(data, window_s)
+        latencies = {key: data.requests.ok_values(key).tolist() for key in ("ttft_s", "tpot_s")}
+    except ConfigError:
+        raise
+    except (MemoryError, RecursionError, Exception) as exc:  # a damage no reader foresaw: this night only
+        raise ConfigError(f"cannot read the run: {type(exc).__name__}: {exc}"[:300], path=path) from exc
+    return record, windows, latencies
+
+
+def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baseline: str | None = None,
+                  baseline_mtbf_s: float | None = None, window_s: float = 60.0, resamples: int = 400,
+                  on_skip: Callable[[ConfigError], None] | None = None) -> History:
+    """Every readable run pooled; a run that cannot be read is left out and
+    handed to ``on_skip`` (one line naming it), so one bad night never blocks
+    the others. None readable is a ``ConfigError``."""
     records: list[RunRecord] = []
     windows: dict[str, list[float]] = {}
     latencies: dict[str, dict[str, list[float]]] = {}
+    skipped: list[ConfigError] = []
     for path in run_dirs:
-        data = load_run(path)
-        record = run_record(path=str(path), summary=data.summary, events=data.events, config=data.config)
+        try:
+            record, night_windows, night_latencies = read_night(path, window_s=window_s)
+        except ConfigError as exc:
+            skipped.append(exc)
+            if on_skip is not None:
+                on_skip(exc)
+            continue
         records.append(record)
-        windows.setdefault(record.build, []).extend(window_throughput(data, window_s))
+        windows.setdefault(record.build, []).extend(night_windows)
         lat = latencies.setdefault(record.build, {"ttft_s": [], "tpot_s": []})
         for key, into in lat.items():
-            into.extend(data.requests.ok_values(key).tolist())
+            into.extend(night_latencies[key])
+    if run_dirs and not records:
+        raise ConfigError(f"no readable run among {len(run_dirs)}: first skipped: {skipped[0]}"[:400])
     records.sort(key=lambda r: (r.started_at is None, r.started_at or 0.0, r.path))
 
     order: list[str] = []

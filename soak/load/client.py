@@ -14,12 +14,12 @@ SSE decoder.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
 
 from soak import net
+from soak.bounds import loads_json
 from soak.clock import Clock, SystemClock
 from soak.errors import (
     ConnectionReset,
@@ -99,7 +99,8 @@ class StreamingClient:
         self._timeouts = timeouts
         self._tracker = tracker
         self._max_connections = max_connections
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                         "Accept-Encoding": "identity"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._clock = clock or SystemClock()
@@ -230,6 +231,12 @@ class StreamingClient:
             if response.status >= 400:
                 body = await response.content.read(_ERROR_BODY_LIMIT)
                 raise HTTPStatusError(response.status, _error_message(body))
+            coding = response.headers.get("Content-Encoding", "")
+            if coding.strip().lower() not in ("", "identity"):
+                # The stream is read raw (auto_decompress off: an inflater on a stream has no
+                # bound); a compressed one is the server's error, named, not fed to the decoder.
+                raise MalformedStream(f"a compressed stream (Content-Encoding: {coding[:40]}), "
+                                      "not read: the harness asks for identity")
             decoder = SSEDecoder(max_chars=self._max_event_chars)
             async for chunk in response.content.iter_any():
                 now = mono()
@@ -364,7 +371,7 @@ class StreamingClient:
 def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", errors="replace").strip()
     try:
-        obj = json.loads(text)
+        obj = loads_json(text)  # bounded nesting: an error body of "[[[[" is text, not a RecursionError
     except ValueError:
         return text[:200]
     if isinstance(obj, dict):

@@ -95,12 +95,15 @@ def parse_dcgm(text: str) -> tuple[GpuReading, ...]:
 async def _get_text(session, url: str, timeout_s: float) -> str:
     import aiohttp
 
+    from soak.bounds import InputRejected, fetch
+
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            body = await resp.text()
-            if resp.status != 200:
-                raise ProbeError(f"GET {url}: HTTP {resp.status}")
-            return body
+        resp = await fetch(session, url, total_s=timeout_s)
+        if resp.status != 200:
+            raise ProbeError(f"GET {url}: HTTP {resp.status}")
+        return resp.text()
+    except InputRejected as exc:  # a bound hit (bytes, total time) or an unreadable body
+        raise ProbeError(str(exc) if url in str(exc) else f"GET {url}: {exc}") from exc
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise ProbeError(f"GET {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from soak.bounds import InputRejected, fetch
 from soak.clock import Clock
 from soak.errors import MetricsUnavailable
 from soak.metric_names import VLLM_METRICS, MetricSpec, MetricType
@@ -157,14 +158,16 @@ class MetricsProbe:
         started = time.monotonic()
         ts = self._clock.now()
         try:
-            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            async with self._session.get(self.url, timeout=timeout) as resp:
-                body = await resp.text()
-                if resp.status != 200:
-                    raise MetricsUnavailable(f"GET {self.url}: HTTP {resp.status}")
-            parsed = parse_metrics(body, profile=self.version_profile)
+            # Bounded in total time and decompressed bytes: a bomb or a trickle is a failed sample.
+            resp = await fetch(self._session, self.url, total_s=self._timeout_s)
+            if resp.status != 200:
+                raise MetricsUnavailable(f"GET {self.url}: HTTP {resp.status}")
+            parsed = parse_metrics(resp.text(), profile=self.version_profile)
         except MetricsUnavailable as exc:
             return [ServerSample(ts, False, error=str(exc), latency_s=time.monotonic() - started)]
+        except InputRejected as exc:
+            error = str(exc) if self.url in str(exc) else f"GET {self.url}: {exc}"
+            return [ServerSample(ts, False, error=error, latency_s=time.monotonic() - started)]
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"GET {self.url}: {type(exc).__name__}: {exc}".rstrip(": ")
             return [ServerSample(ts, False, error=error, latency_s=time.monotonic() - started)]

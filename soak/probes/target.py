@@ -25,11 +25,11 @@ class HealthProbe:
 
         ts = self._clock.now()
         started = time.monotonic()
+        from soak.bounds import InputRejected, fetch
+
         try:
-            async with self._session.get(self.url, timeout=aiohttp.ClientTimeout(total=self._timeout_s)) as resp:
-                await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            status = (await fetch(self._session, self.url, total_s=self._timeout_s)).status
+        except (aiohttp.ClientError, TimeoutError, OSError, InputRejected) as exc:
             error = f"{type(exc).__name__}: {exc}".rstrip(": ")
             return [HealthSample(ts, False, None, time.monotonic() - started, error)]
         return [HealthSample(ts, status == 200, status, time.monotonic() - started)]

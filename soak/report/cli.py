@@ -20,10 +20,11 @@ def main(args: argparse.Namespace) -> int:
 def report(run_dir: Path, *, confidence: float) -> int:
     """Renders whatever the directory holds; a damaged one (torn lines, a missing
     or unreadable summary, a run that never started) still renders, and what
-    cannot be done is one line and exit 4, never a traceback."""
+    cannot be done is one line: exit 2 for a run that cannot be read, exit 4
+    for the harness's own I/O; never a traceback."""
     import os
 
-    from soak.errors import ArgumentError, HarnessFault, SoakError
+    from soak.errors import ArgumentError, ConfigError, HarnessFault, SoakError
     from soak.redact import Redactor
     from soak.report.render import ended_because, write_report
 
@@ -35,8 +36,10 @@ def report(run_dir: Path, *, confidence: float) -> int:
         raise
     except OSError as exc:
         raise HarnessFault(f"{run_dir}: cannot write the report: {exc.strerror or exc}") from exc
-    except Exception as exc:  # a record damaged in a way no reader foresaw
-        raise HarnessFault(f"{run_dir}: cannot render the report: {type(exc).__name__}: {exc}") from exc
+    except (MemoryError, RecursionError, Exception) as exc:
+        # The run's records are input: one damaged in a way no reader foresaw is
+        # exit 2 naming the run, as load_run says of the damage it knows.
+        raise ConfigError(f"cannot render the report: {type(exc).__name__}: {exc}"[:300], path=run_dir) from exc
     # The same redactor as the run's, from this environment: a key never reaches the report.
     redactor = Redactor.for_run(environ=os.environ)
     for path in (written.html, written.junit, written.summary):

@@ -54,10 +54,9 @@ def places_from_incident(incident: Path | None) -> dict[int, Any]:
 
     if incident is None:
         return {}
-    try:
-        obj = json.loads((incident / "processes.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    from soak.jsonl import read_json
+
+    obj = read_json(incident / "processes.json")
     places: dict[int, RankPlace] = {}
     for proc in obj.get("processes") or [] if isinstance(obj, dict) else []:
         if not isinstance(proc, dict):
@@ -71,7 +70,7 @@ def places_from_incident(incident: Path | None) -> dict[int, Any]:
 
 
 def load(path: Path) -> tuple[dict[int, dict], Path | None]:
-    from soak.flightrec.dumps import FlightRecorderError, dump_files, load_dump_bytes, rank_from_name
+    from soak.flightrec.dumps import FlightRecorderError, dump_files, load_dump_bytes, rank_from_name, read_dump_bytes
 
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
@@ -83,9 +82,7 @@ def load(path: Path) -> tuple[dict[int, dict], Path | None]:
     for f in files:
         rank = rank_from_name(f)
         try:
-            dumps[rank] = load_dump_bytes(f.read_bytes(), name=str(f))  # type: ignore[index]
-        except OSError as exc:
-            raise UsageError(f"{f}: cannot read ({exc.strerror or exc})") from exc
+            dumps[rank] = load_dump_bytes(read_dump_bytes(f), name=str(f))  # type: ignore[index]
         except FlightRecorderError as exc:
             raise UsageError(str(exc)) from exc
     return dumps, incident
@@ -101,8 +98,8 @@ def run(*, path: Path, as_json: bool) -> int:
     dumps, incident = load(path)
     try:
         result = diagnose(dumps, places=places_from_incident(incident))
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:
-        raise UsageError(f"{path}: dumps not understood ({type(exc).__name__}: {exc})") from exc
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        raise UsageError(f"{path}: dumps not understood ({type(exc).__name__}: {exc})"[:300]) from exc
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     else:

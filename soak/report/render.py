@@ -18,8 +18,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from soak.bounds import LIMITS, InputRejected, read_file
 from soak.durations import format_duration
 from soak.fsio import write_atomic
+from soak.jsonl import read_json
 from soak.percentiles import percentiles
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
@@ -119,12 +121,15 @@ def _incident_view(incident: Incident, run: RunData) -> IncidentView:
     lines: list[watchdog.WatchdogLine] = []
     wd = incident.path / "watchdog.json"
     if wd.is_file():
-        try:
-            lines = watchdog.from_json(json.loads(wd.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
+        try:  # read_json: bounded in size and nesting, None where it cannot be read
+            lines = watchdog.from_json(read_json(wd))
+        except (OSError, ValueError, TypeError, AttributeError):
             lines = []
     if not lines and (incident.path / "log_tail.txt").is_file():
-        text = (incident.path / "log_tail.txt").read_text(encoding="utf-8", errors="replace")
+        try:
+            text = read_file(incident.path / "log_tail.txt", limit=LIMITS.yaml_bytes).decode("utf-8", "replace")
+        except (OSError, InputRejected):
+            text = ""
         lines = watchdog.parse_lines(text.splitlines())
     if not lines:  # the log probe's matches around the incident
         onset = incident.record.get("onset_at") or 0
@@ -138,8 +143,8 @@ def _incident_view(incident: Incident, run: RunData) -> IncidentView:
     fr_json = incident.path / "flight_recorder_summary.json"
     if fr_json.is_file():
         try:
-            fr = flight_recorder.FlightRecorderSummary.from_json(json.loads(fr_json.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
+            fr = flight_recorder.FlightRecorderSummary.from_json(read_json(fr_json))
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
             fr = None
     if fr is None and flight_recorder.dump_files(incident.path / "flight_recorder"):
         fr = flight_recorder.summarize_dumps(incident.path / "flight_recorder")

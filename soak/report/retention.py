@@ -14,13 +14,13 @@ alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from soak.bounds import LIMITS, iter_lines, loads_json
 from soak.fsio import symlink_atomic
 from soak.jsonl import read_json
 
@@ -46,11 +46,16 @@ class RetentionResult:
 def _first_ts(events: Path) -> float | None:
     try:
         with events.open("rb") as fh:
-            obj = json.loads(fh.readline() or b"null")
-    except (OSError, ValueError):
+            obj = loads_json(fh.readline(LIMITS.line_bytes) or b"null")
+    except (OSError, ValueError):  # InputRejected (not JSON, too deep, cut at the bound) too
         return None
     ts = obj.get("ts") if isinstance(obj, dict) else None
     return float(ts) if isinstance(ts, (int, float)) else None
+
+
+def _lines(path: Path):
+    with path.open("rb") as fh:
+        yield from iter_lines(fh)
 
 
 def _describe(path: Path) -> RunEntry:
@@ -66,7 +71,7 @@ def _describe(path: Path) -> RunEntry:
         failed = any((path / "incidents").glob("*/incident.json"))
         if not failed and (path / "events.jsonl").is_file():
             try:
-                failed = '"type": "incident"' in (path / "events.jsonl").read_text(encoding="utf-8", errors="replace")
+                failed = any(b'"type": "incident"' in raw for _, raw in _lines(path / "events.jsonl"))
             except OSError:
                 failed = False
     return RunEntry(path=path, started_at=float(started), failed=failed)

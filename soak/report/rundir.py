@@ -18,11 +18,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from soak.errors import ConfigError
+from soak.bounds import LIMITS, BoundExceeded, read_file
+from soak.configbase import read_recorded_yaml
+from soak.errors import ConfigError, SoakError
 from soak.jsonl import parse_line, read_json, read_records
 from soak.store.segments import iter_sample_lines, line_head, sample_files
 from soak.store.store import REQUESTS
-from soak.store.summary import digest_requests, load_span, recorded_criteria, summarize
+from soak.store.summary import EVENT_TYPES, digest_requests, load_span, recorded_criteria, summarize
 
 # The timelines are binned to at most 720 columns; more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
@@ -135,9 +137,10 @@ class RunData:
 
 
 def _records(path: Path, bad: dict[str, int]) -> list[dict[str, Any]]:
-    """The file's JSON object lines; unreadable ones (torn or bad) counted in ``bad`` by file name."""
+    """The file's JSON object lines, fields of the wrong type left out; unreadable
+    lines (torn, bad, past a bound) counted in ``bad`` by file name."""
     stats: dict[str, int] = {}
-    records = list(read_records(path, stats=stats))
+    records = list(read_records(path, stats=stats, fields=EVENT_TYPES))
     unreadable = stats.get("bad_lines", 0) + stats.get("torn_lines", 0)
     if unreadable:
         bad[path.name] = bad.get(path.name, 0) + unreadable
@@ -145,7 +148,22 @@ def _records(path: Path, bad: dict[str, int]) -> list[dict[str, Any]]:
 
 
 def load_run(run_dir: str | Path) -> RunData:
+    """The run directory read whole for the report, compare and history.
+
+    Total: a damaged directory (bad or deep lines, fields of the wrong type, cut
+    gzip segments, missing files) still reads, the damage counted in
+    ``bad_lines`` and the summary's ``records``; what cannot be read at all is
+    one ``ConfigError`` naming the directory, never another exception."""
     path = Path(run_dir)
+    try:
+        return _load_run(path)
+    except SoakError:
+        raise
+    except (MemoryError, RecursionError, Exception) as exc:  # a damage no reader foresaw: one line
+        raise ConfigError(f"cannot read the run: {type(exc).__name__}: {exc}"[:300], path=path) from exc
+
+
+def _load_run(path: Path) -> RunData:
     if not path.is_dir():
         raise ConfigError("not a run directory", path=path)
     markers = ("events.jsonl", "samples.jsonl", "requests.jsonl", "summary.json")
@@ -220,7 +238,7 @@ def load_run(run_dir: str | Path) -> RunData:
             util[i, j] = v
 
     config_text = _read_text(path / "config.yaml")
-    config = _parse_yaml(config_text)
+    config = read_recorded_yaml(path / "config.yaml") or {}
     plan = read_json(path / "plan.json")
     return RunData(
         path=path, summary=summary, config_text=config_text, config=config, plan=plan, events=events,
@@ -233,21 +251,9 @@ def load_run(run_dir: str | Path) -> RunData:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        return read_file(path, limit=LIMITS.yaml_bytes).decode("utf-8", errors="replace")
+    except (OSError, BoundExceeded):
         return ""
-
-
-def _parse_yaml(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    import yaml
-
-    try:
-        obj = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -92,12 +92,14 @@ def write_samples(bundle: Bundle, samples: Sequence[Sample], *, since: float) ->
 async def fetch_metrics(base_url: str, timeout_s: float) -> str:
     from soak import net
 
-    async with net.session(total_s=timeout_s) as session:  # a 3xx: RedirectRefused, never followed
-        async with session.get(base_url.rstrip("/") + "/metrics") as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise RuntimeError(f"/metrics answered HTTP {resp.status}")
-            return text
+    from soak.bounds import fetch
+
+    async with net.session() as session:  # a 3xx: RedirectRefused, never followed
+        # Bounded in total time and decompressed bytes (BoundExceeded names the bound hit).
+        resp = await fetch(session, base_url.rstrip("/") + "/metrics", total_s=timeout_s)
+        if resp.status != 200:
+            raise RuntimeError(f"/metrics answered HTTP {resp.status}")
+        return resp.text()
 
 
 def read_tail(path: Path, max_bytes: int) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -528,10 +527,9 @@ def _loopback_port(base_url: str) -> int | None:
 
 def _diagnosis_line(path: Path) -> str | None:
     """The diagnosis the flight-recorder step wrote beside the dumps, if any."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    from soak.jsonl import read_json
+
+    data = read_json(path)  # bounded in size and nesting; None where it cannot be read
     line = data.get("diagnosis") if isinstance(data, dict) else None
     return str(line)[:500] if line else None
 

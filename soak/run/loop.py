@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, S
 
 import aiohttp
 
+from soak.bounds import fetch
 from soak.clock import Clock, SystemClock, WallStepWatch, raw_wall, run_clock
 from soak.config import RunConfig
 from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
@@ -571,13 +572,13 @@ class SoakRun:
         version = None
         try:
             url = self.target.base_url.rstrip("/") + "/version"
-            async with self._session().get(url, timeout=aiohttp.ClientTimeout(total=self.config.probes.timeout)) as resp:
-                if resp.status == 200:
-                    version = version_from_body(await resp.json(content_type=None))
+            resp = await fetch(self._session(), url, total_s=self.config.probes.timeout)
+            if resp.status == 200:
+                version = version_from_body(resp.json())
         except RedirectRefused as exc:  # not followed (soak.net): said, with where it pointed
             self.event("warning", message=f"GET /version: {exc}")
             version = None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):  # a bound hit is a ValueError too
             version = None
         profile = profile_for(version)
         self.event("server_version", **profile.to_json())
@@ -627,12 +628,12 @@ class SoakRun:
         """``max_model_len`` of ``model`` (else the first model) as /v1/models lists it."""
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            async with self._session().get(self.target.base_url.rstrip("/") + "/v1/models", headers=headers,
-                                           timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                if resp.status != 200:
-                    return None
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+            resp = await fetch(self._session(), self.target.base_url.rstrip("/") + "/v1/models", headers=headers,
+                               total_s=10)
+            if resp.status != 200:
+                return None
+            body = resp.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):  # bounds too (ValueError)
             return None
         # The server's JSON, read defensively: any shape may come back.
         models = body.get("data") if isinstance(body, dict) else None

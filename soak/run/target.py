@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import yaml
 
+from soak.bounds import fetch
 from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
@@ -94,7 +95,7 @@ async def wait_ready(
             if base is not None:
                 where = what if base in what else f"{what} at {base}"
                 try:
-                    return base, await _ready_once(session, base)
+                    return base, await _ready_once(session, base, total_s=total)
                 except _Refused as exc:
                     raise TargetNotReady(f"{where} {exc}") from None
                 except _NotYet as exc:
@@ -111,20 +112,20 @@ async def wait_ready(
             await asyncio.sleep(interval_s)
 
 
-async def _ready_once(session, base: str) -> tuple[str, ...]:
-    """The model names once /health and /v1/models answer 200; else why not."""
+async def _ready_once(session, base: str, *, total_s: float) -> tuple[str, ...]:
+    """The model names once /health and /v1/models answer 200; else why not.
+    Each call is bounded in total time and bytes: a trickle is one failed probe, not a hang."""
     for path in ("/health", "/v1/models"):
-        async with session.get(base + path) as response:
-            if response.status in (401, 403):
-                raise _Refused(f"answers {path} with HTTP {response.status}: the credentials are refused "
-                               "(target.api_key_env)")
-            if response.status != 200:
-                await response.read()
-                raise _NotYet(f"{path} answered HTTP {response.status}")
-            body = await response.json(content_type=None) if path == "/v1/models" else await response.read()
+        response = await fetch(session, base + path, total_s=total_s)
+        if response.status in (401, 403):
+            raise _Refused(f"answers {path} with HTTP {response.status}: the credentials are refused "
+                           "(target.api_key_env)")
+        if response.status != 200:
+            raise _NotYet(f"{path} answered HTTP {response.status}")
+    body = response.json()
     data = body.get("data") if isinstance(body, dict) else None
     names = tuple(m.get("id") for m in (data if isinstance(data, list) else []) if isinstance(m, dict))
-    return tuple(str(n) for n in names if n)
+    return tuple(n for n in names if isinstance(n, str) and n)
 
 
 def _why(exc: BaseException) -> str:

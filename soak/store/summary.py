@@ -53,7 +53,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, judge, record_time
 from soak.criteria.rules import generated_tokens as work_tokens
-from soak.jsonl import read_json, read_records
+from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.percentiles import percentiles
 from soak.records import Verdict
 from soak.store.counters import CounterDelta
@@ -67,6 +67,17 @@ SERVER_KEYS = ("prefix_cache_hits", "prefix_cache_queries", "prompt_tokens", "ge
 MAX_STALE_SPANS = 20
 
 INCIDENT_FIELDS = ("kind", "rule", "onset_at", "detected_at", "killed_pids", "gpus_released", "evidence")
+
+# The types summarize relies on: a field of another type (a damaged or hostile
+# line) reads as absent and is counted in records.wrong_type_fields (soak.jsonl.typed_fields).
+EVENT_TYPES = {
+    "ts": is_timestamp, "mono": is_number, "type": is_str, "run_id": is_str, "name": is_str, "target": is_str, "model": is_str,
+    "duration_s": is_number, "warmup_s": is_number, "number": is_int, "kind": is_str, "rule": is_str,
+    "onset_at": is_timestamp, "detected_at": is_timestamp, "killed_pids": is_list, "gpus_released": is_bool,
+    "evidence": is_str, "summary": is_str, "gpu_free_s": is_number, "reason": is_str, "exit_code": is_int,
+    "verdict": is_str, "age_s": is_number, "message": is_str, "criteria": is_dict,
+}
+REQUEST_TYPES = {"started_at": is_timestamp, "ended_at": is_timestamp, "started_mono": is_number, "ended_mono": is_number}
 
 
 def _number(value: Any) -> float | None:
@@ -262,7 +273,7 @@ def digest_requests(path: Path, criteria: CriteriaConfig, *,
     unmarked: float | None = None
     ttft, tpot, e2e, itl_p50 = array("d"), array("d"), array("d"), array("d")
     latencies = (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e), ("itl_p50_s", itl_p50))
-    for record in read_records(path, stats=own_stats):
+    for record in read_records(path, stats=own_stats, fields=REQUEST_TYPES):
         if on_request is not None:
             on_request(record)
         get = record.get
@@ -350,7 +361,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
     # (incident_started, restart_done): the load paused, then a new server life
     lives: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
     paused: dict[str, Any] | None = None
-    for event in read_records(run_dir / EVENTS, stats=read_stats):
+    for event in read_records(run_dir / EVENTS, stats=read_stats, fields=EVENT_TYPES):
         ts = _number(event.get("ts"))
         if ts is not None:
             last_ts = ts if last_ts is None else max(last_ts, ts)
@@ -543,13 +554,10 @@ def recorded_criteria(run_dir: str | Path) -> CriteriaConfig:
 
 
 def _read_config(run_dir: Path) -> dict[str, Any]:
-    import yaml
+    from soak.configbase import read_recorded_yaml
 
-    try:
-        data = yaml.safe_load((run_dir / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    # No retry with bare *** quoted: a config.yaml that does not parse is said so (the criteria note).
+    return read_recorded_yaml(run_dir / CONFIG, retry_redacted=False) or {}
 
 
 def _criteria_config(run_dir: Path, recorded: dict[str, Any] | None = None) -> tuple[CriteriaConfig, str | None]:
@@ -687,7 +695,9 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"number": number, "evidence": f"incidents/{child.name}"}
         if isinstance(obj, dict):
             record = obj.get("record")
+            record = typed_fields(record, EVENT_TYPES) if isinstance(record, dict) else record
             decision = obj.get("decision") if isinstance(obj.get("decision"), dict) else {}
+            decision = typed_fields(decision, {**EVENT_TYPES, "decided_at": is_timestamp})
             if isinstance(record, dict):
                 entry.update({k: record.get(k) for k in (*INCIDENT_FIELDS, "summary", "gpu_free_s", "diagnosis")})
             else:

@@ -5,11 +5,9 @@ live and re-rendered later reads the same."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from soak.jsonl import read_records
 from soak.store.segments import read_sample_records
@@ -24,18 +22,9 @@ WINDOW_FIELDS = ("ended_at", "outcome", "warmup", "output_tokens", "ttft_s", "tp
 
 
 def recorded_thresholds_section(run_dir: Path) -> Mapping[str, Any] | None:
-    try:
-        text = (Path(run_dir) / CONFIG).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError:
-        # A redacted value written bare (`key: ***`) reads as a YAML alias: quote it and retry.
-        try:
-            config = yaml.safe_load(re.sub(r"^(\s*(?:[^#\n]*?:|-)\s+)\*\*\*\s*$", r"\1'***'", text, flags=re.M))
-        except yaml.YAMLError:
-            return None
+    from soak.configbase import read_recorded_yaml
+
+    config = read_recorded_yaml(Path(run_dir) / CONFIG)
     section = config.get("thresholds") if isinstance(config, dict) else None
     return section if isinstance(section, dict) and section else None
 

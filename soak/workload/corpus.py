@@ -104,7 +104,12 @@ def load_corpus(config: CorpusConfig, *, field: str = "corpus", config_path: str
         if total >= config.max_bytes:
             break
         try:
-            text = path.read_text(encoding="utf-8")
+            # One huge file in a directory costs the corpus's max_bytes, not its size.
+            with open(path, "rb") as handle:
+                data = handle.read(config.max_bytes + 1)
+            if len(data) > config.max_bytes:
+                data = data[: data.rfind(b"\n") + 1]  # whole lines only
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError):
             continue  # binary or unreadable files are simply not text to reuse
         lines = _clean_lines(text)

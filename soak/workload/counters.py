@@ -15,11 +15,16 @@ Counters with ``in_process = True`` are cheap enough to count every corpus line.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from soak.bounds import LIMITS, MiB, InputRejected, fetch
 from soak.errors import TransportError, WorkloadError
+
+TOKENIZE_LIMITS = dataclasses.replace(LIMITS, body_bytes=64 * MiB)
 
 
 class TokenCounter(Protocol):
@@ -128,13 +133,16 @@ class TargetCounter:
             self._session = net.session(total_s=self._timeout_s)  # a 3xx fails the count, never followed
         self.calls += 1
         try:
-            async with self._session.post(self._url, json=payload, headers=self._headers) as response:
-                text = await response.text()
-                if response.status != 200:
-                    raise TransportError(f"/tokenize answered HTTP {response.status}: {text[:200]}")
-                return int(json.loads(text)["count"])
-        except aiohttp.ClientError as exc:
+            # The token list of a long prompt is megabytes: a wider body bound than a probe's.
+            response = await fetch(self._session, self._url, method="POST", json=payload, headers=self._headers,
+                                   total_s=self._timeout_s, limits=TOKENIZE_LIMITS)
+            if response.status != 200:
+                raise TransportError(f"/tokenize answered HTTP {response.status}: {response.text()[:200]}")
+            return int(response.json()["count"])
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise TransportError(f"/tokenize failed: {exc}") from exc
+        except InputRejected as exc:  # a bound hit (total time, bytes) or a body that is not JSON
+            raise TransportError(f"/tokenize: {exc}") from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise TransportError(f"/tokenize answered something without a count: {exc}") from exc
 

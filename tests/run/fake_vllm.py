@@ -25,6 +25,7 @@ port 0 (the bound port goes to PORT_FILE). MODE says how completions answer:
   redirect_other   completions answer 307 to $FAKE_REDIRECT_TO (another server); the rest ok
   redirect_loop    completions answer 307 to themselves, numbered: ``?n=<this POST's number>``
   redirect_probes  completions ok; /metrics and /version answer 302 to $FAKE_REDIRECT_TO
+  metrics_bomb  completions ok; /metrics answers a gzip of 512 MiB of zeros (half a MB on the wire)
 
 Servers that answer but do no work (issue 32, "no evidence, no pass"); PACE
 (optional third argument, seconds, default 20 as the issue's trickle) sets
@@ -181,6 +182,8 @@ async def metrics(request: web.Request) -> web.Response:
         return redirect(state.mode, state.scrapes, path="/metrics")
     if state.mode == "metrics_garbage" and state.scrapes > 3:
         return web.Response(text="<html>this is not {prometheus} text\x00\n", content_type="text/plain")
+    if state.mode == "metrics_bomb":
+        return web.Response(body=gzip_bomb(), headers={"Content-Encoding": "gzip"}, content_type="text/plain")
     labels = f'{{model_name="{MODEL}",engine="0"}}'
     if state.mode in ("counters_reset", "counters_dip"):
         return web.Response(text=_reset_counters(state, labels), content_type="text/plain")
@@ -233,6 +236,20 @@ async def truth(request: web.Request) -> web.Response:
                               "generated": state.generated, "cached": state.cached, "hits": state.hits})
 
 
+_BOMB: list[bytes] = []
+
+
+def gzip_bomb(size: int = 512 << 20) -> bytes:
+    """``size`` zeros gzipped, made once (a MiB at a time: the fake stays small too)."""
+    if not _BOMB:
+        import zlib
+
+        packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        block = bytes(1 << 20)
+        _BOMB.append(b"".join(packer.compress(block) for _ in range(size >> 20)) + packer.flush())
+    return _BOMB[0]
+
+
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
@@ -245,6 +262,8 @@ async def models(request: web.Request) -> web.Response:
 async def main(mode: str, port_file: str, pace: float = 20.0) -> None:
     app = web.Application()
     app["state"] = State(mode, pace)
+    if mode == "metrics_bomb":
+        gzip_bomb()  # made before the port is known: every scrape answers at once
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
