@@ -37,6 +37,7 @@ import subprocess
 import sys
 from typing import IO
 
+from soak.run.signals import INTERRUPT_SIGNALS
 from soak.respond.tree import ProcessTree, kill_processes  # the one record and kill path of the target's tree
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--marker", default=None, help="NAME=VALUE: the ownership marker in the server's env")
     args = parser.parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in INTERRUPT_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C to the terminal is the harness's to handle
     marker = tuple(args.marker.split("=", 1)) if args.marker and "=" in args.marker else None
     return serve(sys.stdin.buffer, parent=args.parent, interval=args.interval, marker=marker,  # type: ignore[arg-type]

@@ -18,7 +18,6 @@ close the sinks. ``aclose()`` is idempotent.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 import traceback
@@ -51,6 +50,7 @@ from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts,
 from soak.redact import Redactor
 from soak.respond.responder import Responder
 from soak.run.heap import HeapTuning
+from soak.run.signals import INTERRUPT_SIGNALS, interrupt_reason
 from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
@@ -327,7 +327,7 @@ class SoakRun:
 
     # -- control ---------------------------------------------------------------
     def interrupt(self, reason: str = "interrupted") -> None:
-        """Ctrl-C or SIGTERM: stop the load now (no drain wait), then end as usual."""
+        """Ctrl-C, SIGTERM or SIGHUP: stop the load now (no drain wait), then end as usual."""
         if self._interrupted:
             return
         self._interrupted = True
@@ -348,9 +348,11 @@ class SoakRun:
             return []
         loop = asyncio.get_running_loop()
         installed = []
-        for sig, name in ((signal.SIGINT, "interrupted (SIGINT)"), (signal.SIGTERM, "interrupted (SIGTERM)")):
+        # Every one of them (SIGHUP too: a closed terminal) ends the run as an
+        # interrupt; a default action would kill the harness with nothing written.
+        for sig in INTERRUPT_SIGNALS:
             try:
-                loop.add_signal_handler(sig, self.interrupt, name)
+                loop.add_signal_handler(sig, self.interrupt, interrupt_reason(sig))
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
