@@ -27,6 +27,8 @@ from typing import Iterable, Sequence
 
 import psutil
 
+from soak.respond.belonging import Pin, ProcReader, ProcTable, Reason, TargetIdentity, decide, read_table
+
 # psutil derives create_time from the boot time and /proc/PID/stat; the same
 # process always reads within this of itself.
 _SAME_START_S = 0.05
@@ -338,23 +340,32 @@ class KillResult:
 def kill_processes(
     targets: Sequence[ProcInfo],
     *,
+    target: TargetIdentity,
     timeout_s: float,
+    reader: ProcReader = read_table,
     poll_s: float = 0.02,
     max_rounds: int = 10,
 ) -> KillResult:
-    """SIGSTOP, then SIGKILL, every process in ``targets`` that is still the same process.
+    """SIGSTOP, then SIGKILL, every process in ``targets`` that
+    ``soak.respond.belonging.decide`` allows for ``target`` on a fresh reading of
+    the box (the one gate: a process it refuses is named in the notes, never signalled).
 
-    Blocking (polls /proc): call it from a worker thread.
+    Blocking (reads /proc): call it from a worker thread.
     """
     protected = protected_pids()
     notes: list[str] = []
     frozen: dict[int, tuple[ProcInfo, psutil.Process]] = {}
 
-    def freeze(info: ProcInfo) -> None:
-        if info.pid in protected:
-            notes.append(f"refused to signal protected pid {info.pid} ({info.name})")
-            return
+    def freeze(info: ProcInfo, table: ProcTable, identity: TargetIdentity) -> None:
         if info.pid in frozen:
+            return
+        verdict = decide(info.pid, info.create_time, table, identity)
+        if not verdict.allowed:
+            if verdict.reason not in (Reason.GONE, Reason.REUSED):
+                notes.append(f"refused to signal pid {info.pid} ({info.name}): {verdict.detail}")
+            return
+        if info.pid in protected:  # belt and braces: decide() already refuses these
+            notes.append(f"refused to signal protected pid {info.pid} ({info.name})")
             return
         proc = same_process(info)
         if proc is None:
@@ -367,9 +378,11 @@ def kill_processes(
             notes.append(f"SIGSTOP {info.pid}: {exc}")
         frozen[info.pid] = (info, proc)
 
+    table = reader()
     for info in targets:
-        freeze(info)
-    # Children forked between the last snapshot and the freeze.
+        freeze(info, table, target)
+    # Children forked between the last snapshot and the freeze: descendants of a
+    # process just allowed, judged on a new reading.
     for _ in range(max_rounds):
         new: list[ProcInfo] = []
         now = time.time()
@@ -385,8 +398,10 @@ def kill_processes(
                         new.append(info)
         if not new:
             break
+        table = reader()
+        grown = target.with_members(Pin(i.pid, i.create_time) for i, _ in frozen.values())
         for info in new:
-            freeze(info)
+            freeze(info, table, grown)
 
     killed: list[ProcInfo] = []
     killed_at = time.time() if frozen else None
