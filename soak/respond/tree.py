@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import psutil
 
-from soak.respond.belonging import Pin, ProcReader, ProcTable, Reason, TargetIdentity, decide, read_table
+from soak.respond.belonging import Pin, ProcReader, ProcTable, Proof, Reason, TargetIdentity, decide, read_table
 
 # psutil derives create_time from the boot time and /proc/PID/stat; the same
 # process always reads within this of itself.
@@ -280,6 +280,10 @@ class ProcessTree:
                 found.append(info)
         return tuple(found)
 
+    def pins(self) -> frozenset[Pin]:
+        """Every recorded process by PID and start time: the members ``decide`` accepts."""
+        return frozenset(Pin(info.pid, info.create_time) for info in self._known.values())
+
     def forget_dead(self) -> None:
         for info in list(self._known.values()):
             if same_process(info) is None:
@@ -309,6 +313,23 @@ def group_stragglers(pgid: int, *, now: float | None = None) -> tuple[ProcInfo, 
             if info is not None:
                 out.append(info)
     return tuple(out)
+
+
+def clean_leftovers(*, reader: ProcReader = read_table, timeout_s: float = 10.0) -> KillResult:
+    """SIGKILL every process that carries this harness's ownership marker and whose
+    owning harness is gone (a night that died without cleaning up: a daemonized
+    server, a guardian killed too). Each one is allowed by ``decide`` as a
+    ``LEFTOVER``: another live run's server, or a marker without an owner, never."""
+    table = reader()
+    now = time.time()
+    candidates = [
+        ProcInfo(f.pid, f.create_time, f.ppid, f.name, f.cmdline, None, f.sid, now, "leftover")
+        for f in table.procs.values()
+        if f.marker is not None and decide(f.pid, f.create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
+    ]
+    if not candidates:
+        return KillResult((), (), (), None, None)
+    return kill_processes(candidates, target=TargetIdentity(Proof.LEFTOVER), timeout_s=timeout_s, reader=reader)
 
 
 def find_listener(port: int) -> int | None:
@@ -448,6 +469,7 @@ def merge(*groups: Iterable[ProcInfo]) -> tuple[ProcInfo, ...]:
 
 __all__ = [
     "KillResult",
+    "clean_leftovers",
     "ProcInfo",
     "ProcessTree",
     "find_listener",

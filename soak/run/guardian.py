@@ -38,6 +38,7 @@ import sys
 from typing import IO
 
 from soak.run.signals import INTERRUPT_SIGNALS
+from soak.respond.belonging import Proof, TargetIdentity
 from soak.respond.tree import ProcessTree, kill_processes  # the one record and kill path of the target's tree
 
 
@@ -47,7 +48,8 @@ def kill_all(tree: ProcessTree, marker: tuple[str, str] | None) -> list[int]:
     tree.snapshot(None)
     if marker is not None:
         tree.find_marked(marker)
-    return list(kill_processes(tree.known(), timeout_s=2.0).killed_pids)
+    target = TargetIdentity(Proof.LAUNCHED, marker=marker[1] if marker is not None else None, members=tree.pins())
+    return list(kill_processes(tree.known(), target=target, timeout_s=2.0).killed_pids)
 
 
 def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str, str] | None,

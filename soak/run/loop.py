@@ -444,7 +444,13 @@ class SoakRun:
             # source now, so a box without NVML exits 3 before a server is started.
             await self._open_gpu_source()
         self.event("target_starting", target=layout.kind.value)
-        await self.target.start()
+        try:
+            await self.target.start()
+        finally:
+            # What a dead night left behind and this start cleaned (soak.respond.tree.clean_leftovers).
+            leftovers = getattr(self.target, "leftovers", None)
+            if leftovers:
+                self.event("leftovers_killed", processes=list(leftovers))
         self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
         version_profile = await self._read_server_version()

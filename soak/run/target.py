@@ -28,7 +28,8 @@ from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
-from soak.respond.tree import ProcessTree, group_stragglers, kill_processes
+from soak.respond.belonging import MARKER_VARIABLE, OWNER_VARIABLE, Pin, Proof, TargetIdentity, owner_stamp
+from soak.respond.tree import KillResult, ProcessTree, clean_leftovers, group_stragglers, kill_processes
 from soak.target.config import AttachedTarget as AttachedTargetConfig
 from soak.target.config import LaunchedTarget, SimulatorTarget
 
@@ -140,6 +141,12 @@ class ProcessTarget:
         self._restart_command = restart_command
         self._what = what
         self._env = dict(env or {})
+        if MARKER_VARIABLE in self._env:
+            # Beside the marker, who set it: a later run tells a leftover (its harness
+            # gone) from another live run's server by this (soak.respond.belonging).
+            self._env[OWNER_VARIABLE] = _harness_stamp()
+        # Processes of dead harnesses cleaned before the first start (reported by the run).
+        self.leftovers: list[dict] = []
         self._cwd = cwd
         self._port_file = port_file
         self._fixed_url = base_url
@@ -184,6 +191,11 @@ class ProcessTarget:
             command = self._restart_command(self)
         if self._port_file is not None:
             self._port_file.unlink(missing_ok=True)
+        if not self.starts and MARKER_VARIABLE in self._env:
+            # A night that died without cleaning up must not poison this one: what
+            # carries this harness's marker and outlived its harness goes first.
+            cleaned = await asyncio.to_thread(clean_leftovers)
+            self.leftovers.extend(_leftover_notes(cleaned))
         if self._fixed_url is not None:
             # A leftover server on the port would answer /health for us: refuse
             # before anything starts, naming it.
@@ -217,15 +229,19 @@ class ProcessTarget:
         self._tree = ProcessTree()
         self.identity = ident.Identity.of(self._proc.pid)
         self.starts += 1
-        self.base_url, self.models = await wait_ready(
-            url=self._url_now,
-            timeout_s=self._startup_timeout_s,
-            interval_s=self._poll_interval_s,
-            headers=self._headers,
-            clock=self._clock,
-            exited=self.returncode,
-            what=self._what,
-        )
+        try:
+            self.base_url, self.models = await wait_ready(
+                url=self._url_now,
+                timeout_s=self._startup_timeout_s,
+                interval_s=self._poll_interval_s,
+                headers=self._headers,
+                clock=self._clock,
+                exited=self.returncode,
+                what=self._what,
+            )
+        except TargetNotReady:
+            await self._refuse_daemonized()
+            raise
         # Whoever answered must be ours (a server that came up on the port meanwhile is not).
         await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
         await asyncio.to_thread(self._tree.snapshot, self._own_pid(self._proc))  # the workers, while their parents live
@@ -235,6 +251,42 @@ class ProcessTarget:
         # Until it is reaped (returncode set) the number is ours, a zombie at worst;
         # after, it may be anyone's, and the tree must not adopt a stranger as root.
         return proc.pid if proc.returncode is None else None
+
+    def _identity(self) -> TargetIdentity:
+        """What proves a process is this server's: the run's marker, the root pinned at
+        start, every process recorded in its tree, the session the root leads."""
+        identity = self.identity
+        return TargetIdentity(
+            Proof.LAUNCHED,
+            marker=self._env.get(MARKER_VARIABLE),
+            root=Pin(identity.pid, identity.create_time) if identity is not None else None,
+            members=self._tree.pins(),
+            session=identity.pid if identity is not None else None,
+        )
+
+    def _marked(self) -> tuple:
+        marker = self._env.get(MARKER_VARIABLE)
+        return self._tree.find_marked((MARKER_VARIABLE, marker)) if marker else ()
+
+    async def _refuse_daemonized(self) -> None:
+        """The command exited before it was ready: if it left processes under this
+        run's marker, it daemonized (``setsid -f``, ``--daemon``, a service
+        wrapper). Such a server is outside the session the harness stops and
+        watches; it is killed now, and the run refuses with one line."""
+        proc = self._proc
+        if proc is None or proc.returncode is None:
+            return
+        left = await asyncio.to_thread(self._marked)
+        if not left:
+            return
+        await self._stop()
+        first = left[0]
+        raise TargetNotReady(
+            f"{self._what} exited with code {proc.returncode} before it was ready and left {len(left)} "
+            f"process(es) running under this run's marker (pid {first.pid}, {first.name}): "
+            "the command daemonizes (setsid -f, --daemon, a service wrapper), which the harness cannot watch; "
+            "they were killed. Run the server in the foreground"
+        )
 
     def _write_log(self, data: bytes) -> None:
         if self._log is None or not data:
@@ -298,11 +350,13 @@ class ProcessTarget:
                 await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
             except asyncio.TimeoutError:
                 pass
-        # Whatever of the record is left, reparented workers included (the one kill
-        # path, soak.respond.tree: SIGSTOP, SIGKILL, never a protected PID)...
+        # Whatever of the record is left, reparented workers included, and whatever
+        # carries the run's marker (a process that left the session: setsid, a
+        # daemon); the one kill path, soak.respond.tree, asks belonging.decide.
         members = await asyncio.to_thread(self._tree.snapshot, self._own_pid(proc))
-        if members:
-            await asyncio.to_thread(kill_processes, members, timeout_s=10.0)
+        marked = await asyncio.to_thread(self._marked)
+        if members or marked:
+            await asyncio.to_thread(kill_processes, (*members, *marked), target=self._identity(), timeout_s=10.0)
         if proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), 10.0)
@@ -311,7 +365,7 @@ class ProcessTarget:
         # ...and the group's stragglers never seen, one by one: never killpg a reaped root's number.
         stragglers = await asyncio.to_thread(group_stragglers, proc.pid)
         if stragglers:
-            await asyncio.to_thread(kill_processes, stragglers, timeout_s=10.0)
+            await asyncio.to_thread(kill_processes, stragglers, target=self._identity(), timeout_s=10.0)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -391,6 +445,18 @@ class AttachedTarget:
 
     async def aclose(self) -> None:
         pass
+
+
+def _harness_stamp() -> str:
+    import psutil
+
+    me = psutil.Process()
+    return owner_stamp(me.pid, me.create_time())
+
+
+def _leftover_notes(result: KillResult) -> list[dict]:
+    return [{"pid": info.pid, "cmdline": " ".join(info.cmdline)[:200], "create_time": info.create_time}
+            for info in result.killed] + [{"note": note} for note in result.notes]
 
 
 def api_key_from_env(name: str | None, environ: Mapping[str, str]) -> str | None:
