@@ -28,8 +28,24 @@ from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
-from soak.respond.belonging import MARKER_VARIABLE, OWNER_VARIABLE, Pin, Proof, TargetIdentity, owner_stamp
-from soak.respond.tree import KillResult, ProcessTree, clean_leftovers, group_stragglers, kill_processes
+from soak.respond.belonging import (
+    MARKER_VARIABLE,
+    OWNER_VARIABLE,
+    Pin,
+    Proof,
+    TargetIdentity,
+    decide,
+    owner_stamp,
+    read_table,
+)
+from soak.respond.tree import (
+    KillResult,
+    ProcessTree,
+    clean_leftovers,
+    group_stragglers,
+    kill_processes,
+    same_process,
+)
 from soak.target.config import AttachedTarget as AttachedTargetConfig
 from soak.target.config import LaunchedTarget, SimulatorTarget
 
@@ -163,16 +179,36 @@ class ProcessTarget:
         # Every process of the server seen since its start (soak.respond.tree): a
         # worker whose parent died is reparented, and only this record still knows it.
         self._tree = ProcessTree()
+        # A daemonizing command's server, adopted by the run's marker once it
+        # serves the URL (the command itself exited 0).
+        self._adopted: ident.Identity | None = None
+        self._daemonized = False
         self._log: IO[bytes] | None = None
         self.starts = 0
         self._closed = False
 
     @property
     def root_pid(self) -> int | None:
+        if self._adopted is not None:
+            return self._adopted.pid
         return self._proc.pid if self._proc is not None else None
 
     def returncode(self) -> int | None:
+        if self._adopted is not None:
+            return None  # not our child: the process probe reads its liveness from /proc
         return self._proc.returncode if self._proc is not None else None
+
+    def _exited_before_ready(self) -> int | None:
+        """The launched command's exit code, unless it exited 0 leaving processes
+        under the run's marker: a daemonizing command (``setsid -f``, a service
+        wrapper), followed by its marker while its server comes up."""
+        code = self.returncode()
+        if code != 0:
+            return code
+        if self._marked():
+            self._daemonized = True
+            return None
+        return code
 
     def _url_now(self) -> str | None:
         if self._fixed_url is not None:
@@ -227,6 +263,7 @@ class ProcessTarget:
         if self._guardian is not None:
             self._guardian.watch(self._proc.pid)
         self._tree = ProcessTree()
+        self._adopted, self._daemonized = None, False
         self.identity = ident.Identity.of(self._proc.pid)
         self.starts += 1
         try:
@@ -236,15 +273,19 @@ class ProcessTarget:
                 interval_s=self._poll_interval_s,
                 headers=self._headers,
                 clock=self._clock,
-                exited=self.returncode,
+                exited=self._exited_before_ready,
                 what=self._what,
             )
+            if self._daemonized:
+                await asyncio.to_thread(self._adopt_daemon)
         except TargetNotReady:
-            await self._refuse_daemonized()
+            # Never ready: what the command left under the run's marker goes with it.
+            await self._stop()
             raise
-        # Whoever answered must be ours (a server that came up on the port meanwhile is not).
-        await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
-        await asyncio.to_thread(self._tree.snapshot, self._own_pid(self._proc))  # the workers, while their parents live
+        if not self._daemonized:
+            # Whoever answered must be ours (a server that came up on the port meanwhile is not).
+            await asyncio.to_thread(ident.verify_launched_listener, self.base_url, self._proc.pid)
+        await asyncio.to_thread(self._tree.snapshot, self.root_pid if self._adopted else self._own_pid(self._proc))
 
     @staticmethod
     def _own_pid(proc: asyncio.subprocess.Process) -> int | None:
@@ -261,32 +302,55 @@ class ProcessTarget:
             marker=self._env.get(MARKER_VARIABLE),
             root=Pin(identity.pid, identity.create_time) if identity is not None else None,
             members=self._tree.pins(),
-            session=identity.pid if identity is not None else None,
+            session=self._proc.pid if self._proc is not None and self._adopted is None else None,
         )
 
     def _marked(self) -> tuple:
+        """Every live process found by the run's marker, now or before."""
         marker = self._env.get(MARKER_VARIABLE)
-        return self._tree.find_marked((MARKER_VARIABLE, marker)) if marker else ()
+        if not marker:
+            return ()
+        self._tree.find_marked((MARKER_VARIABLE, marker))
+        return tuple(info for info in self._tree.known() if info.via == "marker" and same_process(info) is not None)
 
-    async def _refuse_daemonized(self) -> None:
-        """The command exited before it was ready: if it left processes under this
-        run's marker, it daemonized (``setsid -f``, ``--daemon``, a service
-        wrapper). Such a server is outside the session the harness stops and
-        watches; it is killed now, and the run refuses with one line."""
-        proc = self._proc
-        if proc is None or proc.returncode is None:
-            return
-        left = await asyncio.to_thread(self._marked)
-        if not left:
-            return
-        await self._stop()
-        first = left[0]
-        raise TargetNotReady(
-            f"{self._what} exited with code {proc.returncode} before it was ready and left {len(left)} "
-            f"process(es) running under this run's marker (pid {first.pid}, {first.name}): "
-            "the command daemonizes (setsid -f, --daemon, a service wrapper), which the harness cannot watch; "
-            "they were killed. Run the server in the foreground"
-        )
+    def _adopt_daemon(self) -> None:
+        """The daemon that answered becomes the root: the listener on the URL's
+        port, which must carry this run's marker (``belonging.decide``); anything
+        else on the port is a stranger and the run refuses (exit 3)."""
+        port = ident.url_port(self.base_url)
+        table = read_table()
+        owners = table.listeners(port) if port is not None else ()
+        identity = self._identity()
+        ours = [o for o in owners if decide(o.pid, o.create_time, table, identity).allowed]
+        if not owners or len(ours) != len(owners) or port in table.unseen_listeners:
+            there = ", ".join(ident.describe(o.pid) for o in owners if o not in ours) or "a process this user cannot see"
+            raise ident.TargetMismatch(
+                f"{self.base_url} is served by {there}, not by the server the launched command daemonized: "
+                "refusing to drive it"
+            )
+        # The oldest of the marked listeners leads (a server with SO_REUSEPORT workers).
+        root = min(ours, key=lambda o: o.create_time)
+        self._adopted = ident.Identity(root.pid, root.create_time)
+        self.identity = self._adopted
+        self._write_log(f"--- soak: the command daemonized; following its server pid {root.pid} by the run's marker\n"
+                        .encode())
+        if self._guardian is not None:
+            self._guardian.watch(root.pid)
+
+    def _terminate_adopted(self) -> bool:
+        """SIGTERM to the adopted daemon (a graceful stop, as its own child would
+        get), only if ``decide`` still allows it; whatever is left is SIGKILLed after."""
+        adopted = self._adopted
+        if adopted is None:
+            return False
+        table = read_table()
+        if not decide(adopted.pid, adopted.create_time, table, self._identity()).allowed:
+            return False
+        try:
+            os.kill(adopted.pid, signal.SIGTERM)
+        except OSError:
+            return False
+        return True
 
     def _write_log(self, data: bytes) -> None:
         if self._log is None or not data:
@@ -353,7 +417,13 @@ class ProcessTarget:
         # Whatever of the record is left, reparented workers included, and whatever
         # carries the run's marker (a process that left the session: setsid, a
         # daemon); the one kill path, soak.respond.tree, asks belonging.decide.
+        if self._adopted is not None and await asyncio.to_thread(self._terminate_adopted):
+            deadline = self._clock.monotonic() + self._stop_timeout_s
+            while self._adopted.alive() and self._clock.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         members = await asyncio.to_thread(self._tree.snapshot, self._own_pid(proc))
+        if self._adopted is not None and self._adopted.alive():
+            members = (*members, *await asyncio.to_thread(self._tree.snapshot, self._adopted.pid))
         marked = await asyncio.to_thread(self._marked)
         if members or marked:
             await asyncio.to_thread(kill_processes, (*members, *marked), target=self._identity(), timeout_s=10.0)
