@@ -11,8 +11,9 @@ the process facts (read from /proc by an injected ``ProcReader`` at the edge),
 
 - ``LAUNCHED``: the run's ownership marker in the process's environment (every
   descendant inherits it, also one that called ``setsid()`` or was reparented),
-  the launched root pinned by its start time, processes recorded as its members
-  over the run, and the descendants of any of those;
+  the cgroup made for it, the launched root pinned by its start time, the
+  processes recorded as its members over the run, the descendants of any of
+  those, and the members of the session the live root leads;
 - ``ATTACHED_PID``: the PID the config gave, checked against the URL's listener
   at start and pinned by its start time, and its tree;
 - ``ATTACHED_URL``: the process listening on the URL's loopback port and its
@@ -33,6 +34,7 @@ from enum import Enum
 from typing import Iterable, Mapping, Protocol
 
 from soak.metric_names import parse_process_title
+from soak.respond.cgroup import cgroup_of
 from soak.respond.flight import ownership_variable as MARKER_VARIABLE
 
 # Beside the marker: the harness that set it (PID@start time), so a later run can
@@ -71,6 +73,8 @@ class ProcFacts:
     # TCP ports it listens on, and the ports of local listeners it has connections to.
     listens: frozenset[int] = frozenset()
     dials: frozenset[int] = frozenset()
+    # Its cgroup v2 name (None: no v2 hierarchy or not readable).
+    cgroup: str | None = None
 
     @property
     def pin(self) -> Pin:
@@ -151,10 +155,12 @@ class TargetIdentity:
     port: int | None = None
     # LAUNCHED: the session the launched root leads (started with setsid()).
     session: int | None = None
+    # LAUNCHED: the cgroup made for it (soak.respond.cgroup), where one could be made.
+    cgroup: str | None = None
 
     def with_members(self, pins: Iterable[Pin]) -> "TargetIdentity":
         return TargetIdentity(self.proof, self.marker, self.root, self.members | frozenset(pins), self.port,
-                              self.session)
+                              self.session, self.cgroup)
 
 
 class Reason(str, Enum):
@@ -163,6 +169,7 @@ class Reason(str, Enum):
     MARKER = "marker"
     DESCENDANT = "descendant"
     SESSION = "session"
+    CGROUP = "cgroup"
     LEFTOVER = "leftover"
     INIT = "init"
     HARNESS = "harness"
@@ -257,6 +264,9 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
 
     if target.proof is Proof.LAUNCHED and target.marker and facts.marker == target.marker:
         return yes(Reason.MARKER, f"pid {pid} carries the run's ownership marker")
+    if target.proof is Proof.LAUNCHED and target.cgroup is not None and facts.cgroup == target.cgroup:
+        # Nobody leaves a cgroup without write access to another: the harness made this one for the target.
+        return yes(Reason.CGROUP, f"pid {pid} is in the launched server's cgroup {target.cgroup}")
     if target.proof is Proof.LAUNCHED and target.session is not None and facts.sid == target.session:
         # Only while the pinned root still leads it: once the root is gone its number
         # may lead a stranger's session later, and a match would be a guess.
@@ -351,10 +361,12 @@ def read_table(*, with_env: bool = True) -> ProcTable:
             sid = os.getsid(info["pid"])
         except OSError:
             sid = None
+        cgroup = cgroup_of(info["pid"])
         procs[info["pid"]] = ProcFacts(
             pid=info["pid"], ppid=info["ppid"], create_time=info["create_time"], cmdline=cmdline[:16],
             name=info.get("name") or "", sid=sid, marker=env.get(MARKER_VARIABLE), owner=env.get(OWNER_VARIABLE),
             listens=frozenset(listens.get(info["pid"], ())), dials=frozenset(dials.get(info["pid"], ())),
+            cgroup=cgroup,
         )
     return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen - set().union(*listens.values())))
 

@@ -129,8 +129,10 @@ class Responder:
         pinned = self._target.identity
         root = Pin(pinned.pid, pinned.create_time) if pinned is not None else None
         if self._marker is not None:
+            cgroup = getattr(self._target, "cgroup", None)
             return TargetIdentity(Proof.LAUNCHED, marker=self._marker[1], root=root, members=members,
-                                  session=root.pid if root is not None else None)
+                                  session=root.pid if root is not None else None,
+                                  cgroup=cgroup.name if cgroup is not None else None)
         if root is not None:
             return TargetIdentity(Proof.ATTACHED_PID, root=root, members=members)
         port = _loopback_port(self._target.base_url) if self._config.find_root_by_port else None
@@ -271,6 +273,9 @@ class Responder:
             notes.append(f"GPU processes outside the target, left alone: {sorted(foreign)}")
         if self._marker is not None:
             await asyncio.to_thread(self.tree.find_marked, self._marker)
+            cgroup = getattr(self._target, "cgroup", None)
+            if cgroup is not None:  # a member that scrubbed its environment is still in the cgroup
+                await asyncio.to_thread(lambda: self.tree.adopt(cgroup.pids(), via="cgroup"))
         members = self.tree.known()
 
         # 1. Evidence.

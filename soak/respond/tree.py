@@ -261,6 +261,24 @@ class ProcessTree:
             self._known[pid] = info
         return info
 
+    def adopt(self, pids: Iterable[int], *, via: str, now: float | None = None) -> tuple[ProcInfo, ...]:
+        """Record ``pids`` found by a proof the caller holds (the target's cgroup);
+        protected PIDs never. ``decide`` judges them again before any signal."""
+        now = time.time() if now is None else now
+        protected = protected_pids()
+        found = []
+        for pid in pids:
+            if pid in protected or pid in self._known:
+                continue
+            try:
+                info = _info(psutil.Process(pid), via=via, now=now)
+            except psutil.Error:
+                continue
+            if info is not None:
+                self._known[pid] = info
+                found.append(info)
+        return tuple(found)
+
     def find_marked(self, marker: tuple[str, str], *, now: float | None = None) -> tuple[ProcInfo, ...]:
         """Every live process whose environment carries the ownership marker."""
         now = time.time() if now is None else now

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
@@ -28,6 +29,8 @@ from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
+from soak.respond.cgroup import Cgroup
+from soak.respond.cgroup import create as make_cgroup
 from soak.respond.belonging import (
     MARKER_VARIABLE,
     OWNER_VARIABLE,
@@ -183,6 +186,8 @@ class ProcessTarget:
         # serves the URL (the command itself exited 0).
         self._adopted: ident.Identity | None = None
         self._daemonized = False
+        # The server's own cgroup, where one can be made (soak.respond.cgroup); per start.
+        self.cgroup: Cgroup | None = None
         self._log: IO[bytes] | None = None
         self.starts = 0
         self._closed = False
@@ -242,10 +247,13 @@ class ProcessTarget:
         env = {**os.environ, **self._env}
         # The server's output goes through the harness (one line at a time, redacted)
         # on its way to server.log; a pipe, so nothing the server prints lands unredacted.
+        marker = self._env.get(MARKER_VARIABLE)
+        self.cgroup = await asyncio.to_thread(make_cgroup, marker) if marker else None
+        spawn = self.cgroup.wrap(command) if self.cgroup is not None else command
         read_fd, write_fd = os.pipe()
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *command,
+                *spawn,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=asyncio.subprocess.STDOUT,
@@ -303,15 +311,19 @@ class ProcessTarget:
             root=Pin(identity.pid, identity.create_time) if identity is not None else None,
             members=self._tree.pins(),
             session=self._proc.pid if self._proc is not None and self._adopted is None else None,
+            cgroup=self.cgroup.name if self.cgroup is not None else None,
         )
 
     def _marked(self) -> tuple:
-        """Every live process found by the run's marker, now or before."""
+        """Every live process found by the run's marker or in its cgroup, now or before."""
         marker = self._env.get(MARKER_VARIABLE)
         if not marker:
             return ()
         self._tree.find_marked((MARKER_VARIABLE, marker))
-        return tuple(info for info in self._tree.known() if info.via == "marker" and same_process(info) is not None)
+        if self.cgroup is not None:
+            self._tree.adopt(self.cgroup.pids(), via="cgroup")
+        return tuple(info for info in self._tree.known()
+                     if info.via in ("marker", "cgroup") and same_process(info) is not None)
 
     def _adopt_daemon(self) -> None:
         """The daemon that answered becomes the root: the listener on the URL's
@@ -436,6 +448,14 @@ class ProcessTarget:
         stragglers = await asyncio.to_thread(group_stragglers, proc.pid)
         if stragglers:
             await asyncio.to_thread(kill_processes, stragglers, target=self._identity(), timeout_s=10.0)
+        if self.cgroup is not None:
+            # The kernel removes it only once it is empty: a survivor keeps it (and its proof) alive.
+            await asyncio.to_thread(self._remove_cgroup, self.cgroup)
+
+    def _remove_cgroup(self, cgroup: Cgroup) -> None:
+        deadline = self._clock.monotonic() + 2.0
+        while not cgroup.remove() and cgroup.pids() == () and self._clock.monotonic() < deadline:
+            time.sleep(0.02)  # the last member is exiting: the kernel lets go of it a moment later
 
     async def aclose(self) -> None:
         if self._closed:

@@ -5,8 +5,9 @@ to the target; and always allows the proven target's tree.
 Process tables are generated: a harness with its ancestors (init, a shell, a CI
 agent), the target's tree (some members reparented to init, some in a new
 session), strangers (some carrying another run's marker, some a dead harness's
-marker, some with a marker and no owner), a loopback forwarder in front of the
-server, and PIDs reused with another start time.
+marker, some with a marker and no owner, some in another cgroup), a daemon that
+escaped its session and environment but not the target's cgroup, a loopback
+forwarder in front of the server, and PIDs reused with another start time.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def worlds(draw):
     # Reparented workers are proven only by the record (or the marker).
     recorded = frozenset(f.pin for f in tree)
     must_allow = {f.pid for f in tree}
+    # A launched server's daemon that left the session, scrubbed its environment and was
+    # never recorded: only the cgroup made for the target proves it.
+    cgroup = "/soak-" + TOKEN if launched and draw(st.booleans()) else None
+    if cgroup is not None:
+        escaped = add(1, 29.0, cmdline=("python", "daemon"), cgroup=cgroup)
+        must_allow.add(escaped.pid)
 
     must_refuse = {0, 1, harness.pid, *(f.pid for f in chain)}
     # Strangers: no marker, another live run's marker, a dead harness's marker.
@@ -84,7 +91,8 @@ def worlds(draw):
             "dead_owner": {"marker": OTHER, "owner": owner_stamp(9999, 5.0)},
             "no_owner": {"marker": OTHER},
         }[style]
-        f = add(draw(st.sampled_from([1, other_harness.pid])), 30.0 + i, cmdline=("python", "stranger"), **kw)
+        f = add(draw(st.sampled_from([1, other_harness.pid])), 30.0 + i, cmdline=("python", "stranger"),
+                cgroup=draw(st.sampled_from([None, "/", "/soak-" + OTHER])), **kw)
         must_refuse.add(f.pid)
     # A forwarder: listens on the URL's port and dials the server.
     proxy = None
@@ -98,7 +106,8 @@ def worlds(draw):
 
     table = ProcTable(me=harness.pid, procs=procs)
     if kind is Proof.LAUNCHED:
-        target = TargetIdentity(Proof.LAUNCHED, marker=TOKEN, root=root.pin, members=recorded, session=root.pid)
+        target = TargetIdentity(Proof.LAUNCHED, marker=TOKEN, root=root.pin, members=recorded, session=root.pid,
+                                cgroup=cgroup)
     elif kind is Proof.ATTACHED_PID:
         target = TargetIdentity(Proof.ATTACHED_PID, root=root.pin, members=recorded)
     else:
@@ -138,7 +147,7 @@ def test_a_reused_pid_is_never_allowed(world, shift):
         facts = table.procs[pid]
         # The same number, another start time: the kernel gave a dead member's PID to a stranger.
         stranger = replace(facts, create_time=facts.create_time + shift, marker=None, owner=None,
-                           ppid=1, listens=frozenset(), sid=None)
+                           ppid=1, listens=frozenset(), sid=None, cgroup=None)
         reused = ProcTable(me=table.me, procs={**table.procs, pid: stranger})
         assert not decide(pid, facts.create_time, reused, target).allowed
         # ...and asked about without a pin, the stranger has no proof either (unless it is on the URL's port).

@@ -80,6 +80,35 @@ def test_a_daemonized_server_that_never_answers_is_refused_and_killed(tmp_path, 
     wait_for(lambda: not pid_alive(daemon), 10, "the daemon to be gone")
 
 
+def _cgroups_writable() -> bool:
+    from soak.respond.cgroup import create
+
+    cgroup = create("probe-" + str(os.getpid()))
+    if cgroup is None:
+        return False
+    cgroup.remove()
+    return True
+
+
+@pytest.mark.skipif(SETSID is None or shutil.which("env") is None, reason="no setsid(1) or env(1)")
+def test_a_daemon_that_scrubs_its_environment_is_still_held_by_the_targets_cgroup(tmp_path, procs):
+    """Where the harness may make a cgroup (skipped elsewhere: the marker then is the proof)."""
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup v2 here")
+    port = free_port()
+    state = tmp_path / "daemon"
+    target = {"kind": "launched",
+              "command": [SETSID, "-f", shutil.which("env"), "-i", *fake_cmd(state, port, workers=1)],
+              "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+    config = write_config(tmp_path / "run.yaml", fake_config(target, duration="2s"))
+
+    result = run_soak(config, tmp_path / "run")
+
+    assert result.returncode == 0, result.stderr
+    server = state_pids(state)
+    wait_for(lambda: _gone(server.values()), 10, "the scrubbed daemon to be gone")
+
+
 # --- an attached server behind a loopback proxy ----------------------------------------------------------
 
 
