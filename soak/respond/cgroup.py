@@ -74,6 +74,37 @@ def cgroup_of(pid: int | str = "self") -> str | None:
     return None
 
 
+def _parent() -> Path | None:
+    mount, mine = _mount(), cgroup_of()
+    if mount is None or mine is None:
+        return None
+    return mount / mine.lstrip("/")
+
+
+def remove_empty_leftovers() -> list[str]:
+    """rmdir every empty ``soak-*`` cgroup beside where this harness makes its own:
+    those of nights killed hard (their processes are gone or cleaned by the marker).
+    The kernel refuses a cgroup that still holds a process, so no live run loses
+    one that is in use."""
+    parent = _parent()
+    removed: list[str] = []
+    if parent is None:
+        return removed
+    try:
+        entries = [p for p in parent.iterdir() if p.name.startswith("soak-") and p.is_dir()]
+    except OSError:
+        return removed
+    for path in entries:
+        try:
+            if (path / "cgroup.procs").read_text().strip():
+                continue
+            path.rmdir()
+            removed.append(path.name)
+        except OSError:
+            continue
+    return removed
+
+
 def create(token: str) -> Cgroup | None:
     """A new child of the harness's own cgroup, or None where that is not possible."""
     mount, mine = _mount(), cgroup_of()

@@ -31,6 +31,7 @@ from soak.redact import LineRedactor, Redactor
 from soak.respond import identity as ident
 from soak.respond.cgroup import Cgroup
 from soak.respond.cgroup import create as make_cgroup
+from soak.respond.cgroup import remove_empty_leftovers
 from soak.respond.belonging import (
     MARKER_VARIABLE,
     OWNER_VARIABLE,
@@ -237,6 +238,7 @@ class ProcessTarget:
             # carries this harness's marker and outlived its harness goes first.
             cleaned = await asyncio.to_thread(clean_leftovers)
             self.leftovers.extend(_leftover_notes(cleaned))
+            self.leftovers.extend({"cgroup_removed": name} for name in await asyncio.to_thread(remove_empty_leftovers))
         if self._fixed_url is not None:
             # A leftover server on the port would answer /health for us: refuse
             # before anything starts, naming it.

@@ -241,3 +241,10 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
     cleaned = [e for e in events(tmp_path / "night2") if e["type"] == "leftovers_killed"]
     assert cleaned and {leftover["root"], leftover["worker0"]} <= {p.get("pid") for p in cleaned[0]["processes"]}
     assert pid_alive(alive_run.pid)
+    from soak.respond.cgroup import _parent
+
+    parent = _parent()
+    if parent is not None and parent.exists():
+        night1_token = [e for e in events(tmp_path / "night1") if e["type"] == "run_created"][0]["run_id"]
+        assert not [p for p in parent.iterdir() if p.name.startswith("soak-" + night1_token)], \
+            "the dead night's empty cgroup is removed"
