@@ -250,7 +250,9 @@ class ProcessTarget:
         # The server's output goes through the harness (one line at a time, redacted)
         # on its way to server.log; a pipe, so nothing the server prints lands unredacted.
         marker = self._env.get(MARKER_VARIABLE)
-        self.cgroup = await asyncio.to_thread(make_cgroup, marker) if marker else None
+        # A command that cannot run is left unwrapped, so its start fails with its own error.
+        wrap = marker and _runnable(command[0], env.get("PATH"), self._cwd)
+        self.cgroup = await asyncio.to_thread(make_cgroup, marker) if wrap else None
         spawn = self.cgroup.wrap(command) if self.cgroup is not None else command
         read_fd, write_fd = os.pipe()
         try:
@@ -537,6 +539,15 @@ class AttachedTarget:
 
     async def aclose(self) -> None:
         pass
+
+
+def _runnable(program: str, path: str | None, cwd: Path | None) -> bool:
+    import shutil
+
+    if os.sep in program:
+        full = Path(program) if os.path.isabs(program) or cwd is None else Path(cwd) / program
+        return full.is_file() and os.access(full, os.X_OK)
+    return shutil.which(program, path=path) is not None
 
 
 def _harness_stamp() -> str:
