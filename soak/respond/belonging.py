@@ -20,7 +20,8 @@ the process facts (read from /proc by an injected ``ProcReader`` at the edge),
   tree, unless that listener is a forwarder (it dials another local listener
   outside its own tree and is not a vLLM process tree): then nothing;
 - ``LEFTOVER``: a process carrying this harness's marker whose owning harness
-  (recorded beside the marker as PID and start time) is gone.
+  (recorded beside the marker as PID and start time) is gone, or one in a
+  target cgroup named with a harness that is gone.
 
 A process in the table is pinned by PID and start time: the same number with
 another start time is someone else.
@@ -34,7 +35,7 @@ from enum import Enum
 from typing import Iterable, Mapping, Protocol
 
 from soak.metric_names import parse_process_title
-from soak.respond.cgroup import cgroup_of
+from soak.respond.cgroup import cgroup_of, cgroup_owner
 from soak.respond.flight import ownership_variable as MARKER_VARIABLE
 
 # Beside the marker: the harness that set it (PID@start time), so a later run can
@@ -253,6 +254,10 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
         return no(Reason.REUSED, f"pid {pid} now belongs to another process (started at another time)")
 
     if target.proof is Proof.LEFTOVER:
+        cgroup_owned = cgroup_owner(facts.cgroup)
+        if cgroup_owned is not None and owner_alive(cgroup_owned, table) is False:
+            # In the cgroup a harness made for its target, named with that harness: gone.
+            return yes(Reason.LEFTOVER, f"pid {pid} is in the cgroup of a harness that is gone ({cgroup_owned})")
         if facts.marker is None:
             return no(Reason.NO_PROOF, f"pid {pid} carries no {MARKER_VARIABLE}")
         alive = owner_alive(facts.owner, table)

@@ -105,12 +105,27 @@ def remove_empty_leftovers() -> list[str]:
     return removed
 
 
-def create(token: str) -> Cgroup | None:
-    """A new child of the harness's own cgroup, or None where that is not possible."""
+OWNER_SEPARATOR = "~"
+
+
+def cgroup_owner(name: str | None) -> str | None:
+    """The owner stamp (``PID@START``) a harness put in its target's cgroup name, or None."""
+    if not name:
+        return None
+    leaf = name.rsplit("/", 1)[-1]
+    if not leaf.startswith("soak-") or OWNER_SEPARATOR not in leaf:
+        return None
+    return leaf.rsplit(OWNER_SEPARATOR, 1)[1] or None
+
+
+def create(token: str, *, owner: str | None = None) -> Cgroup | None:
+    """A new child of the harness's own cgroup, or None where that is not possible.
+    ``owner`` (the harness's ``PID@START``) goes into the name, so a later run can
+    tell the cgroup of a harness that is gone (its members are leftovers)."""
     mount, mine = _mount(), cgroup_of()
     if mount is None or mine is None or not Path("/bin/sh").exists():
         return None
-    leaf = "soak-" + _SAFE.sub("-", token)[:80]
+    leaf = "soak-" + _SAFE.sub("-", token)[:80] + (OWNER_SEPARATOR + owner if owner else "")
     path = mount / mine.lstrip("/") / leaf
     try:
         path.mkdir()

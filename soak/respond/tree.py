@@ -343,7 +343,8 @@ def clean_leftovers(*, reader: ProcReader = read_table, timeout_s: float = 10.0)
     candidates = [
         ProcInfo(f.pid, f.create_time, f.ppid, f.name, f.cmdline, None, f.sid, now, "leftover")
         for f in table.procs.values()
-        if f.marker is not None and decide(f.pid, f.create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
+        if (f.marker is not None or f.cgroup is not None)
+        and decide(f.pid, f.create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
     ]
     if not candidates:
         return KillResult((), (), (), None, None)

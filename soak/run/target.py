@@ -252,7 +252,8 @@ class ProcessTarget:
         marker = self._env.get(MARKER_VARIABLE)
         # A command that cannot run is left unwrapped, so its start fails with its own error.
         wrap = marker and _runnable(command[0], env.get("PATH"), self._cwd)
-        self.cgroup = await asyncio.to_thread(make_cgroup, marker) if wrap else None
+        self.cgroup = await asyncio.to_thread(
+            lambda: make_cgroup(marker, owner=self._env.get(OWNER_VARIABLE))) if wrap else None
         spawn = self.cgroup.wrap(command) if self.cgroup is not None else command
         read_fd, write_fd = os.pipe()
         try:
@@ -274,6 +275,8 @@ class ProcessTarget:
         self._pump.start()
         if self._guardian is not None:
             self._guardian.watch(self._proc.pid)
+            if self.cgroup is not None:
+                self._guardian.watch_cgroup(self.cgroup)
         self._tree = ProcessTree()
         self._adopted, self._daemonized = None, False
         self.identity = ident.Identity.of(self._proc.pid)

@@ -84,15 +84,20 @@ def worlds(draw):
     # Strangers: no marker, another live run's marker, a dead harness's marker.
     other_harness = add(1, 11.0, cmdline=("python", "-m", "soak", "run"))
     for i in range(draw(st.integers(0, 5))):
-        style = draw(st.sampled_from(["plain", "other_run", "dead_owner", "no_owner"]))
+        style = draw(st.sampled_from(["plain", "other_run", "dead_owner", "no_owner", "other_cgroup",
+                                      "dead_cgroup"]))
+        alive_stamp = owner_stamp(other_harness.pid, other_harness.create_time)
         kw = {
             "plain": {},
-            "other_run": {"marker": OTHER, "owner": owner_stamp(other_harness.pid, other_harness.create_time)},
+            "other_run": {"marker": OTHER, "owner": alive_stamp},
             "dead_owner": {"marker": OTHER, "owner": owner_stamp(9999, 5.0)},
             "no_owner": {"marker": OTHER},
+            # scrubbed environments, in another run's cgroup (its harness alive, or gone)
+            "other_cgroup": {"cgroup": f"/soak-{OTHER}~{alive_stamp}"},
+            "dead_cgroup": {"cgroup": f"/soak-{OTHER}~{owner_stamp(9999, 5.0)}"},
         }[style]
-        f = add(draw(st.sampled_from([1, other_harness.pid])), 30.0 + i, cmdline=("python", "stranger"),
-                cgroup=draw(st.sampled_from([None, "/", "/soak-" + OTHER])), **kw)
+        kw.setdefault("cgroup", draw(st.sampled_from([None, "/", "/soak-" + OTHER])))
+        f = add(draw(st.sampled_from([1, other_harness.pid])), 30.0 + i, cmdline=("python", "stranger"), **kw)
         must_refuse.add(f.pid)
     # A forwarder: listens on the URL's port and dials the server.
     proxy = None
@@ -163,11 +168,19 @@ def test_leftover_cleanup_takes_only_marked_processes_of_dead_harnesses(world):
     for pid, facts in table.procs.items():
         verdict = decide(pid, facts.create_time, table, leftover)
         if verdict.allowed:
-            assert facts.marker is not None and facts.owner is not None
-            owner_pid = int(facts.owner.split("@")[0])
+            # Proof: a marker and an owner, or a harness's cgroup named with its owner; that owner gone.
+            stamp = facts.owner if facts.marker is not None and facts.owner is not None else None
+            if facts.cgroup and "~" in facts.cgroup and (stamp is None or not verdict.detail.count("marker")):
+                stamp = facts.cgroup.rsplit("~", 1)[1]
+            assert stamp is not None, (facts, verdict)
+            owner_pid = int(stamp.split("@")[0])
             owner = table.procs.get(owner_pid)
-            assert owner is None or abs(owner.create_time - float(facts.owner.split("@")[1])) > 0.05
+            assert owner is None or abs(owner.create_time - float(stamp.split("@")[1])) > 0.05
             assert pid != table.me and pid not in table.ancestors(table.me)
+        elif pid != table.me and pid not in table.ancestors(table.me) and pid > 1:
+            # ...and every process so proven is cleaned.
+            assert not (facts.marker and facts.owner and facts.owner.startswith("9999@")), (facts, verdict)
+            assert not (facts.cgroup and facts.cgroup.endswith("~" + owner_stamp(9999, 5.0))), (facts, verdict)
 
 
 def test_a_vllm_server_talking_to_a_local_service_is_not_a_forwarder():

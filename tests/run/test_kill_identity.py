@@ -248,3 +248,45 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
         night1_token = [e for e in events(tmp_path / "night1") if e["type"] == "run_created"][0]["run_id"]
         assert not [p for p in parent.iterdir() if p.name.startswith("soak-" + night1_token)], \
             "the dead night's empty cgroup is removed"
+
+
+@pytest.mark.skipif(SETSID is None or shutil.which("env") is None, reason="no setsid(1) or env(1)")
+@pytest.mark.parametrize("guardian_dies_too", [False, True])
+def test_a_scrubbed_daemon_of_a_killed_harness_goes_with_it_or_with_the_next_run(tmp_path, procs, guardian_dies_too):
+    """No marker to find it by: the cgroup holds it. With the guardian alive it dies
+    with the harness; with the guardian killed too, the next run cleans it."""
+    if not _cgroups_writable():
+        pytest.skip("no writable cgroup v2 here")
+    port = free_port()
+    state = tmp_path / "daemon"
+    target = {"kind": "launched",
+              "command": [SETSID, "-f", shutil.which("env"), "-i", *fake_cmd(state, port, workers=1)],
+              "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+    first = write_config(tmp_path / "first.yaml", fake_config(target, duration="60s"))
+    harness = procs(soak_cmd("run", str(first), "--out", str(tmp_path / "night1"), "--no-html"),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, state=state)
+
+    def loaded() -> bool:
+        try:
+            return any(e["type"] == "load_started" for e in events(tmp_path / "night1"))
+        except (OSError, ValueError):
+            return False
+
+    wait_for(loaded, 60, "the load")
+    if guardian_dies_too:
+        os.kill(_guardian_of(harness.pid), signal.SIGKILL)
+    os.kill(harness.pid, signal.SIGKILL)
+    harness.wait(timeout=10)
+    daemon = state_pids(state)
+    if not guardian_dies_too:
+        wait_for(lambda: _gone(daemon.values()), 10, "the guardian to take the scrubbed daemon")
+        return
+    time.sleep(0.5)
+    assert pid_alive(daemon["root"]), "the leftover must outlive its harness for this test"
+    second = write_config(tmp_path / "second.yaml", fake_config(
+        {**target, "command": fake_cmd(tmp_path / "second", port, workers=1)}, duration="2s"))
+    result = run_soak(second, tmp_path / "night2")
+    assert result.returncode == 0, result.stderr
+    assert _gone(daemon.values())
+    cleaned = [e for e in events(tmp_path / "night2") if e["type"] == "leftovers_killed"]
+    assert cleaned and daemon["root"] in {p.get("pid") for p in cleaned[0]["processes"]}
