@@ -50,7 +50,8 @@ from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts,
 from soak.redact import Redactor
 from soak.respond.responder import Responder
 from soak.run.heap import HeapTuning
-from soak.run.signals import INTERRUPT_SIGNALS, interrupt_reason
+from soak.run.signals import handled as handled_signals
+from soak.run.signals import interrupt_reason
 from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
@@ -350,7 +351,8 @@ class SoakRun:
         installed = []
         # Every one of them (SIGHUP too: a closed terminal) ends the run as an
         # interrupt; a default action would kill the harness with nothing written.
-        for sig in INTERRUPT_SIGNALS:
+        # One inherited as ignored (nohup) stays ignored.
+        for sig in handled_signals():
             try:
                 loop.add_signal_handler(sig, self.interrupt, interrupt_reason(sig))
                 installed.append(sig)

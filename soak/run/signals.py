@@ -6,6 +6,11 @@ summary.json and junit.xml written (CONTRACTS). A signal left off this list
 would keep its default action and kill the harness with nothing written; the run
 loop installs a handler for each, and the guardian ignores each (they are the
 harness's to handle; the guardian acts only when the harness is gone).
+
+A signal the harness was started with ignored stays ignored: ``nohup soak run``
+(SIGHUP ignored) must outlive the terminal it was started from, as a background
+job of a script (SIGINT ignored) must outlive a Ctrl-C to that script. Python
+keeps an inherited SIGINT ignore the same way.
 """
 
 from __future__ import annotations
@@ -17,3 +22,8 @@ INTERRUPT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, 
 
 def interrupt_reason(sig: signal.Signals) -> str:
     return f"interrupted ({sig.name})"
+
+
+def handled() -> tuple[signal.Signals, ...]:
+    """The interrupt signals to handle now: those not inherited as ignored."""
+    return tuple(sig for sig in INTERRUPT_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN)

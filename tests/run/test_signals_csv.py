@@ -151,3 +151,32 @@ def test_a_signal_to_a_real_soak_run_ends_it_with_130_summary_and_junit(tmp_path
     assert summary["verdict"] == "aborted"
     assert (run_dir / "junit.xml").exists()
     assert sig.name in stderr
+
+
+def test_a_nohup_run_outlives_a_sighup(tmp_path):
+    """Started with SIGHUP ignored (``nohup soak run``), a SIGHUP changes nothing."""
+    config = write_config(tmp_path / "run.yaml", small_config(duration="3s"))
+    run_dir = tmp_path / "run"
+
+    def ignore_hup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(soak_cmd("run", str(config), "--out", str(run_dir), "--no-html"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, preexec_fn=ignore_hup)
+    try:
+        def loaded() -> bool:
+            try:
+                return any(e["type"] == "load_started" for e in events(run_dir))
+            except (OSError, ValueError):
+                return False
+
+        wait_for(loaded, 60, "the load")
+        proc.send_signal(signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert json.loads((run_dir / "summary.json").read_text())["verdict"] == "pass"
