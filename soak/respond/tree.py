@@ -27,7 +27,17 @@ from typing import Iterable, Sequence
 
 import psutil
 
-from soak.respond.belonging import Pin, ProcReader, ProcTable, Proof, Reason, TargetIdentity, decide, read_table
+from soak.respond.belonging import (
+    KillDecision,
+    Pin,
+    ProcReader,
+    ProcTable,
+    Proof,
+    Reason,
+    TargetIdentity,
+    decide,
+    read_table,
+)
 
 # psutil derives create_time from the boot time and /proc/PID/stat; the same
 # process always reads within this of itself.
@@ -331,6 +341,18 @@ def group_stragglers(pgid: int, *, now: float | None = None) -> tuple[ProcInfo, 
             if info is not None:
                 out.append(info)
     return tuple(out)
+
+
+def signal_if_allowed(pid: int, create_time: float, sig: int, *, target: TargetIdentity,
+                      reader: ProcReader = read_table) -> KillDecision:
+    """One signal (a graceful SIGTERM) to one process, only if ``decide`` allows it now."""
+    verdict = decide(pid, create_time, reader(), target)
+    if verdict.allowed:
+        try:
+            os.kill(pid, sig)
+        except OSError as exc:
+            return KillDecision(pid, False, Reason.GONE, f"pid {pid}: {exc.strerror or exc}")
+    return verdict
 
 
 def clean_leftovers(*, reader: ProcReader = read_table, timeout_s: float = 10.0) -> KillResult:

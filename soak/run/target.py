@@ -49,6 +49,7 @@ from soak.respond.tree import (
     group_stragglers,
     kill_processes,
     same_process,
+    signal_if_allowed,
 )
 from soak.target.config import AttachedTarget as AttachedTargetConfig
 from soak.target.config import LaunchedTarget, SimulatorTarget
@@ -362,14 +363,7 @@ class ProcessTarget:
         adopted = self._adopted
         if adopted is None:
             return False
-        table = read_table()
-        if not decide(adopted.pid, adopted.create_time, table, self._identity()).allowed:
-            return False
-        try:
-            os.kill(adopted.pid, signal.SIGTERM)
-        except OSError:
-            return False
-        return True
+        return signal_if_allowed(adopted.pid, adopted.create_time, signal.SIGTERM, target=self._identity()).allowed
 
     def _write_log(self, data: bytes) -> None:
         if self._log is None or not data:
@@ -425,10 +419,15 @@ class ProcessTarget:
         if proc.returncode is None:
             # Record the tree first: a worker can outlive and leave its parent.
             await asyncio.to_thread(self._tree.snapshot, proc.pid)
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            # Our unreaped child, so the number is ours; still asked, as every signal is.
+            if self.identity is not None and self._adopted is None:
+                await asyncio.to_thread(signal_if_allowed, proc.pid, self.identity.create_time, signal.SIGTERM,
+                                        target=self._identity())
+            else:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
             try:
                 await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
             except asyncio.TimeoutError:
