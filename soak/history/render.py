@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import csv
 import dataclasses
 import datetime as dt
 import html
@@ -13,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from soak.csvcell import rows_to_csv
 from soak.durations import format_duration
 from soak.history.model import History, RunRecord
 from soak.plain import plain
@@ -64,20 +64,21 @@ def history_json(h: History) -> dict[str, Any]:
 
 
 def history_csv(h: History) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for r in h.runs:
-        f = r.figures
-        writer.writerow([
-            _utc(r.started_at), r.run_id or "", r.path, r.build, r.label or "", r.vllm_version or "",
-            r.launch_digest or "", r.verdict, str(r.cut_off).lower(), f"{r.exposure_s:.3f}", r.hangs,
-            ";".join(f"{t:.3f}" for t in r.times_to_hang_s), len(r.intervals), r.restarts,
-            *("" if f.get(k) is None else f"{f[k]:.6g}" for k in
-              ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")),
-            "" if r.thresholds_passed is None else str(r.thresholds_passed).lower(),
-        ])
-    return out.getvalue()
+    # Every cell through soak.csvcell: a server's /version or a label is text a
+    # spreadsheet must never run as a formula.
+    return rows_to_csv([CSV_COLUMNS, *(_csv_row(r) for r in h.runs)])
+
+
+def _csv_row(r: RunRecord) -> list[Any]:
+    f = r.figures
+    return [
+        _utc(r.started_at), r.run_id or "", r.path, r.build, r.label or "", r.vllm_version or "",
+        r.launch_digest or "", r.verdict, str(r.cut_off).lower(), f"{r.exposure_s:.3f}", r.hangs,
+        ";".join(f"{t:.3f}" for t in r.times_to_hang_s), len(r.intervals), r.restarts,
+        *("" if f.get(k) is None else f"{f[k]:.6g}" for k in
+          ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")),
+        "" if r.thresholds_passed is None else str(r.thresholds_passed).lower(),
+    ]
 
 
 # -- plots -------------------------------------------------------------------

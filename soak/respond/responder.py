@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import socket
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -36,6 +38,8 @@ from soak.respond.flight import (
     request_dumps,
 )
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
+from soak.errors import TargetMismatch
+from soak.respond.belonging import Pin, ProcReader, ProcTable, Proof, Reason, TargetIdentity, decide, read_table
 from soak.respond.identity import Identity
 from soak.respond.shm import ShmLedger
 from soak.respond.tree import KillResult, ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
@@ -116,8 +120,46 @@ class Responder:
         self.shm.record(info.pid for info in alive)
         return alive
 
+    def identity(self) -> TargetIdentity:
+        """What proves a process is the target's, for ``belonging.decide``: the
+        run's marker for a server the harness started; the PID checked at start
+        for an attached one; else the listener on the URL's loopback port (never
+        a forwarder), or nothing at all."""
+        members = self.tree.pins()
+        pinned = self._target.identity
+        root = Pin(pinned.pid, pinned.create_time) if pinned is not None else None
+        if self._marker is not None:
+            cgroup = getattr(self._target, "cgroup", None)
+            return TargetIdentity(Proof.LAUNCHED, marker=self._marker[1], root=root, members=members,
+                                  session=root.pid if root is not None else None,
+                                  cgroup=cgroup.name if cgroup is not None else None)
+        if root is not None:
+            return TargetIdentity(Proof.ATTACHED_PID, root=root, members=members)
+        port = _loopback_port(self._target.base_url) if self._config.find_root_by_port else None
+        return TargetIdentity(Proof.ATTACHED_URL, port=port, members=members if port is not None else frozenset())
+
+    def check_kill_target(self, reader: ProcReader = read_table) -> None:
+        """An attached server given by URL alone: the listener on its port must be
+        the server, not a forwarder (a proxy, a tunnel) in front of it. The check
+        holds one HTTP request open through the port, so a forwarder has its
+        upstream connection open while /proc is read. Refused with one line
+        (exit 3) rather than run with a kill aimed at the wrong process."""
+        identity = self.identity()
+        if identity.proof is not Proof.ATTACHED_URL or identity.port is None:
+            return
+        with _held_request(identity.port):
+            table = reader()
+        for listener in table.listeners(identity.port):
+            verdict = decide(listener.pid, listener.create_time, table, identity)
+            if verdict.reason is Reason.FORWARDER:
+                raise TargetMismatch(
+                    f"target.base_url {self._target.base_url}: {verdict.detail}; give target.pid naming the "
+                    "real server, or set response.find_root_by_port: false to run with no kill target"
+                )
+
     async def start(self) -> None:
         if self._task is None and not self._closed:
+            await asyncio.to_thread(self.check_kill_target)
             await asyncio.to_thread(self.track)
             if self._read_gpus is not None:
                 # A GPU that lists no process now shows its baseline memory.
@@ -231,6 +273,9 @@ class Responder:
             notes.append(f"GPU processes outside the target, left alone: {sorted(foreign)}")
         if self._marker is not None:
             await asyncio.to_thread(self.tree.find_marked, self._marker)
+            cgroup = getattr(self._target, "cgroup", None)
+            if cgroup is not None:  # a member that scrubbed its environment is still in the cgroup
+                await asyncio.to_thread(lambda: self.tree.adopt(cgroup.pids(), via="cgroup"))
         members = self.tree.known()
 
         # 1. Evidence.
@@ -249,7 +294,10 @@ class Responder:
         await asyncio.to_thread(self.shm.record, [info.pid for info in to_kill])
         killed_at = self._clock.now()
         try:
-            result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, timeout_s=cfg.kill_timeout)
+            identity = self.identity()
+            result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, target=identity,
+                                                                timeout_s=cfg.kill_timeout,
+                                                                reader=_reader_for(identity))
         except Exception as exc:  # the kill could not finish: record it, go on to the GPU wait
             notes.append(f"kill failed: {type(exc).__name__}: {exc}")
             result = None
@@ -511,6 +559,39 @@ def same_process_pid(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _reader_for(identity: TargetIdentity) -> ProcReader:
+    """For a server found by its port, each reading is taken with a request held
+    open through that port: a forwarder then shows its upstream connection even
+    when no stream of the run is in flight."""
+    port = identity.port
+    if identity.proof is not Proof.ATTACHED_URL or port is None:
+        return read_table
+
+    def read() -> ProcTable:
+        with _held_request(port, timeout_s=0.5):
+            return read_table()
+
+    return read
+
+
+@contextlib.contextmanager
+def _held_request(port: int, timeout_s: float = 2.0):
+    """One ``GET /health`` sent to 127.0.0.1:``port`` and its answer's first bytes
+    read, the connection kept open for the body of the ``with``."""
+    sock = None
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n\r\n".encode())
+        sock.recv(1024)
+    except OSError:
+        pass  # the reading below judges what it sees; a dead port shows no listener
+    try:
+        yield
+    finally:
+        if sock is not None:
+            sock.close()
 
 
 def _loopback_port(base_url: str) -> int | None:

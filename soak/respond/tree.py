@@ -27,6 +27,18 @@ from typing import Iterable, Sequence
 
 import psutil
 
+from soak.respond.belonging import (
+    KillDecision,
+    Pin,
+    ProcReader,
+    ProcTable,
+    Proof,
+    Reason,
+    TargetIdentity,
+    decide,
+    read_table,
+)
+
 # psutil derives create_time from the boot time and /proc/PID/stat; the same
 # process always reads within this of itself.
 _SAME_START_S = 0.05
@@ -259,6 +271,24 @@ class ProcessTree:
             self._known[pid] = info
         return info
 
+    def adopt(self, pids: Iterable[int], *, via: str, now: float | None = None) -> tuple[ProcInfo, ...]:
+        """Record ``pids`` found by a proof the caller holds (the target's cgroup);
+        protected PIDs never. ``decide`` judges them again before any signal."""
+        now = time.time() if now is None else now
+        protected = protected_pids()
+        found = []
+        for pid in pids:
+            if pid in protected or pid in self._known:
+                continue
+            try:
+                info = _info(psutil.Process(pid), via=via, now=now)
+            except psutil.Error:
+                continue
+            if info is not None:
+                self._known[pid] = info
+                found.append(info)
+        return tuple(found)
+
     def find_marked(self, marker: tuple[str, str], *, now: float | None = None) -> tuple[ProcInfo, ...]:
         """Every live process whose environment carries the ownership marker."""
         now = time.time() if now is None else now
@@ -277,6 +307,10 @@ class ProcessTree:
                 self._known[info.pid] = info
                 found.append(info)
         return tuple(found)
+
+    def pins(self) -> frozenset[Pin]:
+        """Every recorded process by PID and start time: the members ``decide`` accepts."""
+        return frozenset(Pin(info.pid, info.create_time) for info in self._known.values())
 
     def forget_dead(self) -> None:
         for info in list(self._known.values()):
@@ -309,6 +343,36 @@ def group_stragglers(pgid: int, *, now: float | None = None) -> tuple[ProcInfo, 
     return tuple(out)
 
 
+def signal_if_allowed(pid: int, create_time: float, sig: int, *, target: TargetIdentity,
+                      reader: ProcReader = read_table) -> KillDecision:
+    """One signal (a graceful SIGTERM) to one process, only if ``decide`` allows it now."""
+    verdict = decide(pid, create_time, reader(), target)
+    if verdict.allowed:
+        try:
+            os.kill(pid, sig)
+        except OSError as exc:
+            return KillDecision(pid, False, Reason.GONE, f"pid {pid}: {exc.strerror or exc}")
+    return verdict
+
+
+def clean_leftovers(*, reader: ProcReader = read_table, timeout_s: float = 10.0) -> KillResult:
+    """SIGKILL every process that carries this harness's ownership marker and whose
+    owning harness is gone (a night that died without cleaning up: a daemonized
+    server, a guardian killed too). Each one is allowed by ``decide`` as a
+    ``LEFTOVER``: another live run's server, or a marker without an owner, never."""
+    table = reader()
+    now = time.time()
+    candidates = [
+        ProcInfo(f.pid, f.create_time, f.ppid, f.name, f.cmdline, None, f.sid, now, "leftover")
+        for f in table.procs.values()
+        if (f.marker is not None or f.cgroup is not None)
+        and decide(f.pid, f.create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
+    ]
+    if not candidates:
+        return KillResult((), (), (), None, None)
+    return kill_processes(candidates, target=TargetIdentity(Proof.LEFTOVER), timeout_s=timeout_s, reader=reader)
+
+
 def find_listener(port: int) -> int | None:
     """The PID listening on TCP ``port`` (any local address), or None."""
     try:
@@ -338,23 +402,32 @@ class KillResult:
 def kill_processes(
     targets: Sequence[ProcInfo],
     *,
+    target: TargetIdentity,
     timeout_s: float,
+    reader: ProcReader = read_table,
     poll_s: float = 0.02,
     max_rounds: int = 10,
 ) -> KillResult:
-    """SIGSTOP, then SIGKILL, every process in ``targets`` that is still the same process.
+    """SIGSTOP, then SIGKILL, every process in ``targets`` that
+    ``soak.respond.belonging.decide`` allows for ``target`` on a fresh reading of
+    the box (the one gate: a process it refuses is named in the notes, never signalled).
 
-    Blocking (polls /proc): call it from a worker thread.
+    Blocking (reads /proc): call it from a worker thread.
     """
     protected = protected_pids()
     notes: list[str] = []
     frozen: dict[int, tuple[ProcInfo, psutil.Process]] = {}
 
-    def freeze(info: ProcInfo) -> None:
-        if info.pid in protected:
-            notes.append(f"refused to signal protected pid {info.pid} ({info.name})")
-            return
+    def freeze(info: ProcInfo, table: ProcTable, identity: TargetIdentity) -> None:
         if info.pid in frozen:
+            return
+        verdict = decide(info.pid, info.create_time, table, identity)
+        if not verdict.allowed:
+            if verdict.reason not in (Reason.GONE, Reason.REUSED):
+                notes.append(f"refused to signal pid {info.pid} ({info.name}): {verdict.detail}")
+            return
+        if info.pid in protected:  # belt and braces: decide() already refuses these
+            notes.append(f"refused to signal protected pid {info.pid} ({info.name})")
             return
         proc = same_process(info)
         if proc is None:
@@ -367,9 +440,11 @@ def kill_processes(
             notes.append(f"SIGSTOP {info.pid}: {exc}")
         frozen[info.pid] = (info, proc)
 
+    table = reader()
     for info in targets:
-        freeze(info)
-    # Children forked between the last snapshot and the freeze.
+        freeze(info, table, target)
+    # Children forked between the last snapshot and the freeze: descendants of a
+    # process just allowed, judged on a new reading.
     for _ in range(max_rounds):
         new: list[ProcInfo] = []
         now = time.time()
@@ -385,8 +460,10 @@ def kill_processes(
                         new.append(info)
         if not new:
             break
+        table = reader()
+        grown = target.with_members(Pin(i.pid, i.create_time) for i, _ in frozen.values())
         for info in new:
-            freeze(info)
+            freeze(info, table, grown)
 
     killed: list[ProcInfo] = []
     killed_at = time.time() if frozen else None
@@ -433,6 +510,7 @@ def merge(*groups: Iterable[ProcInfo]) -> tuple[ProcInfo, ...]:
 
 __all__ = [
     "KillResult",
+    "clean_leftovers",
     "ProcInfo",
     "ProcessTree",
     "find_listener",

@@ -35,23 +35,40 @@ import select
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import IO
 
+from soak.respond.belonging import Proof, TargetIdentity
+from soak.respond.cgroup import Cgroup
 from soak.respond.tree import ProcessTree, kill_processes  # the one record and kill path of the target's tree
+from soak.run.signals import INTERRUPT_SIGNALS
 
 
-def kill_all(tree: ProcessTree, marker: tuple[str, str] | None) -> list[int]:
+def kill_all(tree: ProcessTree, marker: tuple[str, str] | None, cgroup: Cgroup | None = None) -> list[int]:
     """SIGSTOP then SIGKILL every recorded process still alive, the children
-    forked meanwhile, and every process carrying the ownership marker."""
+    forked meanwhile, every process carrying the ownership marker, and every
+    member of the target's cgroup (one that scrubbed its environment)."""
     tree.snapshot(None)
     if marker is not None:
         tree.find_marked(marker)
-    return list(kill_processes(tree.known(), timeout_s=2.0).killed_pids)
+    if cgroup is not None:
+        tree.adopt(cgroup.pids(), via="cgroup")
+    target = TargetIdentity(Proof.LAUNCHED, marker=marker[1] if marker is not None else None, members=tree.pins(),
+                            cgroup=cgroup.name if cgroup is not None else None)
+    killed = list(kill_processes(tree.known(), target=target, timeout_s=2.0).killed_pids)
+    if cgroup is not None:
+        for _ in range(50):  # the last member's exit lets go of the cgroup a moment after it is gone
+            if cgroup.remove() or cgroup.pids():
+                break
+            time.sleep(0.02)
+    return killed
 
 
 def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str, str] | None,
           log: IO[str] | None = None) -> int:
     tree = ProcessTree()
+    cgroup: Cgroup | None = None
     buf = b""
     fd = stream.fileno()
     while True:
@@ -71,10 +88,12 @@ def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str,
                     return 0
                 if isinstance(msg.get("watch"), int):
                     tree.watch(msg["watch"], create_time=msg.get("create_time"))
+                if isinstance(msg.get("cgroup"), str) and isinstance(msg.get("name"), str):
+                    cgroup = Cgroup(Path(msg["cgroup"]), msg["name"])
         if os.getppid() != parent:
             break  # reparented: the harness died without its pipe closing (inherited fd)
         tree.snapshot(None)  # every known process's children: a worker is recorded before it can be orphaned
-    killed = kill_all(tree, marker)
+    killed = kill_all(tree, marker, cgroup)
     if log is not None:
         print(f"soak guardian: harness {parent} gone; SIGKILL to {len(killed)} processes: {killed}",
               file=log, flush=True)
@@ -87,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--marker", default=None, help="NAME=VALUE: the ownership marker in the server's env")
     args = parser.parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in INTERRUPT_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C to the terminal is the harness's to handle
     marker = tuple(args.marker.split("=", 1)) if args.marker and "=" in args.marker else None
     return serve(sys.stdin.buffer, parent=args.parent, interval=args.interval, marker=marker,  # type: ignore[arg-type]
@@ -134,6 +153,10 @@ class Guardian:
         except psutil.Error:
             return
         self._send({"watch": pid, "create_time": create_time})
+
+    def watch_cgroup(self, cgroup: Cgroup) -> None:
+        """The launched server's cgroup: its members die with the harness too."""
+        self._send({"cgroup": str(cgroup.path), "name": cgroup.name})
 
     def _send(self, msg: dict) -> None:
         proc = self._proc

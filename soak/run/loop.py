@@ -18,7 +18,6 @@ close the sinks. ``aclose()`` is idempotent.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 import traceback
@@ -52,6 +51,8 @@ from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts,
 from soak.redact import Redactor
 from soak.respond.responder import Responder
 from soak.run.heap import HeapTuning
+from soak.run.signals import handled as handled_signals
+from soak.run.signals import interrupt_reason
 from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
@@ -338,7 +339,7 @@ class SoakRun:
 
     # -- control ---------------------------------------------------------------
     def interrupt(self, reason: str = "interrupted") -> None:
-        """Ctrl-C or SIGTERM: stop the load now (no drain wait), then end as usual."""
+        """Ctrl-C, SIGTERM or SIGHUP: stop the load now (no drain wait), then end as usual."""
         if self._interrupted:
             return
         self._interrupted = True
@@ -359,9 +360,12 @@ class SoakRun:
             return []
         loop = asyncio.get_running_loop()
         installed = []
-        for sig, name in ((signal.SIGINT, "interrupted (SIGINT)"), (signal.SIGTERM, "interrupted (SIGTERM)")):
+        # Every one of them (SIGHUP too: a closed terminal) ends the run as an
+        # interrupt; a default action would kill the harness with nothing written.
+        # One inherited as ignored (nohup) stays ignored.
+        for sig in handled_signals():
             try:
-                loop.add_signal_handler(sig, self.interrupt, name)
+                loop.add_signal_handler(sig, self.interrupt, interrupt_reason(sig))
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
@@ -453,7 +457,13 @@ class SoakRun:
             # source now, so a box without NVML exits 3 before a server is started.
             await self._open_gpu_source()
         self.event("target_starting", target=layout.kind.value)
-        await self.target.start()
+        try:
+            await self.target.start()
+        finally:
+            # What a dead night left behind and this start cleaned (soak.respond.tree.clean_leftovers).
+            leftovers = getattr(self.target, "leftovers", None)
+            if leftovers:
+                self.event("leftovers_killed", processes=list(leftovers))
         self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
         version_profile = await self._read_server_version()

@@ -17,6 +17,7 @@ import pytest
 from respond_helpers import Decision, FakeTarget, ListedGpus, is_alive
 from soak.clock import SystemClock
 from soak.respond import Responder, ResponseConfig, ownership_env
+from soak.respond.belonging import Pin, Proof, TargetIdentity
 from soak.respond.tree import ProcessTree, kill_processes, protected_pids
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, LogSample
 
@@ -226,9 +227,10 @@ def test_a_reused_pid_is_not_killed(start_decoy):
     real = tree.known()[0]
     # The same PID with another start time is another process now.
     stale = type(real)(**{**real.__dict__, "create_time": real.create_time - 3600})
-    result = kill_processes([stale], timeout_s=1.0)
+    target = TargetIdentity(Proof.ATTACHED_PID, root=Pin(real.pid, real.create_time))
+    result = kill_processes([stale], target=target, timeout_s=1.0)
     assert result.killed == () and is_alive(decoy)
-    result = kill_processes([real], timeout_s=5.0)
+    result = kill_processes([real], target=target, timeout_s=5.0)
     assert result.killed_pids == (decoy,) and not is_alive(decoy)
 
 
@@ -296,13 +298,22 @@ def test_a_reaped_leaders_group_stragglers_are_found_one_by_one(tmp_path):
     code = ("import os, subprocess, sys; "
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))")
-    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    # Group membership alone is no proof once the leader is reaped (its number may
+    # lead a stranger's group later); the run's marker, which every launched
+    # process inherits, is.
+    import os
+
+    token = "test-stragglers-0000000000000000"
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                              env={**os.environ, "SOAK_TARGET_ID": token})
     assert leader.wait(timeout=30) == 0  # reaped: its number is free, its child lives on in the group
     straggler = int(pid_file.read_text())
     try:
         found = group_stragglers(leader.pid)
         assert [info.pid for info in found] == [straggler]
-        assert kill_processes(found, timeout_s=5).killed_pids == (straggler,)
+        assert kill_processes(found, target=TargetIdentity(Proof.LAUNCHED), timeout_s=5).killed_pids == ()
+        assert kill_processes(found, target=TargetIdentity(Proof.LAUNCHED, marker=token),
+                              timeout_s=5).killed_pids == (straggler,)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and group_stragglers(leader.pid):
             time.sleep(0.05)
