@@ -17,6 +17,7 @@ As a process (the attached or launched target of a real ``soak run``)::
 
     python tests/chaos/server.py --spec SPEC.json --truth TRUTH.json \
         [--port 0 --port-file F] [--log FILE]
+    python tests/chaos/server.py --forward-to PORT --port-file F   # a TCP proxy in front
 
 Only the standard library and aiohttp: the harness under test is not imported,
 so a bug in it cannot hide a bug in the fake's view of the world.
@@ -681,8 +682,9 @@ class ChaosServer:
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
-        app.router.add_post("/v1/chat/completions", self.completions)
-        app.router.add_post("/v1/completions", self.completions)
+        # Any method: a followed 301/302/303 comes back as a GET, and must be seen.
+        app.router.add_route("*", "/v1/chat/completions", self.completions)
+        app.router.add_route("*", "/v1/completions", self.completions)
         for application, want in ((sink, 0), (app, port)):
             runner = web.AppRunner(application, shutdown_timeout=0.2, access_log=None)
             await runner.setup()
@@ -714,30 +716,71 @@ class ChaosServer:
             self._log_file.close()
 
 
+async def forward(port: int, *, to_port: int) -> asyncio.AbstractServer:
+    """A plain loopback TCP forwarder to ``to_port`` (a proxy in front of the
+    target: the listener a harness finds on the URL's port, but not the server)."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", to_port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(handle, "127.0.0.1", port)
+
+
+def _write_port(port_file: str, port: int) -> None:
+    tmp = port_file + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(str(port))
+    os.replace(tmp, port_file)
+
+
+async def _wait_for_signal() -> None:
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, done.set)
+    await done.wait()
+
+
 async def _main(args: argparse.Namespace) -> None:
+    if args.forward_to:
+        proxy = await forward(args.port, to_port=args.forward_to)
+        if args.port_file:
+            _write_port(args.port_file, proxy.sockets[0].getsockname()[1])
+        await _wait_for_signal()
+        return
     chaos_spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
     server = ChaosServer(chaos_spec, truth_path=Path(args.truth) if args.truth else None,
                          log_path=Path(args.log) if args.log else None,
                          log_stream=None if args.log else sys.stdout)
     await server.start(port=args.port)
     if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(str(server.port))
-        os.replace(tmp, args.port_file)
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, done.set)
-    await done.wait()
+        _write_port(args.port_file, server.port)
+    await _wait_for_signal()
     await server.close()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spec", required=True)
+    parser.add_argument("--spec")
+    parser.add_argument("--forward-to", type=int, help="be a TCP forwarder to this loopback port instead")
     parser.add_argument("--truth")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file")
     parser.add_argument("--log", help="write the log here (default: stdout)")
-    asyncio.run(_main(parser.parse_args()))
+    # Unknown arguments are a launch command's own flags (--api-key, --db-url ...): accepted, unused.
+    asyncio.run(_main(parser.parse_known_args()[0]))
