@@ -69,7 +69,7 @@ METRICS_KINDS = (
     "normal", "reset", "backwards", "lying", "gzip_bomb", "deflate_bomb", "huge_line", "garbage", "hang",
     "trickle", "http_error", "empty", "redirect",
 )
-HEALTH_KINDS = ("ok", "fail", "hang", "flap", "redirect")
+HEALTH_KINDS = ("ok", "fail", "hang", "flap", "redirect", "never_ready")
 VERSION_KINDS = ("normal", "formula", "secret", "huge", "wrong_type", "deep", "missing", "http_404", "hang")
 MODELS_KINDS = ("normal", "max_len_str", "max_len_negative", "deep", "extra_junk")
 FORMULAS = ('=HYPERLINK("http://127.0.0.1/x","click")', "+cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0",
@@ -572,7 +572,7 @@ class ChaosServer:
         self.truth.bump("health_probes")
         h = self._phase()["health"]
         kind = h.get("kind", "ok")
-        if kind == "fail":
+        if kind == "never_ready" or (kind == "fail" and self._t0 is not None):
             return web.Response(status=int(h.get("status", 503)))
         if kind == "hang" and self._t0 is not None:  # hangs once load started, else never ready
             await self._hold()

@@ -73,8 +73,9 @@ def metrics() -> st.SearchStrategy[dict[str, Any]]:
 
 def health() -> st.SearchStrategy[dict[str, Any]]:
     # "ok" is also the lie: 200 whatever the completions do.
+    # fail, hang, flap and redirect begin with the load; never_ready is a server never ready (exit 3).
     return st.one_of(_kind("ok"), _kind("fail", status=st.sampled_from([500, 503])), _kind("hang"), _kind("flap"),
-                     _kind("redirect"))
+                     _kind("redirect"), _kind("never_ready", status=st.sampled_from([500, 503])))
 
 
 def phases() -> st.SearchStrategy[list[dict[str, Any]]]:
