@@ -273,9 +273,11 @@ class ChaosServer:
 
     async def _stream(self, request: web.Request, prompt: int, *, tokens: int, delay_s: float = 0.0,
                       usage: dict | None = None, done: bool = True, finish: str = "stop",
-                      bad: bytes | None = None, bad_at: int = -1) -> tuple[web.StreamResponse, int]:
+                      bad: bytes | None = None, bad_at: int = -1,
+                      bad_is_token: bool = False) -> tuple[web.StreamResponse, int]:
         """A stream of ``tokens`` well-formed content chunks (each counted in the
-        truth once fully written); ``bad`` replaces chunk ``bad_at``."""
+        truth once fully written); ``bad`` replaces chunk ``bad_at`` (a token
+        too when ``bad_is_token``)."""
         response = await self._sse(request)
         await self._write(response, _chunk(_content("")))
         sent = 0
@@ -284,7 +286,11 @@ class ChaosServer:
                 await asyncio.sleep(delay_s)
             if i == bad_at and bad is not None:
                 await self._write(response, bad)
-                self.truth.bump("malformed_chunks")
+                if bad_is_token:
+                    self.truth.token()
+                    sent += 1
+                else:
+                    self.truth.bump("malformed_chunks")
                 continue
             await self._write(response, _chunk(_content(f"t{i} ")))
             self.truth.token()
@@ -459,14 +465,19 @@ class ChaosServer:
     async def _c_deep_nesting(self, request, b, prompt):
         depth = int(b.get("depth", 100_000))
         nest = "[" * depth + "]" * depth
-        if b.get("where", "chunk") == "usage":
+        where = b.get("where", "chunk")
+        if where == "usage":
             line = ('data: {"id":"x","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,'
                     '"completion_tokens":1,"total_tokens":2,"prompt_tokens_details":' + nest + '}}\n\n').encode()
         else:
             line = ('data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a",'
                     '"extra":' + nest + '},"finish_reason":null}]}\n\n').encode()
-        response, sent = await self._stream(request, prompt, tokens=int(b.get("tokens", 4)), bad=line, bad_at=1)
+        # A deep chunk still carries a token beside its nested extra field: work
+        # done, in a shape a reader must survive (bounded), whatever it makes of it.
+        response, sent = await self._stream(request, prompt, tokens=int(b.get("tokens", 4)), bad=line, bad_at=1,
+                                            bad_is_token=where == "chunk")
         await response.write_eof()
+        self._ok(sent)
         return response
 
     async def _c_huge_line(self, request, b, prompt):
