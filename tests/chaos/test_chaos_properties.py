@@ -406,7 +406,6 @@ def test_every_chaos_night_keeps_the_invariants(shard: int, tmp_path_factory) ->
 
     @given(scenario=scenarios().map(lambda sc: {**sc, "target": TARGETS[shard]}))
     def night(scenario: dict[str, Any]) -> None:
-        note("chaos scenario:\n" + json.dumps(scenario, indent=1))
         tmp = tmp_path_factory.mktemp(f"chaos-{TARGETS[shard]}-")
         result = run_night(tmp, scenario)
         failures = check(result)
