@@ -14,7 +14,8 @@ fake keeps the invariants of CONTRACTS.md "Invariants a nightly relies on":
 - no secret in any file of the run directory (gz segments inflated), stderr or
   stdout;
 - readers are total: every complete .jsonl line is JSON, summary.json is there,
-  ``soak report DIR`` exits 0.
+  ``soak report DIR`` and ``soak history DIR`` exit 0, no traceback;
+- history.csv has no cell a spreadsheet would evaluate (a /version formula).
 
 CI makes SHARDS x a few runs (one shard per target kind, so xdist spreads them);
 ``SOAK_CHAOS_EXAMPLES=200`` runs more, ``SOAK_CHAOS_SEED`` draws other nights,
@@ -89,6 +90,9 @@ class Night:
     proxy_alive: bool | None
     report_rc: int | None
     report_err: str
+    history_dir: Path
+    history_rc: int | None
+    history_err: str
 
 
 def _start(cmd: list[str], port_file: Path, what: str) -> tuple[subprocess.Popen, int]:
@@ -207,12 +211,17 @@ def run_night(tmp: Path, scenario: dict[str, Any]) -> Night:
         _kill_launched(run_dir)
     report = subprocess.run(soak_cmd("report", str(run_dir)), capture_output=True, text=True, timeout=120,
                             stdin=subprocess.DEVNULL) if run_dir.is_dir() else None
+    # soak history reads the night as a nightly's history job would (history.csv is opened in spreadsheets).
+    history = subprocess.run(soak_cmd("history", str(run_dir), "--out", str(tmp / "history")), capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL) if run_dir.is_dir() else None
     truth = _read_truth(truth_path)
     return Night(scenario=scenario, run_dir=run_dir, exit_code=exit_code,
                  stderr=(tmp / "stderr").read_text(errors="replace"), stdout=(tmp / "stdout").read_text(errors="replace"),
                  wall_s=wall, wall_bound_s=wall_bound, maxrss_mb=maxrss, truth=truth, decoy_alive=decoy_alive,
                  proxy_alive=proxy_alive, report_rc=None if report is None else report.returncode,
-                 report_err="" if report is None else report.stderr)
+                 report_err="" if report is None else report.stderr, history_dir=tmp / "history",
+                 history_rc=None if history is None else history.returncode,
+                 history_err="" if history is None else history.stderr)
 
 
 def _kill_launched(run_dir: Path) -> None:
@@ -270,8 +279,10 @@ def work_violations(truth: dict[str, Any] | None, *, tight: bool) -> list[str]:
 def _secret_places(night: Night, secret: str) -> list[str]:
     needle = secret.encode()
     places = [name for name, text in (("stderr", night.stderr), ("stdout", night.stdout)) if secret in text]
-    if night.run_dir.is_dir():
-        for path in sorted(night.run_dir.rglob("*")):
+    for root, label in ((night.run_dir, ""), (night.history_dir, "history/")):
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*")):
             if not path.is_file() or path.is_symlink():
                 continue
             data = path.read_bytes()
@@ -281,8 +292,27 @@ def _secret_places(night: Night, secret: str) -> list[str]:
                 except (OSError, EOFError, zlib.error):
                     pass
             if needle in data:
-                places.append(str(path.relative_to(night.run_dir)))
+                places.append(label + str(path.relative_to(root)))
     return places
+
+
+def _formula_cells(path: Path) -> list[str]:
+    """Cells a spreadsheet would evaluate: starting with = + - @ tab or CR, and not a number."""
+    import csv
+
+    cells = []
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            for row in csv.reader(fh):
+                for cell in row:
+                    if cell[:1] in ("=", "+", "-", "@", "\t", "\r"):
+                        try:
+                            float(cell)
+                        except ValueError:
+                            cells.append(cell[:60])
+    except OSError:
+        pass
+    return cells
 
 
 def _bad_jsonl(run_dir: Path) -> list[str]:
@@ -377,6 +407,12 @@ def check(night: Night) -> list[tuple[str, str]]:
         if night.report_rc != 0 or "Traceback" in night.report_err:
             tail = night.report_err.strip().splitlines()[-1:] if night.report_err.strip() else []
             f.append(("readers are total", f"soak report exit {night.report_rc}: {tail}"))
+        if night.history_rc != 0 or "Traceback" in night.history_err:
+            tail = night.history_err.strip().splitlines()[-1:] if night.history_err.strip() else []
+            f.append(("readers are total", f"soak history exit {night.history_rc}: {tail}"))
+        cells = _formula_cells(night.history_dir / "history.csv")
+        if cells:
+            f.append(("CSV cells are escaped", f"history.csv cells a spreadsheet evaluates: {cells[:3]}"))
     else:
         f.append(("readers are total", "no run directory"))
     return f
@@ -593,3 +629,9 @@ def test_the_request_judge_never_passes_records_without_work(behaviours, tmp_pat
     if decision.passed:
         assert any(r.outcome == "ok" and r.output_tokens > 0 for r in records), "passed with no request that did work"
         assert truth["completed_ok"] > 0, "passed, but the server finished no request with tokens"
+
+
+def test_the_csv_check_finds_formulas_and_spares_numbers(tmp_path) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text('a,b,c\n-2.5,"=HYPERLINK(""http://x"",""c"")",@SUM(1)\n+1,"\'=1+1",-cmd\n', encoding="utf-8")
+    assert _formula_cells(path) == ['=HYPERLINK("http://x","c")', "@SUM(1)", "-cmd"]
