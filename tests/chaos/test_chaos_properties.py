@@ -88,6 +88,7 @@ class Night:
     truth: dict[str, Any] | None
     decoy_alive: bool
     proxy_alive: bool | None
+    leftover: bool  # the launched server still ran after the harness exited
     report_rc: int | None
     report_err: str
     history_dir: Path
@@ -203,6 +204,12 @@ def run_night(tmp: Path, scenario: dict[str, Any]) -> Night:
             wall = time.monotonic() - started
         proxy_alive = None if proxy is None else proxy.poll() is None
         decoy_alive = decoy.poll() is None and pid_alive(decoy.pid)
+        leftover = False
+        if scenario["target"] == "launched":
+            deadline = time.monotonic() + 2  # a last SIGKILL may still be landing
+            while _launched_alive(run_dir) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            leftover = _launched_alive(run_dir)
     finally:
         _stop(fake)
         _stop(proxy)
@@ -218,24 +225,44 @@ def run_night(tmp: Path, scenario: dict[str, Any]) -> Night:
     return Night(scenario=scenario, run_dir=run_dir, exit_code=exit_code,
                  stderr=(tmp / "stderr").read_text(errors="replace"), stdout=(tmp / "stdout").read_text(errors="replace"),
                  wall_s=wall, wall_bound_s=wall_bound, maxrss_mb=maxrss, truth=truth, decoy_alive=decoy_alive,
-                 proxy_alive=proxy_alive, report_rc=None if report is None else report.returncode,
+                 proxy_alive=proxy_alive, leftover=leftover, report_rc=None if report is None else report.returncode,
                  report_err="" if report is None else report.stderr, history_dir=tmp / "history",
                  history_rc=None if history is None else history.returncode,
                  history_err="" if history is None else history.stderr)
 
 
-def _kill_launched(run_dir: Path) -> None:
-    """A launched fake the harness left running (a bug the checks report) must not outlive the test."""
+def _launched_roots(run_dir: Path) -> list[tuple[int, float]]:
+    """(root PID, when it was seen ready) of every launched server the run's events name."""
+    roots = []
     try:
         for line in (run_dir / "events.jsonl").read_text(errors="replace").splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("type") == "target_ready":
-                kill_group_if_born_before(event.get("root_pid"), event.get("ts", 0))
+            if isinstance(event, dict) and event.get("type") == "target_ready" and isinstance(event.get("root_pid"), int):
+                roots.append((event["root_pid"], float(event.get("ts", 0))))
     except OSError:
         pass
+    return roots
+
+
+def _launched_alive(run_dir: Path) -> bool:
+    import psutil
+
+    for pid, ts in _launched_roots(run_dir):
+        try:
+            if psutil.Process(pid).create_time() <= ts + 0.05 and pid_alive(pid):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _kill_launched(run_dir: Path) -> None:
+    """A launched fake the harness left running (a bug the checks report) must not outlive the test."""
+    for pid, ts in _launched_roots(run_dir):
+        kill_group_if_born_before(pid, ts)
 
 
 def _read_truth(path: Path) -> dict[str, Any] | None:
@@ -386,6 +413,8 @@ def check(night: Night) -> list[tuple[str, str]]:
         f.append(("the kill hits the target or nothing", "the decoy process was killed"))
     if night.proxy_alive is False:
         f.append(("the kill hits the target or nothing", "the proxy in front of the server was killed"))
+    if night.leftover:
+        f.append(("the kill hits the target or nothing", "the launched server outlived the harness"))
 
     if truth is not None:
         if truth["sink_requests"]:
