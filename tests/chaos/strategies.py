@@ -3,7 +3,8 @@
 ``scenarios()`` draws a whole night: the server's spec (phases of completion
 behaviours, /metrics, /health; /version, /v1/models, the log) plus how the
 harness meets it (``target``: attached by URL, attached with its PID,
-launched by command, or attached through a TCP proxy), where secrets are
+launched by command, launched by a command that daemonizes (``setsid -f``),
+or attached through a TCP proxy), where secrets are
 planted in the harness's own config, and which detector thresholds the run
 uses ("tight": a bound of seconds the short run can exercise; "default": the
 shipped thresholds, whose start-up grace must never hide a server that did
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from chaos.server import FORMULAS, SECRET_SHAPES, WRONG_TYPES, phase, spec
 
-TARGETS = ("attached", "attached_pid", "launched", "proxy")
+TARGETS = ("attached", "attached_pid", "launched", "proxy", "launched_daemon")
 # Where the harness's own config carries the secret (launch_* only for launched targets).
 CONFIG_SECRETS = ("api_key_env", "base_url_userinfo", "launch_flag_api_key", "launch_flag_db_url",
                   "launch_env_db_url", "launch_env_hf_token")
@@ -151,6 +152,8 @@ def well_behaved(scenario: dict[str, Any]) -> bool:
 
 def refusable(scenario: dict[str, Any]) -> bool:
     """A config the harness may refuse with one line (exit 2) instead of running:
-    credentials in the URL (the issue allows moving them to a header or refusing)."""
-    return "base_url_userinfo" in scenario["config_secrets"]
+    credentials in the URL (the issue allows moving them to a header or
+    refusing), a launch command that daemonizes (followed by its marker, or
+    refused; exit 3 is also allowed for it)."""
+    return "base_url_userinfo" in scenario["config_secrets"] or scenario["target"] == "launched_daemon"
 

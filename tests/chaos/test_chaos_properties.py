@@ -8,7 +8,8 @@ fake keeps the invariants of CONTRACTS.md "Invariants a nightly relies on":
 - exit codes of CONTRACTS' table, verdict and exit agree, no traceback, errors
   are one line on stderr;
 - bounded: the harness's peak RSS and its wall time;
-- the kill hits the target or nothing: a decoy and a proxy in front survive;
+- the kill hits the target or nothing: a decoy and a proxy in front survive, a
+  launched fake (daemonized or not) does not outlive the harness;
 - traffic only to the target: the redirect sink receives nothing, no redirect
   is followed;
 - no secret in any file of the run directory (gz segments inflated), stderr or
@@ -164,10 +165,13 @@ def run_night(tmp: Path, scenario: dict[str, Any]) -> Night:
                              stdin=subprocess.DEVNULL)
     try:
         common = {"startup_timeout": f"{STARTUP_TIMEOUT_S}s", "ready_poll_interval": "0.2s"}
-        if scenario["target"] == "launched":
+        if scenario["target"] in ("launched", "launched_daemon"):
             port = free_port()
             command = [sys.executable, str(SERVER), "--spec", str(spec_path), "--truth", str(truth_path),
                        "--port", str(port)]
+            if scenario["target"] == "launched_daemon":
+                # A service wrapper that daemonizes: the command's own process exits at once.
+                command = ["setsid", "-f", *command]
             if "launch_flag_api_key" in secrets:
                 command += ["--api-key", secret]
             if "launch_flag_db_url" in secrets:
@@ -205,17 +209,17 @@ def run_night(tmp: Path, scenario: dict[str, Any]) -> Night:
         proxy_alive = None if proxy is None else proxy.poll() is None
         decoy_alive = decoy.poll() is None and pid_alive(decoy.pid)
         leftover = False
-        if scenario["target"] == "launched":
+        if scenario["target"] in ("launched", "launched_daemon"):
             deadline = time.monotonic() + 2  # a last SIGKILL may still be landing
-            while _launched_alive(run_dir) and time.monotonic() < deadline:
+            while _launched_fake(truth_path, spec_path) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            leftover = _launched_alive(run_dir)
+            leftover = _launched_fake(truth_path, spec_path) is not None
     finally:
         _stop(fake)
         _stop(proxy)
         decoy.kill()
         decoy.wait()
-        _kill_launched(run_dir)
+        _kill_launched(run_dir, truth_path, spec_path)
     report = subprocess.run(soak_cmd("report", str(run_dir)), capture_output=True, text=True, timeout=120,
                             stdin=subprocess.DEVNULL) if run_dir.is_dir() else None
     # soak history reads the night as a nightly's history job would (history.csv is opened in spreadsheets).
@@ -247,22 +251,32 @@ def _launched_roots(run_dir: Path) -> list[tuple[int, float]]:
     return roots
 
 
-def _launched_alive(run_dir: Path) -> bool:
+def _launched_fake(truth_path: Path, spec_path: Path) -> int | None:
+    """The PID of this night's fake if it still runs, found by what it says about
+    itself (the truth file) and checked by its command line (a daemonized one is
+    in no tree the harness started)."""
     import psutil
 
-    for pid, ts in _launched_roots(run_dir):
-        try:
-            if psutil.Process(pid).create_time() <= ts + 0.05 and pid_alive(pid):
-                return True
-        except psutil.Error:
-            continue
-    return False
+    truth = _read_truth(truth_path)
+    pid = truth.get("pid") if truth else None
+    if not isinstance(pid, int):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if str(spec_path) in proc.cmdline() and pid_alive(pid):
+            return pid
+    except psutil.Error:
+        pass
+    return None
 
 
-def _kill_launched(run_dir: Path) -> None:
+def _kill_launched(run_dir: Path, truth_path: Path, spec_path: Path) -> None:
     """A launched fake the harness left running (a bug the checks report) must not outlive the test."""
     for pid, ts in _launched_roots(run_dir):
         kill_group_if_born_before(pid, ts)
+    pid = _launched_fake(truth_path, spec_path)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
 
 
 def _read_truth(path: Path) -> dict[str, Any] | None:
@@ -399,7 +413,8 @@ def check(night: Night) -> list[tuple[str, str]]:
     if verdict == "pass" or code == 0:
         for why in work_violations(truth, tight=sc["detector"] == "tight"):
             f.append(("a pass is positive evidence", why))
-    if well_behaved(sc) and not (code == 0 or (code == 2 and refusable(sc))):
+    refused = refusable(sc) and (code == 2 or (code == 3 and sc["target"] == "launched_daemon"))
+    if well_behaved(sc) and not (code == 0 or refused):
         reasons = summary.get("verdict_reasons") if isinstance(summary, dict) else None
         f.append(("a working server passes", f"exit {code}, verdict {verdict!r}: {reasons or lines[-1:]}"))
 
