@@ -12,14 +12,17 @@ aiohttp follows redirects per request (``allow_redirects`` defaults to True, and
 ``max_redirects=0`` means *no limit*), so a bare ``ClientSession`` is one
 forgotten keyword away from following one. ``session()`` returns an
 ``OutboundSession`` whose every request is made here with
-``allow_redirects=False`` and which cannot be asked otherwise; urllib callers
-(prometheus_client's push) take ``urllib_handler``.
+``allow_redirects=False`` and which cannot be asked otherwise; prometheus_client's
+push takes ``push_handler``.
 """
 
 from __future__ import annotations
 
-import urllib.request
+import http.client
+import socket
+import threading
 from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -147,41 +150,57 @@ def session(
     return OutboundSession(client)
 
 
-# --- urllib (prometheus_client's push_to_gateway) ---------------------------------------------
+# --- the Pushgateway push (prometheus_client's push_to_gateway) -------------------------------
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Every 3xx raises ``RedirectRefused``; urllib's own would follow a GET."""
+def push_handler(total_s: float) -> Callable[..., Callable[[], None]]:
+    """A ``push_to_gateway`` handler that follows no redirect (a 3xx is
+    ``RedirectRefused``) and whose whole call (connect, send, the answer) ends
+    within ``total_s``: prometheus_client's own handler times each socket read,
+    so a gateway that answered a byte every few seconds held a run for minutes.
+    At the deadline the socket is shut, which ends any read under way."""
 
-    def _refuse(self, req, fp, code, msg, headers):  # noqa: ANN001 - urllib's signature
-        location = headers.get("Location") if headers is not None else None
-        try:
-            fp.close()
-        except Exception:
-            pass
-        raise RedirectRefused(code, location, url=req.full_url)
+    def handler(url: str, method: str, timeout: float | None, headers: Sequence[tuple[str, str]],
+                data: bytes) -> Callable[[], None]:
+        def handle() -> None:
+            parts = urlsplit(url)
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            per_op = min(total_s, timeout) if timeout else total_s
+            conn = cls(parts.hostname or "", parts.port, timeout=per_op)
+            expired = threading.Event()
 
+            def expire() -> None:
+                expired.set()
+                sock = conn.sock
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
 
-for _code in range(300, 400):
-    setattr(_NoRedirect, f"http_error_{_code}", _NoRedirect._refuse)
-del _code
+            timer = threading.Timer(total_s, expire)
+            timer.daemon = True
+            timer.start()
+            try:
+                path = parts.path or "/"
+                conn.request(method, path + (f"?{parts.query}" if parts.query else ""), body=data,
+                             headers=dict(headers))
+                resp = conn.getresponse()
+                resp.read(64 * 1024)  # an answer body is a line or two; never more than this
+                if is_redirect(resp.status):
+                    raise RedirectRefused(resp.status, resp.getheader("Location"), url=url)
+                if resp.status >= 400:
+                    raise OSError(f"error talking to pushgateway: {resp.status} {resp.reason}")
+            except (OSError, http.client.HTTPException) as exc:
+                if expired.is_set():
+                    raise TimeoutError(
+                        f"the push did not finish within {total_s:g}s in total (bound total_time)") from exc
+                raise
+            finally:
+                timer.cancel()
+                conn.close()
+            if expired.is_set():
+                raise TimeoutError(f"the push did not finish within {total_s:g}s in total (bound total_time)")
 
+        return handle
 
-def urllib_opener() -> urllib.request.OpenerDirector:
-    """An opener without urllib's redirect handler: a 3xx is ``RedirectRefused``."""
-    return urllib.request.build_opener(_NoRedirect)
-
-
-def urllib_handler(url: str, method: str, timeout: float | None, headers: Sequence[tuple[str, str]],
-                   data: bytes) -> Callable[[], None]:
-    """prometheus_client's ``handler=`` for ``push_to_gateway``: its default,
-    without following a redirect."""
-
-    def handle() -> None:
-        request = urllib.request.Request(url, data=data, method=method)
-        for key, value in headers:
-            request.add_header(key, value)
-        with urllib_opener().open(request, timeout=timeout) as response:
-            if response.status >= 400:
-                raise OSError(f"error talking to pushgateway: {response.status} {response.reason}")
-
-    return handle
+    return handler

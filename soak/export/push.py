@@ -11,18 +11,14 @@ build keeps every build's last night beside the others.
 
 from __future__ import annotations
 
-import http.client
 import math
-import socket
-import threading
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway
 
 from soak.export.names import PUSHED_METRICS, Kind
-from soak.net import urllib_handler  # a 3xx from the gateway is RedirectRefused, never followed
+from soak.net import push_handler  # a 3xx is RedirectRefused, never followed; the whole call bounded
 from soak.records import IncidentKind, Verdict
 from soak.thresholds.metrics import run_value
 
@@ -85,58 +81,6 @@ def night_families(summary: Mapping[str, Any], *, exit_code: int | None, confide
     return f
 
 
-def deadline_handler(total_s: float) -> Callable[..., Callable[[], None]]:
-    """A ``push_to_gateway`` handler whose whole call (connect, send, the answer)
-    ends within ``total_s``: prometheus_client's own handler times each socket
-    read, so a gateway that answers a byte every few seconds held a run for
-    minutes. At the deadline the socket is shut, which ends any read under way.
-    Redirects are not followed (traffic goes only where it was sent)."""
-
-    def handler(url: str, method: str, timeout: float | None, headers: Any, data: bytes) -> Callable[[], None]:
-        def handle() -> None:
-            parts = urlsplit(url)
-            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-            per_op = min(total_s, timeout) if timeout else total_s
-            conn = cls(parts.hostname or "", parts.port, timeout=per_op)
-            expired = threading.Event()
-
-            def expire() -> None:
-                expired.set()
-                sock = conn.sock
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-            timer = threading.Timer(total_s, expire)
-            timer.daemon = True
-            timer.start()
-            try:
-                path = parts.path or "/"
-                conn.request(method, path + (f"?{parts.query}" if parts.query else ""), body=data,
-                             headers=dict(headers))
-                resp = conn.getresponse()
-                resp.read(64 * 1024)  # an answer body is a line or two; never more than this
-                if resp.status >= 300:
-                    where = f" (to {resp.getheader('Location')})" if 300 <= resp.status < 400 else ""
-                    raise OSError(f"error talking to pushgateway: {resp.status} {resp.reason}{where}")
-            except (OSError, http.client.HTTPException) as exc:
-                if expired.is_set():
-                    raise TimeoutError(
-                        f"the push did not finish within {total_s:g}s in total (bound total_time)") from exc
-                raise
-            finally:
-                timer.cancel()
-                conn.close()
-            if expired.is_set():
-                raise TimeoutError(f"the push did not finish within {total_s:g}s in total (bound total_time)")
-
-        return handle
-
-    return handler
-
-
 def _grouping(grouping: Mapping[str, str], build: str | None, add_build: bool) -> dict[str, str]:
     out = dict(grouping)
     if add_build and build and "build" not in out:
@@ -151,7 +95,7 @@ def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None =
     grouping = _grouping(config.grouping, build.get("build"), config.build_label)
     families = night_families(summary, exit_code=exit_code, confidence=config.confidence)
     push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
-                    timeout=config.timeout, handler=deadline_handler(config.timeout))
+                    timeout=config.timeout, handler=push_handler(config.timeout))
     return {"job": config.job, "grouping": grouping}
 
 
@@ -174,4 +118,4 @@ def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str
         if b.build in tests:
             f.set("soak_build_better_confidence", 1.0 - tests[b.build].p_b_lower)
         push_to_gateway(url, job=job, registry=f.registry, grouping_key=_grouping(grouping, b.build, True),
-                        timeout=timeout, handler=deadline_handler(timeout))
+                        timeout=timeout, handler=push_handler(timeout))

