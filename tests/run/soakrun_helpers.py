@@ -1,5 +1,5 @@
-"""Shared by the run-loop tests: a small fast config, the harness as a real
-subprocess, and cleanup of whatever it started."""
+"""Shared by the run-loop tests: a small fast config, the harness and the fake
+vLLM as real subprocesses, and cleanup of whatever they started."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+# A small independent fake of vLLM for the ways the simulator cannot misbehave.
+FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
 
 SMALL_WORKLOAD = {
     "kind": "synthetic_agentic",
@@ -44,6 +48,16 @@ def small_config(**overrides: Any) -> dict[str, Any]:
             config[key] = {**config[key], **value}
         else:
             config[key] = value
+    return config
+
+
+def attached_config(url: str, **overrides: Any) -> dict[str, Any]:
+    """``small_config`` against a server already listening at ``url`` (no GPU, an
+    estimating tokenizer: a fake has neither)."""
+    config = small_config(**overrides)
+    config["target"] = {"kind": "attached", "base_url": url, "startup_timeout": "10s"}
+    config["workload"] = {**config["workload"], "tokenizer": {"kind": "estimate"}}
+    config["probes"] = {"gpu": {"kind": "none"}, **config.get("probes", {})}
     return config
 
 
@@ -179,3 +193,36 @@ def harness():
     yield make
     for h in created:
         h.close()
+
+
+@dataclass(frozen=True)
+class FakeVllm:
+    url: str
+    proc: subprocess.Popen
+
+
+@pytest.fixture
+def fake_vllm(tmp_path):
+    """Factory: ``fake = fake_vllm(mode, *args, env=None, quiet=False)`` starts
+    ``fake_vllm.py MODE PORT_FILE *args`` on 127.0.0.1 port 0 and returns it once
+    it listens (``fake.url``, ``fake.proc``); ``env`` is added to the environment,
+    ``quiet`` drops its stderr. Every fake it started is killed at teardown."""
+    started: list[subprocess.Popen] = []
+
+    def start(mode: str, *args: str, env: dict[str, str] | None = None, quiet: bool = False) -> FakeVllm:
+        port_file = tmp_path / f"fake-{mode}-{len(started)}.port"
+        proc = subprocess.Popen([sys.executable, str(FAKE_VLLM), mode, str(port_file), *args],
+                                stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL if quiet else None,
+                                env=None if env is None else {**os.environ, **env})
+        started.append(proc)
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"fake server {mode} did not start")
+            time.sleep(0.05)
+        return FakeVllm(f"http://127.0.0.1:{port_file.read_text()}", proc)
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -15,8 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from soakrun_helpers import read_lines, small_config, write_config
-from test_trust_load import attached_config, fake_server  # noqa: F401 - the fixture
+from soakrun_helpers import attached_config, read_lines, small_config, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURE = ("import resource, subprocess, sys\n"
@@ -37,8 +36,8 @@ def run_measured(config: Path, run_dir: Path) -> tuple[int, int, str, float]:
     return int(code), int(rss), done.stderr, time.monotonic() - started
 
 
-def test_a_gzip_bomb_at_metrics_is_a_recorded_bound_not_memory(tmp_path, fake_server) -> None:
-    config = attached_config(fake_server("metrics_bomb"), duration="4s", probes={"metrics_interval": "0.5s"})
+def test_a_gzip_bomb_at_metrics_is_a_recorded_bound_not_memory(tmp_path, fake_vllm) -> None:
+    config = attached_config(fake_vllm("metrics_bomb").url, duration="4s", probes={"metrics_interval": "0.5s"})
     run_dir = tmp_path / "run"
     code, rss, stderr, _ = run_measured(write_config(tmp_path / "bomb.yaml", config), run_dir)
     assert "Traceback" not in stderr and code != 4, stderr

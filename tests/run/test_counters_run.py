@@ -13,44 +13,16 @@ unknown cached tokens."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from soakrun_helpers import small_config, write_config
-
-FAKE = Path(__file__).with_name("fake_vllm.py")
-
-
-@pytest.fixture
-def fake(tmp_path):
-    started: list[subprocess.Popen] = []
-
-    def start(mode: str) -> str:
-        port_file = tmp_path / f"fake-{mode}.port"
-        proc = subprocess.Popen([sys.executable, str(FAKE), mode, str(port_file)], stdin=subprocess.DEVNULL)
-        started.append(proc)
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, f"fake server {mode} did not start"
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{port_file.read_text()}"
-
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait(timeout=10)
+from soakrun_helpers import attached_config, write_config
 
 
 def soak_against(tmp_path: Path, harness, url: str, name: str) -> tuple[dict, list[dict], dict]:
-    config = small_config(duration="5s")
-    config["target"] = {"kind": "attached", "base_url": url, "startup_timeout": "10s"}
-    config["workload"] = {**config["workload"], "tokenizer": {"kind": "estimate"}}
-    config["probes"] = {"gpu": {"kind": "none"}, "metrics_interval": "0.5s"}
+    config = attached_config(url, duration="5s", probes={"metrics_interval": "0.5s"})
     config["criteria"] = {"error_rate": {"max": 0.5}}  # a quarter refused: this test is about the counting
     run_dir = tmp_path / name
     h = harness(write_config(tmp_path / f"{name}.yaml", config), run_dir)
@@ -62,8 +34,8 @@ def soak_against(tmp_path: Path, harness, url: str, name: str) -> tuple[dict, li
     return summary, requests, truth
 
 
-def test_a_counter_reset_and_refused_requests_read_as_the_server_served(tmp_path, fake, harness) -> None:
-    summary, requests, truth = soak_against(tmp_path, harness, fake("counters_reset"), "reset")
+def test_a_counter_reset_and_refused_requests_read_as_the_server_served(tmp_path, fake_vllm, harness) -> None:
+    summary, requests, truth = soak_against(tmp_path, harness, fake_vllm("counters_reset").url, "reset")
     assert summary["requests"]["by_outcome"].get("http_status", 0) >= 3  # refusals happened
     # the client counts what the server took in: exactly the fake's own total
     assert summary["tokens"]["prompt"] == truth["prompt_tokens"]
@@ -84,8 +56,8 @@ def test_a_counter_reset_and_refused_requests_read_as_the_server_served(tmp_path
     assert summary["tokens"]["cached"] == truth["cached"]
 
 
-def test_counters_that_go_backwards_are_noted_and_never_complete(tmp_path, fake, harness) -> None:
-    summary, _requests, truth = soak_against(tmp_path, harness, fake("counters_dip"), "dip")
+def test_counters_that_go_backwards_are_noted_and_never_complete(tmp_path, fake_vllm, harness) -> None:
+    summary, _requests, truth = soak_against(tmp_path, harness, fake_vllm("counters_dip").url, "dip")
     metrics = summary["server_metrics"]
     # the reset and the dip each split the span (Prometheus increase())
     assert metrics["counter_resets"]["prompt_tokens"] == 2

@@ -15,9 +15,7 @@ import asyncio
 import http.server
 import json
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,6 @@ from soak import net
 from soak.clock import SystemClock
 from soak.errors import TargetNotReady, TransportError
 
-FAKE = Path(__file__).with_name("fake_vllm.py")
 SECRET = "Sup3rS3cretRedirectTok"
 
 
@@ -249,29 +246,10 @@ def elsewhere():
     server.server_close()
 
 
-def _start_fake(tmp_path: Path, mode: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    import os
-
-    port_file = tmp_path / f"fake-{mode}.port"
-    proc = subprocess.Popen([sys.executable, str(FAKE), mode, str(port_file)], stdin=subprocess.DEVNULL,
-                            env={**os.environ, **env})
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"fake server {mode} did not start")
-        time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port_file.read_text()}"
-
-
 def _soak_run(tmp_path: Path, url: str) -> tuple[int, Path, str]:
-    from soakrun_helpers import small_config, soak_cmd, write_config
+    from soakrun_helpers import attached_config, soak_cmd, write_config
 
-    config = small_config(duration="3s")
-    config["target"] = {"kind": "attached", "base_url": url, "startup_timeout": "10s"}
-    config["workload"] = {**config["workload"], "tokenizer": {"kind": "estimate"}}
-    config["probes"] = {"gpu": {"kind": "none"}}
-    path = write_config(tmp_path / "config.yaml", config)
+    path = write_config(tmp_path / "config.yaml", attached_config(url, duration="3s"))
     run_dir = tmp_path / "run"
     done = subprocess.run(soak_cmd("run", str(path), "--out", str(run_dir), "--no-html"), capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -279,14 +257,11 @@ def _soak_run(tmp_path: Path, url: str) -> tuple[int, Path, str]:
 
 
 @pytest.mark.parametrize("mode", ["redirect_other", "redirect_loop"])
-def test_soak_run_against_redirecting_completions_sends_nothing_elsewhere_and_fails(tmp_path, elsewhere, mode):
+def test_soak_run_against_redirecting_completions_sends_nothing_elsewhere_and_fails(tmp_path, elsewhere, fake_vllm,
+                                                                                     mode):
     dest_url, dest_hits = elsewhere
-    proc, url = _start_fake(tmp_path, mode, {"FAKE_REDIRECT_TO": dest_url})
-    try:
-        code, run_dir, stderr = _soak_run(tmp_path, url)
-    finally:
-        proc.kill()
-        proc.wait(10)
+    url = fake_vllm(mode, env={"FAKE_REDIRECT_TO": dest_url}).url
+    code, run_dir, stderr = _soak_run(tmp_path, url)
     assert dest_hits == [], f"the harness sent {len(dest_hits)} requests elsewhere: {dest_hits[:3]}"
     assert code == 1, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -328,14 +303,11 @@ def test_every_outbound_http_call_of_the_harness_is_made_by_soak_net():
     assert offenders == []
 
 
-def test_soak_run_with_redirecting_probes_sends_nothing_elsewhere_and_names_the_location(tmp_path, elsewhere):
+def test_soak_run_with_redirecting_probes_sends_nothing_elsewhere_and_names_the_location(tmp_path, elsewhere,
+                                                                                         fake_vllm):
     dest_url, dest_hits = elsewhere
-    proc, url = _start_fake(tmp_path, "redirect_probes", {"FAKE_REDIRECT_TO": dest_url})
-    try:
-        code, run_dir, stderr = _soak_run(tmp_path, url)
-    finally:
-        proc.kill()
-        proc.wait(10)
+    url = fake_vllm("redirect_probes", env={"FAKE_REDIRECT_TO": dest_url}).url
+    code, run_dir, stderr = _soak_run(tmp_path, url)
     assert dest_hits == [], f"the harness sent {len(dest_hits)} requests elsewhere: {dest_hits[:3]}"
     assert (run_dir / "summary.json").exists(), stderr
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]

@@ -7,8 +7,6 @@ exit code, verdict, the reason in summary.json, junit.xml."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -16,31 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from soakrun_helpers import events, read_lines, small_config, write_config
-
-FAKE = Path(__file__).with_name("fake_vllm.py")
-
-
-@pytest.fixture
-def fake_server(tmp_path):
-    """Factory: ``url = fake_server(mode)``; each fake is killed at teardown."""
-    started: list[subprocess.Popen] = []
-
-    def start(mode: str) -> str:
-        port_file = tmp_path / f"fake-{mode}-{len(started)}.port"
-        proc = subprocess.Popen([sys.executable, str(FAKE), mode, str(port_file)], stdin=subprocess.DEVNULL)
-        started.append(proc)
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"fake server {mode} did not start")
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{port_file.read_text()}"
-
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait(timeout=10)
+from soakrun_helpers import attached_config, events, read_lines, small_config, write_config
 
 
 def inject_after_load_start(h, fault: dict, after_s: float) -> float:
@@ -67,14 +41,6 @@ def inject_after_load_start(h, fault: dict, after_s: float) -> float:
     return time.time() - started
 
 
-def attached_config(url: str, **overrides) -> dict:
-    config = small_config(**overrides)
-    config["target"] = {"kind": "attached", "base_url": url, "startup_timeout": "10s"}
-    config["workload"] = {**config["workload"], "tokenizer": {"kind": "estimate"}}
-    config["probes"] = {"gpu": {"kind": "none"}, **config.get("probes", {})}
-    return config
-
-
 def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -91,8 +57,8 @@ def junit_cases(run_dir: Path) -> dict[str, ET.Element]:
     ("cut", "reset"),
     ("odd_shape", "malformed_stream"),
 ])
-def test_a_server_that_fails_every_request_fails_the_soak(tmp_path, fake_server, harness, mode, outcome) -> None:
-    config = attached_config(fake_server(mode), duration="3s")
+def test_a_server_that_fails_every_request_fails_the_soak(tmp_path, fake_vllm, harness, mode, outcome) -> None:
+    config = attached_config(fake_vllm(mode).url, duration="3s")
     run_dir = tmp_path / "run"
     page_too = mode == "http500"  # the page says what the summary says, whatever the failure
     h = harness(write_config(tmp_path / f"{mode}.yaml", config), run_dir, html=page_too)
@@ -118,8 +84,8 @@ def test_a_server_that_fails_every_request_fails_the_soak(tmp_path, fake_server,
         assert "Failure criterion error_rate" in page and "MTBF above" not in page
 
 
-def test_a_stretch_of_failures_ends_the_soak_early(tmp_path, fake_server, harness) -> None:
-    config = attached_config(fake_server("http500"), duration="60s",
+def test_a_stretch_of_failures_ends_the_soak_early(tmp_path, fake_vllm, harness) -> None:
+    config = attached_config(fake_vllm("http500").url, duration="60s",
                              criteria={"no_success": {"window": "1.5s", "min_failures": 3}})
     run_dir = tmp_path / "run"
     started = time.monotonic()
@@ -137,9 +103,9 @@ def test_a_stretch_of_failures_ends_the_soak_early(tmp_path, fake_server, harnes
     assert "WARNING no_success failed" in h.stdout_path.read_text()
 
 
-def test_a_healthy_fake_passes_with_its_counts(tmp_path, fake_server, harness) -> None:
+def test_a_healthy_fake_passes_with_its_counts(tmp_path, fake_vllm, harness) -> None:
     """The control: the same fake serving well passes, so the failures above are the server's."""
-    config = attached_config(fake_server("ok"), duration="3s")
+    config = attached_config(fake_vllm("ok").url, duration="3s")
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "ok.yaml", config), run_dir)
     assert h.wait() == 0, h.stderr
@@ -150,8 +116,8 @@ def test_a_healthy_fake_passes_with_its_counts(tmp_path, fake_server, harness) -
     assert all(case.find("failure") is None for case in junit_cases(run_dir).values())
 
 
-def test_requests_cut_by_the_drain_are_not_failures(tmp_path, fake_server, harness) -> None:
-    config = attached_config(fake_server("slow_some"), duration="3s", load={"concurrency": 3, "drain": "0.5s"})
+def test_requests_cut_by_the_drain_are_not_failures(tmp_path, fake_vllm, harness) -> None:
+    config = attached_config(fake_vllm("slow_some").url, duration="3s", load={"concurrency": 3, "drain": "0.5s"})
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "drain.yaml", config), run_dir)
     assert h.wait() == 0, h.stderr
@@ -167,8 +133,8 @@ def test_requests_cut_by_the_drain_are_not_failures(tmp_path, fake_server, harne
     assert props["cut_by_drain"] == str(req["cut_by_drain"]) and props["requests_failed"] == "0"
 
 
-def test_unparsable_metrics_are_warned_and_the_summary_says_which_span_counts(tmp_path, fake_server, harness) -> None:
-    config = attached_config(fake_server("metrics_garbage"), duration="9s", probes={"metrics_interval": "0.5s"})
+def test_unparsable_metrics_are_warned_and_the_summary_says_which_span_counts(tmp_path, fake_vllm, harness) -> None:
+    config = attached_config(fake_vllm("metrics_garbage").url, duration="9s", probes={"metrics_interval": "0.5s"})
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "metrics.yaml", config), run_dir, html=True)
     assert h.wait() == 0, h.stderr

@@ -6,49 +6,23 @@ passes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-from soakrun_helpers import events, small_config, write_config
+from soakrun_helpers import attached_config, events, write_config
 from test_trust_load import junit_cases, summary_of
 
-FAKE = Path(__file__).with_name("fake_vllm.py")
 # The do-nothing servers' rhythm: a byte, a chunk or a keep-alive every PACE s.
 PACE = "0.2"
 
 
 @pytest.fixture
-def fake(tmp_path):
-    """Factory: ``url = fake(mode)``; each fake is killed at teardown."""
-    started: list[subprocess.Popen] = []
-
-    def start(mode: str) -> str:
-        port_file = tmp_path / f"fake-{mode}-{len(started)}.port"
-        proc = subprocess.Popen([sys.executable, str(FAKE), mode, str(port_file), PACE], stdin=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        started.append(proc)
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"fake server {mode} did not start")
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{port_file.read_text()}"
-
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait(timeout=10)
+def fake(fake_vllm):
+    """``url = fake(mode)``: the do-nothing servers at PACE; their cut streams' noise dropped."""
+    return lambda mode: fake_vllm(mode, PACE, quiet=True).url
 
 
 def attached(url: str, *, window: str | None = "2s", **overrides) -> dict:
-    config = small_config(**overrides)
-    config["target"] = {"kind": "attached", "base_url": url, "startup_timeout": "10s"}
-    config["workload"] = {**config["workload"], "tokenizer": {"kind": "estimate"}}
-    config["probes"] = {"gpu": {"kind": "none"}}
+    config = attached_config(url, **overrides)
     config["load"] = {**config["load"], "drain": "2s"}
     if window is not None:
         config["criteria"] = {"work_evidence": {"window": window}}
