@@ -107,6 +107,18 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+
+def wait_for_load(run_dir: Path, timeout_s: float = 60.0) -> None:
+    """Until the run at ``run_dir`` has logged load_started; until then its
+    events.jsonl may be missing or end in half a line."""
+    def loaded() -> bool:
+        try:
+            return any(e["type"] == "load_started" for e in events(run_dir))
+        except (OSError, ValueError):
+            return False
+
+    wait_for(loaded, timeout_s, "the load")
+
 class Harness:
     """A ``soak run`` subprocess; ``close()`` kills it and the target tree it
     started (found from events.jsonl), even after a failed test. Without

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from ports import free_port
-from soakrun_helpers import events, pid_alive, soak_cmd, wait_for, write_config
+from soakrun_helpers import events, pid_alive, soak_cmd, wait_for, wait_for_load, write_config
 from test_trust_safety import fake_cmd, fake_config, one_line, procs, run_soak, state_pids, wait_port  # noqa: F401
 
 HERE = Path(__file__).parent
@@ -210,6 +210,22 @@ def _guardian_of(harness_pid: int) -> int:
     raise AssertionError("no guardian found")
 
 
+def _first_night(tmp_path: Path, procs, target: dict, state: Path) -> subprocess.Popen:
+    """A 60 s night against ``target`` in tmp_path/night1, once its load started."""
+    first = write_config(tmp_path / "first.yaml", fake_config(target, duration="60s"))
+    harness = procs(soak_cmd("run", str(first), "--out", str(tmp_path / "night1"), "--no-html"),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, state=state)
+    wait_for_load(tmp_path / "night1")
+    return harness
+
+
+def _next_night(tmp_path: Path, target: dict, port: int) -> subprocess.CompletedProcess:
+    """A short night in tmp_path/night2 on the same port, with a fresh server of its own."""
+    second = write_config(tmp_path / "second.yaml", fake_config(
+        {**target, "command": fake_cmd(tmp_path / "second", port, workers=1)}, duration="2s"))
+    return run_soak(second, tmp_path / "night2")
+
+
 def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(tmp_path, procs):
     from soak.respond.belonging import OWNER_VARIABLE, owner_stamp
     from soak.respond.flight import ownership_variable
@@ -218,16 +234,7 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
     state = tmp_path / "first"
     target = {"kind": "launched", "command": fake_cmd(state, port, workers=1),
               "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
-    first = write_config(tmp_path / "first.yaml", fake_config(target, duration="60s"))
-    harness = procs(soak_cmd("run", str(first), "--out", str(tmp_path / "night1"), "--no-html"),
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, state=state)
-    def loaded() -> bool:
-        try:
-            return any(e["type"] == "load_started" for e in events(tmp_path / "night1"))
-        except (OSError, ValueError):
-            return False
-
-    wait_for(loaded, 60, "the load")
+    harness = _first_night(tmp_path, procs, target, state)
     # The night dies hard, its guardian with it (an OOM kill of the whole cgroup, a CI runner torn down).
     os.kill(_guardian_of(harness.pid), signal.SIGKILL)
     os.kill(harness.pid, signal.SIGKILL)
@@ -243,9 +250,7 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
                       env={**os.environ, ownership_variable: "other-run-0000000000000000",
                            OWNER_VARIABLE: owner_stamp(me.pid, me.create_time())})
 
-    second = write_config(tmp_path / "second.yaml", fake_config(
-        {**target, "command": fake_cmd(tmp_path / "second", port, workers=1)}, duration="2s"))
-    result = run_soak(second, tmp_path / "night2")
+    result = _next_night(tmp_path, target, port)
 
     assert result.returncode == 0, result.stderr
     assert _gone(leftover.values())
@@ -272,17 +277,7 @@ def test_a_scrubbed_daemon_of_a_killed_harness_goes_with_it_or_with_the_next_run
     target = {"kind": "launched",
               "command": [SETSID, "-f", shutil.which("env"), "-i", *fake_cmd(state, port, workers=1)],
               "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
-    first = write_config(tmp_path / "first.yaml", fake_config(target, duration="60s"))
-    harness = procs(soak_cmd("run", str(first), "--out", str(tmp_path / "night1"), "--no-html"),
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, state=state)
-
-    def loaded() -> bool:
-        try:
-            return any(e["type"] == "load_started" for e in events(tmp_path / "night1"))
-        except (OSError, ValueError):
-            return False
-
-    wait_for(loaded, 60, "the load")
+    harness = _first_night(tmp_path, procs, target, state)
     if guardian_dies_too:
         os.kill(_guardian_of(harness.pid), signal.SIGKILL)
     os.kill(harness.pid, signal.SIGKILL)
@@ -293,9 +288,7 @@ def test_a_scrubbed_daemon_of_a_killed_harness_goes_with_it_or_with_the_next_run
         return
     time.sleep(0.5)
     assert pid_alive(daemon["root"]), "the leftover must outlive its harness for this test"
-    second = write_config(tmp_path / "second.yaml", fake_config(
-        {**target, "command": fake_cmd(tmp_path / "second", port, workers=1)}, duration="2s"))
-    result = run_soak(second, tmp_path / "night2")
+    result = _next_night(tmp_path, target, port)
     assert result.returncode == 0, result.stderr
     assert _gone(daemon.values())
     assert daemon["root"] in _reported(tmp_path / "night2") or _parallel()

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soak.csvcell import TRIGGERS, cell, needs_escape, rows_to_csv, unescape
-from soakrun_helpers import events, small_config, soak_cmd, wait_for, write_config
+from soakrun_helpers import small_config, soak_cmd, wait_for, wait_for_load, write_config
 
 HERE = Path(__file__).parent
 
@@ -132,13 +132,7 @@ def test_a_signal_to_a_real_soak_run_ends_it_with_130_summary_and_junit(tmp_path
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        def loaded() -> bool:
-            try:
-                return any(e["type"] == "load_started" for e in events(run_dir))
-            except (OSError, ValueError):
-                return False
-
-        wait_for(loaded, 60, "the load")
+        wait_for_load(run_dir)
         time.sleep(0.5)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
@@ -165,13 +159,7 @@ def test_a_nohup_run_outlives_a_sighup(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, preexec_fn=ignore_hup)
     try:
-        def loaded() -> bool:
-            try:
-                return any(e["type"] == "load_started" for e in events(run_dir))
-            except (OSError, ValueError):
-                return False
-
-        wait_for(loaded, 60, "the load")
+        wait_for_load(run_dir)
         proc.send_signal(signal.SIGHUP)
         _, stderr = proc.communicate(timeout=90)
     finally:
