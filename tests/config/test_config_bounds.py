@@ -7,34 +7,18 @@ small parent process that only waits for it)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from peak_rss import soak_peak_rss
 from soak.bounds import LIMITS
 from soak.config import load_run_config
 from soak.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-# Runs the command and prints its exit status and the peak RSS (KiB) of its process tree.
-MEASURE = ("import resource, subprocess, sys\n"
-           "done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=120)\n"
-           "sys.stderr.write(done.stderr)\n"
-           "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
 RSS_BOUND_KIB = 500 * 1024
-
-
-def measured(*args: str, cwd: Path) -> tuple[int, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-m", "soak", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180)
-    code, rss = done.stdout.split()
-    return int(code), int(rss), done.stderr
 
 
 def replay_config(tmp_path: Path, path: str) -> Path:
@@ -50,7 +34,7 @@ def one_line(stderr: str) -> str:
 
 
 def test_a_workload_path_of_dev_zero_is_exit_2_naming_the_line_in_bounded_memory(tmp_path) -> None:
-    code, rss, stderr = measured("validate", str(replay_config(tmp_path, "/dev/zero")), cwd=tmp_path)
+    code, rss, stderr = soak_peak_rss("validate", str(replay_config(tmp_path, "/dev/zero")), cwd=tmp_path)
     line = one_line(stderr)
     assert code == 2 and "/dev/zero:1:" in line and "line_bytes" in line
     assert rss < RSS_BOUND_KIB, f"peak RSS {rss} KiB"
@@ -61,7 +45,7 @@ def test_a_file_with_one_gigantic_line_is_exit_2_naming_it_in_bounded_memory(tmp
     with open(trace, "wb") as fh:
         fh.write(json.dumps({"prompt": "ok", "max_tokens": 4}).encode() + b"\n")
         fh.write(b'{"prompt": "' + b"x" * (LIMITS.line_bytes + 1024) + b'", "max_tokens": 4}\n')
-    code, rss, stderr = measured("validate", str(replay_config(tmp_path, str(trace))), cwd=tmp_path)
+    code, rss, stderr = soak_peak_rss("validate", str(replay_config(tmp_path, str(trace))), cwd=tmp_path)
     line = one_line(stderr)
     assert code == 2 and f"{trace}:2:" in line and "line_bytes" in line
     assert rss < RSS_BOUND_KIB, f"peak RSS {rss} KiB"
@@ -71,7 +55,7 @@ def test_a_file_with_one_gigantic_line_is_exit_2_naming_it_in_bounded_memory(tmp
 def test_a_deeply_nested_config_is_exit_2_with_one_line_not_the_hang_code(tmp_path, command) -> None:
     config = tmp_path / "deep.yaml"
     config.write_text("duration: 10s\nthresholds: " + "[" * 100_000 + "]" * 100_000 + "\n")
-    code, rss, stderr = measured(command, str(config), *(["--out", str(tmp_path / "run")] if command == "run" else []),
+    code, rss, stderr = soak_peak_rss(command, str(config), *(["--out", str(tmp_path / "run")] if command == "run" else []),
                                  cwd=tmp_path)
     line = one_line(stderr)
     assert code == 2 and f"{config}:2:" in line and "nesting_depth" in line
@@ -82,7 +66,7 @@ def test_a_nested_workload_line_is_exit_2_naming_its_line(tmp_path) -> None:
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"prompt": "ok", "max_tokens": 4}\n' + '{"prompt": "a", "x": ' + "[" * 100_000
                      + "]" * 100_000 + "}\n")
-    code, _, stderr = measured("validate", str(replay_config(tmp_path, str(trace))), cwd=tmp_path)
+    code, _, stderr = soak_peak_rss("validate", str(replay_config(tmp_path, str(trace))), cwd=tmp_path)
     assert code == 2 and f"{trace}:2:" in one_line(stderr) and "nesting_depth" in stderr
 
 

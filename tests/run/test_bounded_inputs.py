@@ -7,33 +7,23 @@ on time instead of waiting on a trickle."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
+from peak_rss import soak_peak_rss
 from soakrun_helpers import attached_config, read_lines, small_config, write_config
 
-ROOT = Path(__file__).resolve().parents[2]
-MEASURE = ("import resource, subprocess, sys\n"
-           "done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)\n"
-           "sys.stderr.write(done.stderr)\n"
-           "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
 # The harness idles near 120 MiB; unbounded, the 512 MiB bomb took it to 470 MiB.
 RSS_BOUND_KIB = 300 * 1024
 
 
 def run_measured(config: Path, run_dir: Path) -> tuple[int, int, str, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-m", "soak", "run", str(config),
-                           "--out", str(run_dir), "--no-html"], cwd=run_dir.parent, env=env,
-                          capture_output=True, text=True, timeout=360)
-    code, rss = done.stdout.split()[-2:]
-    return int(code), int(rss), done.stderr, time.monotonic() - started
+    code, rss, stderr = soak_peak_rss("run", str(config), "--out", str(run_dir), "--no-html", cwd=run_dir.parent,
+                                      timeout_s=300)
+    return code, rss, stderr, time.monotonic() - started
 
 
 def test_a_gzip_bomb_at_metrics_is_a_recorded_bound_not_memory(tmp_path, fake_vllm) -> None:
