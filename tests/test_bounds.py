@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loopback_app import serve_any_path
 from soak.bounds import (
     Bound, BodyDecoder, BoundExceeded, InputRejected, Limits, OverlongLine, decode_body, iter_lines, load_yaml,
     loads_json, read_file, value_depth, within,
@@ -312,18 +313,6 @@ def test_a_call_that_trickles_ends_at_its_total_time() -> None:
 
 # ------------------------------------------------------------------ HTTP, end to end on loopback
 
-async def _serve(handler):
-    from aiohttp import web
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(coding=st.sampled_from(["gzip", "deflate", "raw-deflate", ""]), body=st.binary(max_size=3000),
        bomb=st.booleans())
@@ -339,7 +328,7 @@ def test_fetch_returns_the_body_or_names_the_bound_whatever_the_server_compresse
         return web.Response(body=wire, headers={"Content-Encoding": _header(coding)} if coding else {})
 
     async def main() -> None:
-        runner, url = await _serve(handler)
+        runner, url = await serve_any_path(handler)
         try:
             async with aiohttp.ClientSession() as session:
                 try:
@@ -372,7 +361,7 @@ def test_the_stream_client_asks_for_identity_and_names_a_compressed_stream() -> 
                                                                   "Content-Type": "text/event-stream"})
 
     async def main():
-        runner, url = await _serve(handler)
+        runner, url = await serve_any_path(handler)
         client = StreamingClient(base_url=url, timeouts=TimeoutsConfig(connect=2, first_token=5, stall=5, total=10),
                                  tracker=ProgressTracker(), max_connections=2)
         await client.start()

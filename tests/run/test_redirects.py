@@ -17,12 +17,14 @@ import json
 import subprocess
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loopback_app import serve_any_path
 from soak import net
 from soak.clock import SystemClock
 from soak.errors import TargetNotReady, TransportError
@@ -64,26 +66,10 @@ class _Servers:
             self.elsewhere_hits.append(f"{request.method} {request.path_qs}")
             return web.Response(status=200, text='data: [DONE]\n\n', content_type="text/event-stream")
 
-        self._runners = []
-        ports = []
-        for handler in (target, elsewhere):
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", handler)
-            runner = web.AppRunner(app, shutdown_timeout=0.1)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self._runners.append(runner)
-            ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        self.target_port, self.elsewhere_port = ports
-
-    @property
-    def target(self) -> str:
-        return f"http://127.0.0.1:{self.target_port}"
-
-    @property
-    def elsewhere(self) -> str:
-        return f"http://127.0.0.1:{self.elsewhere_port}"
+        served = [await serve_any_path(handler) for handler in (target, elsewhere)]
+        self._runners = [runner for runner, _ in served]
+        self.target, self.elsewhere = [url for _, url in served]
+        self.target_port, self.elsewhere_port = [urlsplit(url).port for _, url in served]
 
     def close(self) -> None:
         async def stop() -> None:

@@ -32,6 +32,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from loopback_app import serve_any_path
 from soak.redact import RedactingStream, Redactor
 from soak.target.config import redact_target
 
@@ -365,14 +366,7 @@ def behaving_server():
         return web.Response(status=status, headers=headers)
 
     async def start() -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", answer)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        holder["runner"] = runner
-        holder["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        holder["runner"], holder["url"] = await serve_any_path(answer)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
