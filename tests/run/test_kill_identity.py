@@ -51,6 +51,16 @@ def _parallel() -> bool:
     return bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
 
+def _launched(command: list[str], port: int) -> dict:
+    return {"kind": "launched", "command": command, "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+
+
+def _scrubbed_daemon(command: list[str]) -> list[str]:
+    """``command`` daemonized (setsid -f) with an empty environment: the harness's
+    marker variable is gone, only its cgroup can still find it."""
+    return [SETSID, "-f", shutil.which("env"), "-i", *command]
+
+
 # --- a daemonizing launch ------------------------------------------------------------------------------
 
 
@@ -58,8 +68,7 @@ def _parallel() -> bool:
 def test_a_daemonizing_launch_is_followed_and_nothing_of_it_outlives_the_run(tmp_path, procs):
     port = free_port()
     state = tmp_path / "daemon"
-    target = {"kind": "launched", "command": [SETSID, "-f", *fake_cmd(state, port, workers=1)],
-              "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+    target = _launched([SETSID, "-f", *fake_cmd(state, port, workers=1)], port)
     config = write_config(tmp_path / "run.yaml", fake_config(target, duration="2s"))
 
     for night in ("night1", "night2"):  # the second night is not poisoned by the first
@@ -107,9 +116,7 @@ def test_a_daemon_that_scrubs_its_environment_is_still_held_by_the_targets_cgrou
         pytest.skip("no writable cgroup v2 here")
     port = free_port()
     state = tmp_path / "daemon"
-    target = {"kind": "launched",
-              "command": [SETSID, "-f", shutil.which("env"), "-i", *fake_cmd(state, port, workers=1)],
-              "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+    target = _launched(_scrubbed_daemon(fake_cmd(state, port, workers=1)), port)
     config = write_config(tmp_path / "run.yaml", fake_config(target, duration="2s"))
 
     result = run_soak(config, tmp_path / "run")
@@ -232,8 +239,7 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
 
     port = free_port()
     state = tmp_path / "first"
-    target = {"kind": "launched", "command": fake_cmd(state, port, workers=1),
-              "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+    target = _launched(fake_cmd(state, port, workers=1), port)
     harness = _first_night(tmp_path, procs, target, state)
     # The night dies hard, its guardian with it (an OOM kill of the whole cgroup, a CI runner torn down).
     os.kill(_guardian_of(harness.pid), signal.SIGKILL)
@@ -274,9 +280,7 @@ def test_a_scrubbed_daemon_of_a_killed_harness_goes_with_it_or_with_the_next_run
         pytest.skip("no writable cgroup v2 here")
     port = free_port()
     state = tmp_path / "daemon"
-    target = {"kind": "launched",
-              "command": [SETSID, "-f", shutil.which("env"), "-i", *fake_cmd(state, port, workers=1)],
-              "base_url": f"http://127.0.0.1:{port}", "startup_timeout": "20s"}
+    target = _launched(_scrubbed_daemon(fake_cmd(state, port, workers=1)), port)
     harness = _first_night(tmp_path, procs, target, state)
     if guardian_dies_too:
         os.kill(_guardian_of(harness.pid), signal.SIGKILL)
