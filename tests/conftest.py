@@ -26,6 +26,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
+from hypothesis import settings
+
+# CI draws the same examples every run (a property that fails there fails again
+# on a developer's machine with CI=true); locally each run explores new ones.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 READY_TIMEOUT_S = 60.0
 

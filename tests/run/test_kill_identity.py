@@ -291,7 +291,7 @@ def test_a_scrubbed_daemon_of_a_killed_harness_goes_with_it_or_with_the_next_run
         wait_for(lambda: _gone(daemon.values()), 10, "the guardian to take the scrubbed daemon")
         return
     time.sleep(0.5)
-    assert pid_alive(daemon["root"]), "the leftover must outlive its harness for this test"
+    assert pid_alive(daemon["root"]) or _parallel(), "the leftover must outlive its harness for this test"
     result = _next_night(tmp_path, target, port)
     assert result.returncode == 0, result.stderr
     assert _gone(daemon.values())
