@@ -52,7 +52,9 @@ def test_a_counter_reset_and_refused_requests_read_as_the_server_served(tmp_path
     first_details = next(i for i, r in enumerate(ok) if r["cached_tokens"])
     later = ok[first_details:]
     assert sum(r["cached_tokens"] is None for r in later) <= 4 < len(later) // 4
-    assert sum(r["cached_tokens"] == 0 for r in later) >= len(later) // 3
+    # A third of the ok ones leave the details out (odd requests show them, every 4th is refused),
+    # less the few read unknown after the reset: a quarter holds with room (before: none read 0).
+    assert sum(r["cached_tokens"] == 0 for r in later) >= len(later) // 4
     assert summary["tokens"]["cached"] == truth["cached"]
 
 
