@@ -132,7 +132,7 @@ class Truth:
         self.path = path
         self.data: dict[str, Any] = {
             "pid": os.getpid(), "spec": spec, "started_wall": time.time(), "first_request_wall": None,
-            "requests_received": 0, "requests_by_kind": {}, "completed_ok": 0, "completed_ok_walls": [],
+            "requests_received": 0, "requests_by_kind": {}, "completed_ok": 0, "completed_ok_walls": [], "completed_ok_tokens": [],
             "tokens_total": 0, "tokens_by_ds": {}, "malformed_chunks": 0, "redirects_issued": 0,
             "followed_redirects": 0, "sink_requests": 0, "sink_log": [], "bytes_sent": 0, "metrics_scrapes": 0,
             "health_probes": 0, "version_probes": 0, "models_probes": 0, "authorization_seen": 0,
@@ -309,8 +309,9 @@ class ChaosServer:
         if sent > 0:
             self.truth.bump("completed_ok")
             walls = self.truth.data["completed_ok_walls"]
-            if len(walls) < 5000:
+            if len(walls) < 5000:  # with the tokens each carried, for the per-window floor
                 walls.append(round(time.time(), 2))
+                self.truth.data["completed_ok_tokens"].append(sent)
 
     async def _c_normal(self, request, b, prompt):
         response, sent = await self._stream(request, prompt, tokens=int(b.get("tokens", 8)),
