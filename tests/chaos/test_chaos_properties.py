@@ -50,7 +50,7 @@ from soakrun_helpers import SMALL_WORKLOAD, kill_group_if_born_before, pid_alive
 from ports import free_port  # noqa: E402
 
 from chaos.server import ChaosServer, phase, spec  # noqa: E402
-from chaos.strategies import TARGETS, completion, refusable, scenarios, well_behaved  # noqa: E402
+from chaos.strategies import TARGETS, completion, forwarder_refused, refusable, scenarios, well_behaved  # noqa: E402
 
 SERVER = Path(__file__).with_name("server.py")
 SHARDS = len(TARGETS)
@@ -161,6 +161,8 @@ def _config(scenario: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
     }
     if scenario["detector"] == "tight":
         config["detector"] = TIGHT_DETECTOR
+    if scenario["target"] == "proxy" and not scenario.get("find_root_by_port", True):
+        config["response"]["find_root_by_port"] = False  # no kill target: an incident kills nothing
     return config
 
 
@@ -455,7 +457,11 @@ def check(night: Night) -> list[tuple[str, str]]:
     if verdict == "pass" or code == 0:
         for why in work_violations(truth, tight=sc["detector"] == "tight"):
             f.append(("a pass is positive evidence", why))
-    refused = refusable(sc) and (code == 2 or (code == 3 and sc["target"] == "launched_daemon"))
+    if forwarder_refused(sc) and code not in (2, 3):
+        f.append(("the kill hits the target or nothing", f"exit {code}: the proxy in front, given by URL alone, "
+                                                         "was not refused as the kill target"))
+    refused = (refusable(sc) and (code == 2 or (code == 3 and sc["target"] == "launched_daemon"))) or \
+        (forwarder_refused(sc) and code == 3)
     if well_behaved(sc) and not (code == 0 or refused):
         reasons = summary.get("verdict_reasons") if isinstance(summary, dict) else None
         f.append(("a working server passes", f"exit {code}, verdict {verdict!r}: {reasons or lines[-1:]}"))
