@@ -2,8 +2,8 @@
 scrape, /health, /version, /v1/models answer and log line is drawn from a
 grammar of misbehaviours given as a JSON-able spec (tests/chaos/strategies.py
 draws specs; docs/chaos.md describes the grammar). It records what it really
-did (tokens per tenth of a second, requests answered, redirects issued, bytes
-sent, requests the redirect sink received) to a ground-truth JSON file, so a
+did (tokens per tenth of a second, requests finished with tokens, when and
+with how many, redirects issued, bytes sent, requests the redirect sink received) to a ground-truth JSON file, so a
 test can hold the harness's verdict against reality.
 
 In-process::
