@@ -65,6 +65,8 @@ WRONG_TYPES = (
     "finish_int", "usage_str", "usage_negative", "usage_float", "usage_huge", "usage_null", "usage_bool",
     "usage_list", "prompt_details_str",
 )
+# Wrong types that leave the content readable: the request still did its work.
+WORK_DESPITE = ("finish_int",)
 METRICS_KINDS = (
     "normal", "reset", "backwards", "lying", "gzip_bomb", "deflate_bomb", "huge_line", "garbage", "hang",
     "trickle", "http_error", "empty", "redirect",
@@ -440,6 +442,7 @@ class ChaosServer:
             bad = b"data: 42\n\n"
         elif where == "finish_int":
             bad = _chunk({**_content(None), "choices": [{"index": 0, "delta": {}, "finish_reason": 7}]})
+            u["completion_tokens"] = tokens - 1  # the odd chunk takes a token's place: usage tells what was sent
         elif where == "usage_str":
             u["completion_tokens"] = str(tokens)
         elif where == "usage_negative":
@@ -459,7 +462,10 @@ class ChaosServer:
             u["prompt_tokens_details"] = "cached: lots"
         response, sent = await self._stream(request, prompt, tokens=tokens, usage=usage, bad=bad, bad_at=tokens // 2)
         await response.write_eof()
-        if bad is None:
+        # A finish_reason of the wrong type leaves every content chunk readable and the
+        # stream finished ([DONE]): the tokens were generated and delivered, work done.
+        # The other odd chunks hide content a reader cannot count: not work.
+        if bad is None or where in WORK_DESPITE:
             self._ok(sent)
         return response
 

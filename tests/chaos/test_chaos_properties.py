@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run"))
 from soakrun_helpers import SMALL_WORKLOAD, kill_group_if_born_before, pid_alive, soak_cmd, write_config  # noqa: E402
 from ports import free_port  # noqa: E402
 
-from chaos.server import ChaosServer, phase, spec  # noqa: E402
+from chaos.server import WORK_DESPITE, ChaosServer, phase, spec  # noqa: E402
 from chaos.strategies import TARGETS, completion, forwarder_refused, refusable, scenarios, well_behaved  # noqa: E402
 
 SERVER = Path(__file__).with_name("server.py")
@@ -621,7 +621,8 @@ def test_the_fakes_ground_truth_counts_what_a_client_receives(behaviours, tmp_pa
     else:
         assert truth["tokens_total"] >= seen
     assert truth["completed_ok"] == sum(1 for b in behaviours if b["kind"] in ("normal", "deep_nesting")
-                                        or (b["kind"] == "wrong_types" and b["where"].startswith(("usage", "prompt"))))
+                                        or (b["kind"] == "wrong_types" and (b["where"].startswith(("usage", "prompt"))
+                                                                            or b["where"] in WORK_DESPITE)))
 
 
 def test_a_redirect_sink_records_what_reaches_it(tmp_path) -> None:
@@ -691,6 +692,7 @@ def test_the_work_judge_refuses_a_pass_without_work() -> None:
 @example(behaviours=[{"kind": "zero_tokens", "finish": "stop"}])  # the issue's 1,600 ok, 0 tokens
 @example(behaviours=[{"kind": "keepalive", "interval_s": 0.2}])  # the issue's SSE comments for 7 minutes
 @example(behaviours=[{"kind": "normal", "tokens": 4, "token_delay_s": 0.0}, {"kind": "hang"}])  # work, then silence
+@example(behaviours=[{"kind": "wrong_types", "where": "finish_int", "tokens": 2}])  # odd metadata, real work
 def test_the_request_judge_never_passes_records_without_work(behaviours, tmp_path_factory) -> None:
     """The same drawn behaviours, without a harness process: each request goes
     through the real streaming client (seconds-long timeouts), the records through
