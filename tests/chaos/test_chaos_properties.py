@@ -454,6 +454,8 @@ def check(night: Night) -> list[tuple[str, str]]:
             f.append(("readers are total", "no readable summary.json"))
         elif (code == 0) != (verdict == "pass"):
             f.append(("verdict", f"exit {code} with verdict {verdict!r}"))
+    if verdict == "fail" and not (isinstance(summary, dict) and summary.get("verdict_reasons")):
+        f.append(("a fail says why", "verdict 'fail' with no verdict_reasons"))
     if verdict == "pass" or code == 0:
         for why in work_violations(truth, tight=sc["detector"] == "tight"):
             f.append(("a pass is positive evidence", why))
