@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run"))
 from soakrun_helpers import SMALL_WORKLOAD, kill_group_if_born_before, pid_alive, soak_cmd, write_config  # noqa: E402
 from ports import free_port  # noqa: E402
 
-from chaos.server import WORK_DESPITE, ChaosServer, phase, spec  # noqa: E402
+from chaos.server import READER_LINE_BOUND, WORK_DESPITE, ChaosServer, phase, spec  # noqa: E402
 from chaos.strategies import TARGETS, completion, forwarder_refused, refusable, scenarios, well_behaved  # noqa: E402
 
 SERVER = Path(__file__).with_name("server.py")
@@ -570,8 +570,8 @@ def _tokens_seen(body: bytes) -> int:
     """Content tokens a strict reader takes from an SSE body: well-formed chunks only."""
     seen = 0
     for event in body.split(b"\n\n"):
-        # A line of megabytes is past any reader's bound: not a token, whatever it holds.
-        if not event.startswith(b"data: ") or event == b"data: [DONE]" or len(event) > 1 << 20:
+        # A line past the reader's bound is not a token, whatever it holds.
+        if not event.startswith(b"data: ") or event == b"data: [DONE]" or len(event) >= READER_LINE_BOUND:
             continue
         try:
             obj = json.loads(event[6:])
@@ -624,7 +624,9 @@ def test_the_fakes_ground_truth_counts_what_a_client_receives(behaviours, tmp_pa
         assert truth["tokens_total"] >= seen
     assert truth["completed_ok"] == sum(1 for b in behaviours if b["kind"] in ("normal", "deep_nesting")
                                         or (b["kind"] == "wrong_types" and (b["where"].startswith(("usage", "prompt"))
-                                                                            or b["where"] in WORK_DESPITE)))
+                                                                            or b["where"] in WORK_DESPITE))
+                                        or (b["kind"] == "huge_line" and b["newline"]
+                                            and (b["mb"] << 20) < READER_LINE_BOUND))
 
 
 def test_a_redirect_sink_records_what_reaches_it(tmp_path) -> None:
@@ -695,6 +697,7 @@ def test_the_work_judge_refuses_a_pass_without_work() -> None:
 @example(behaviours=[{"kind": "keepalive", "interval_s": 0.2}])  # the issue's SSE comments for 7 minutes
 @example(behaviours=[{"kind": "normal", "tokens": 4, "token_delay_s": 0.0}, {"kind": "hang"}])  # work, then silence
 @example(behaviours=[{"kind": "wrong_types", "where": "finish_int", "tokens": 2}])  # odd metadata, real work
+@example(behaviours=[{"kind": "huge_line", "mb": 2, "newline": True}])  # one 2 MB token, under the line bound
 def test_the_request_judge_never_passes_records_without_work(behaviours, tmp_path_factory) -> None:
     """The same drawn behaviours, without a harness process: each request goes
     through the real streaming client (seconds-long timeouts), the records through
