@@ -2,8 +2,8 @@
 scrape, /health, /version, /v1/models answer and log line is drawn from a
 grammar of misbehaviours given as a JSON-able spec (tests/chaos/strategies.py
 draws specs; docs/chaos.md describes the grammar). It records what it really
-did (tokens per tenth of a second, requests answered, redirects issued, bytes
-sent, requests the redirect sink received) to a ground-truth JSON file, so a
+did (tokens per tenth of a second, requests finished with tokens, when and
+with how many, redirects issued, bytes sent, requests the redirect sink received) to a ground-truth JSON file, so a
 test can hold the harness's verdict against reality.
 
 In-process::
@@ -65,6 +65,11 @@ WRONG_TYPES = (
     "finish_int", "usage_str", "usage_negative", "usage_float", "usage_huge", "usage_null", "usage_bool",
     "usage_list", "prompt_details_str",
 )
+# The longest SSE line a reader is promised to read (soak.load.sse's 16 Mi
+# characters): a content chunk under it is a token, one past it is not work.
+READER_LINE_BOUND = 16 << 20
+# Wrong types that leave the content readable: the request still did its work.
+WORK_DESPITE = ("finish_int",)
 METRICS_KINDS = (
     "normal", "reset", "backwards", "lying", "gzip_bomb", "deflate_bomb", "huge_line", "garbage", "hang",
     "trickle", "http_error", "empty", "redirect",
@@ -132,7 +137,7 @@ class Truth:
         self.path = path
         self.data: dict[str, Any] = {
             "pid": os.getpid(), "spec": spec, "started_wall": time.time(), "first_request_wall": None,
-            "requests_received": 0, "requests_by_kind": {}, "completed_ok": 0, "completed_ok_walls": [],
+            "requests_received": 0, "requests_by_kind": {}, "completed_ok": 0, "completed_ok_walls": [], "completed_ok_tokens": [],
             "tokens_total": 0, "tokens_by_ds": {}, "malformed_chunks": 0, "redirects_issued": 0,
             "followed_redirects": 0, "sink_requests": 0, "sink_log": [], "bytes_sent": 0, "metrics_scrapes": 0,
             "health_probes": 0, "version_probes": 0, "models_probes": 0, "authorization_seen": 0,
@@ -309,8 +314,9 @@ class ChaosServer:
         if sent > 0:
             self.truth.bump("completed_ok")
             walls = self.truth.data["completed_ok_walls"]
-            if len(walls) < 5000:
+            if len(walls) < 5000:  # with the tokens each carried, for the per-window floor
                 walls.append(round(time.time(), 2))
+                self.truth.data["completed_ok_tokens"].append(sent)
 
     async def _c_normal(self, request, b, prompt):
         response, sent = await self._stream(request, prompt, tokens=int(b.get("tokens", 8)),
@@ -439,6 +445,7 @@ class ChaosServer:
             bad = b"data: 42\n\n"
         elif where == "finish_int":
             bad = _chunk({**_content(None), "choices": [{"index": 0, "delta": {}, "finish_reason": 7}]})
+            u["completion_tokens"] = tokens - 1  # the odd chunk takes a token's place: usage tells what was sent
         elif where == "usage_str":
             u["completion_tokens"] = str(tokens)
         elif where == "usage_negative":
@@ -458,7 +465,10 @@ class ChaosServer:
             u["prompt_tokens_details"] = "cached: lots"
         response, sent = await self._stream(request, prompt, tokens=tokens, usage=usage, bad=bad, bad_at=tokens // 2)
         await response.write_eof()
-        if bad is None:
+        # A finish_reason of the wrong type leaves every content chunk readable and the
+        # stream finished ([DONE]): the tokens were generated and delivered, work done.
+        # The other odd chunks hide content a reader cannot count: not work.
+        if bad is None or where in WORK_DESPITE:
             self._ok(sent)
         return response
 
@@ -491,6 +501,11 @@ class ChaosServer:
         if b.get("newline", False):
             await self._write(response, b'"},"finish_reason":null}]}\n\ndata: [DONE]\n\n')
             await response.write_eof()
+            if (mb << 20) < READER_LINE_BOUND:
+                # One content chunk, odd only in size, and a finished stream: a token delivered.
+                self.truth.token()
+                self._ok(1)
+                return response
         else:
             await self._hold()
         self.truth.bump("malformed_chunks")

@@ -129,6 +129,9 @@ def scenarios() -> st.SearchStrategy[dict[str, Any]]:
         "target": st.sampled_from(TARGETS),
         "config_secrets": st.lists(st.sampled_from(CONFIG_SECRETS), unique=True, max_size=3),
         "detector": st.sampled_from(["tight", "default"]),
+        # proxy only: by URL alone the harness must refuse the forwarder as the kill
+        # target (exit 3); with find_root_by_port off it runs with no kill target.
+        "find_root_by_port": st.booleans(),
     })
 
 
@@ -154,6 +157,12 @@ def refusable(scenario: dict[str, Any]) -> bool:
     """A config the harness may refuse with one line (exit 2) instead of running:
     credentials in the URL (the issue allows moving them to a header or
     refusing), a launch command that daemonizes (followed by its marker, or
-    refused; exit 3 is also allowed for it)."""
+    refused; exit 3 is also allowed for it). A forwarder is ``forwarder_refused``."""
     return "base_url_userinfo" in scenario["config_secrets"] or scenario["target"] == "launched_daemon"
+
+
+def forwarder_refused(scenario: dict[str, Any]) -> bool:
+    """A proxy in front, given by URL alone with the listener as the kill target:
+    CONTRACTS' "in doubt, refuse with exit 3 rather than guess"."""
+    return scenario["target"] == "proxy" and scenario.get("find_root_by_port", True)
 

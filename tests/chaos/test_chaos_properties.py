@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "run"))
 from soakrun_helpers import SMALL_WORKLOAD, kill_group_if_born_before, pid_alive, soak_cmd, write_config  # noqa: E402
 from ports import free_port  # noqa: E402
 
-from chaos.server import ChaosServer, phase, spec  # noqa: E402
-from chaos.strategies import TARGETS, completion, refusable, scenarios, well_behaved  # noqa: E402
+from chaos.server import READER_LINE_BOUND, WORK_DESPITE, ChaosServer, phase, spec  # noqa: E402
+from chaos.strategies import TARGETS, completion, forwarder_refused, refusable, scenarios, well_behaved  # noqa: E402
 
 SERVER = Path(__file__).with_name("server.py")
 SHARDS = len(TARGETS)
@@ -69,6 +69,19 @@ SLACK_S = 1.0  # scrape and assess intervals, a loaded CI box
 RSS_CAP_MB = 256  # the harness runs near 90 MB here; the bombs inflate to 256-768 MB, huge lines are 2-64 MB
 WALL_MARGIN_S = 25.0  # evidence, stopping the target, summary; a loaded box
 EXIT_CODES = {0, 1, 2, 3, 4, 99, 130}
+
+# The work every night owes (criteria.work_evidence in each night's config):
+# small enough that a 6 s night judges three full windows, a start-up and the
+# gaps between productive requests, loose enough that a working fake (a request
+# of at most 16 tokens every few tenths of a second per slot) meets it on a
+# loaded box.
+WORK = {"window": 2.0, "min_requests": 2, "min_tokens": 4, "max_gap": 1.5, "startup": 2.0}
+WORK_CONFIG = {key: f"{value}s" if isinstance(value, float) else value for key, value in WORK.items()}
+# Where the harness's load start and a client's end fall against the fake's clock:
+# the load starts before the fake sees its first request, a client reads an end
+# after the fake wrote it.
+TRUTH_SLACK_S = 0.5
+CRITERIA = {"no_success": {"window": "2s"}, "work_evidence": WORK_CONFIG}
 
 TIGHT_DETECTOR = {
     "generation_frozen": {"floor": f"{GRACE_S}s", "ceiling": f"{BOUND_S}s", "startup_grace": f"{GRACE_S}s"},
@@ -142,12 +155,14 @@ def _config(scenario: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
         "load": {"concurrency": 3, "drain": f"{DRAIN_S}s"},
         "probes": {"gpu": {"kind": "none"}, "metrics_interval": "0.5s", "health_interval": "0.5s"},
         "response": {"kill_timeout": "3s", "evidence": {"py_spy": False, "flight_recorder": False, "budget": "3s"}},
-        "criteria": {"no_success": {"window": "2s"}},
+        "criteria": CRITERIA,
         "exporter": {"enabled": False},
         "view": {"mode": "plain", "plain_interval": "1s"},
     }
     if scenario["detector"] == "tight":
         config["detector"] = TIGHT_DETECTOR
+    if scenario["target"] == "proxy" and not scenario.get("find_root_by_port", True):
+        config["response"]["find_root_by_port"] = False  # no kill target: an incident kills nothing
     return config
 
 
@@ -293,27 +308,56 @@ def _read_truth(path: Path) -> dict[str, Any] | None:
 # -- the invariants ------------------------------------------------------------
 
 
-def work_violations(truth: dict[str, Any] | None, *, tight: bool) -> list[str]:
-    """Why a ``pass`` is not backed by what the fake really did (empty: it is)."""
+def work_violations(truth: dict[str, Any] | None, *, tight: bool, load_s: float = DURATION_S,
+                    drain_s: float = DRAIN_S) -> list[str]:
+    """Why a ``pass`` is not backed by what the fake really did (empty: it is).
+
+    The fake's own record must meet the night's ``criteria.work_evidence``
+    (``WORK``), from its first completion request (the load's start) for
+    ``load_s``, requests finishing in the drain included: the first request with
+    generated tokens within ``startup``, every full ``window`` at its floor of
+    requests and tokens, never ``max_gap`` without one, each give or take
+    TRUTH_SLACK_S. With tight detector thresholds also no gap between generated
+    tokens past the detector's bound after its grace."""
     if truth is None or truth.get("first_request_wall") is None:
         return ["pass, but the server never received a completion request"]
     t_load = truth["first_request_wall"]
-    t_end = t_load + DURATION_S
+    t_end = t_load + load_s
+    slack = TRUTH_SLACK_S
+    rounding = 0.01  # the fake writes its walls to the hundredth
+    ends = sorted((wall, n) for wall, n in zip(truth["completed_ok_walls"], truth["completed_ok_tokens"])
+                  if t_load - rounding <= wall <= t_end + drain_s + rounding)
     out = []
-    done = [w for w in truth["completed_ok_walls"] if t_load <= w <= t_end + DRAIN_S]
-    if not done:
+    if not ends:
         out.append(f"pass, but no request finished with generated tokens (received {truth['requests_received']}: "
                    f"{truth['requests_by_kind']}; tokens streamed {truth['tokens_total']})")
-    times = sorted(int(ds) / 10 for ds, n in truth["tokens_by_ds"].items() if n > 0)
+    else:
+        walls = [wall for wall, _ in ends]
+        if walls[0] - t_load > WORK["startup"] + slack:
+            out.append(f"pass, but the first request with generated tokens finished at load "
+                       f"+{walls[0] - t_load:.1f}s (start-up {WORK['startup']}s)")
+        points = walls + [max(t_end, walls[-1])]
+        gap, at = max((b - a, a) for a, b in zip(points, points[1:]))
+        if gap > WORK["max_gap"] + slack:
+            out.append(f"pass, but no request finished with generated tokens for {gap:.1f}s from load "
+                       f"+{at - t_load:.1f}s (max_gap {WORK['max_gap']}s)")
+        window = WORK["window"]
+        for k in range(int(load_s / window + 1e-9)):
+            lo, hi = t_load + k * window - slack, t_load + (k + 1) * window + rounding
+            inside = [n for wall, n in ends if lo <= wall < hi]
+            if len(inside) < WORK["min_requests"] or sum(inside) < WORK["min_tokens"]:
+                out.append(f"pass, but window {k} (load +{k * window:g}s to +{(k + 1) * window:g}s) had "
+                           f"{len(inside)} request(s) with {sum(inside)} generated tokens (floor "
+                           f"{WORK['min_requests']} and {WORK['min_tokens']})")
+                break
     if tight:
+        times = sorted(int(ds) / 10 for ds, n in truth["tokens_by_ds"].items() if n > 0)
         start = t_load + GRACE_S
         points = [start] + [t for t in times if start < t < t_end] + [t_end]
         gap, at = max((b - a, a) for a, b in zip(points, points[1:]))
         if gap > BOUND_S + SLACK_S:
             out.append(f"pass, but no token generated for {gap:.1f}s from load +{at - t_load:.1f}s "
                        f"(bound {BOUND_S}s after a {GRACE_S}s grace)")
-    elif not any(t_load <= t <= t_end for t in times):
-        out.append("pass, but no token was generated during the load")
     return out
 
 
@@ -410,10 +454,16 @@ def check(night: Night) -> list[tuple[str, str]]:
             f.append(("readers are total", "no readable summary.json"))
         elif (code == 0) != (verdict == "pass"):
             f.append(("verdict", f"exit {code} with verdict {verdict!r}"))
+    if verdict == "fail" and not (isinstance(summary, dict) and summary.get("verdict_reasons")):
+        f.append(("a fail says why", "verdict 'fail' with no verdict_reasons"))
     if verdict == "pass" or code == 0:
         for why in work_violations(truth, tight=sc["detector"] == "tight"):
             f.append(("a pass is positive evidence", why))
-    refused = refusable(sc) and (code == 2 or (code == 3 and sc["target"] == "launched_daemon"))
+    if forwarder_refused(sc) and code not in (2, 3):
+        f.append(("the kill hits the target or nothing", f"exit {code}: the proxy in front, given by URL alone, "
+                                                         "was not refused as the kill target"))
+    refused = (refusable(sc) and (code == 2 or (code == 3 and sc["target"] == "launched_daemon"))) or \
+        (forwarder_refused(sc) and code == 3)
     if well_behaved(sc) and not (code == 0 or refused):
         reasons = summary.get("verdict_reasons") if isinstance(summary, dict) else None
         f.append(("a working server passes", f"exit {code}, verdict {verdict!r}: {reasons or lines[-1:]}"))
@@ -520,8 +570,8 @@ def _tokens_seen(body: bytes) -> int:
     """Content tokens a strict reader takes from an SSE body: well-formed chunks only."""
     seen = 0
     for event in body.split(b"\n\n"):
-        # A line of megabytes is past any reader's bound: not a token, whatever it holds.
-        if not event.startswith(b"data: ") or event == b"data: [DONE]" or len(event) > 1 << 20:
+        # A line past the reader's bound is not a token, whatever it holds.
+        if not event.startswith(b"data: ") or event == b"data: [DONE]" or len(event) >= READER_LINE_BOUND:
             continue
         try:
             obj = json.loads(event[6:])
@@ -573,7 +623,10 @@ def test_the_fakes_ground_truth_counts_what_a_client_receives(behaviours, tmp_pa
     else:
         assert truth["tokens_total"] >= seen
     assert truth["completed_ok"] == sum(1 for b in behaviours if b["kind"] in ("normal", "deep_nesting")
-                                        or (b["kind"] == "wrong_types" and b["where"].startswith(("usage", "prompt"))))
+                                        or (b["kind"] == "wrong_types" and (b["where"].startswith(("usage", "prompt"))
+                                                                            or b["where"] in WORK_DESPITE))
+                                        or (b["kind"] == "huge_line" and b["newline"]
+                                            and (b["mb"] << 20) < READER_LINE_BOUND))
 
 
 def test_a_redirect_sink_records_what_reaches_it(tmp_path) -> None:
@@ -612,17 +665,27 @@ def test_the_metrics_bomb_inflates_to_what_the_spec_says(encoding) -> None:
 
 
 def test_the_work_judge_refuses_a_pass_without_work() -> None:
-    """The test's own judge can fail: no request, no finished request, a stall."""
+    """The test's own judge can fail: no request, no finished request, a stall,
+    a slow start, a window below its floor, frozen tokens under tight thresholds."""
     t0 = 1_000_000.0
-    base = {"first_request_wall": t0, "requests_received": 5, "requests_by_kind": {"normal": 5},
-            "completed_ok_walls": [t0 + 0.5], "tokens_total": 10,
-            "tokens_by_ds": {str(int((t0 + x / 10) * 10)): 1 for x in range(0, 60, 3)}}
-    assert work_violations(base, tight=True) == []
+
+    def truth(ends: list[float], tokens: int = 2, token_s: list[float] | None = None) -> dict[str, Any]:
+        token_s = ends if token_s is None else token_s
+        return {"first_request_wall": t0, "requests_received": len(ends) + 1, "requests_by_kind": {"normal": 5},
+                "completed_ok_walls": [t0 + x for x in ends], "completed_ok_tokens": [tokens] * len(ends),
+                "tokens_total": tokens * len(ends), "tokens_by_ds": {str(int((t0 + x) * 10)): 1 for x in token_s}}
+
+    steady = [x / 10 for x in range(2, 75, 3)]  # a request every 0.3 s through the drain
+    assert work_violations(truth(steady), tight=True) == []
+    assert work_violations(truth(steady), tight=False) == []
     assert work_violations(None, tight=False)
-    assert work_violations({**base, "completed_ok_walls": []}, tight=False)
-    stalled = {**base, "tokens_by_ds": {str(int((t0 + x / 10) * 10)): 1 for x in range(0, 30, 3)}}
-    assert work_violations(stalled, tight=False) == []
-    assert "no token generated" in work_violations(stalled, tight=True)[0]
+    assert "no request finished" in work_violations(truth([]), tight=False)[0]
+    assert "for 3.1s" in work_violations(truth([x for x in steady if x < 3]), tight=False)[0]
+    assert "first request" in work_violations(truth([x for x in steady if x > 3]), tight=False)[0]
+    assert "window 0" in work_violations(truth([0.2, 1.5, 2.6, 3.8, 5.0, 6.0], tokens=1), tight=False)[0]
+    frozen = truth(steady, token_s=[x for x in steady if x < 3])
+    assert work_violations(frozen, tight=False) == []
+    assert "no token generated" in work_violations(frozen, tight=True)[0]
 
 
 # -- the cheap property: recorded behaviour through the real client into the pure judge --
@@ -631,14 +694,18 @@ def test_the_work_judge_refuses_a_pass_without_work() -> None:
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(behaviours=st.lists(completion(), min_size=1, max_size=4))
 @example(behaviours=[{"kind": "zero_tokens", "finish": "stop"}])  # the issue's 1,600 ok, 0 tokens
+@example(behaviours=[{"kind": "keepalive", "interval_s": 0.2}])  # the issue's SSE comments for 7 minutes
+@example(behaviours=[{"kind": "normal", "tokens": 4, "token_delay_s": 0.0}, {"kind": "hang"}])  # work, then silence
+@example(behaviours=[{"kind": "wrong_types", "where": "finish_int", "tokens": 2}])  # odd metadata, real work
+@example(behaviours=[{"kind": "huge_line", "mb": 2, "newline": True}])  # one 2 MB token, under the line bound
 def test_the_request_judge_never_passes_records_without_work(behaviours, tmp_path_factory) -> None:
     """The same drawn behaviours, without a harness process: each request goes
-    through the real streaming client (seconds-long timeouts) and the records
-    through the pure request judge. A judged pass needs a request that finished
-    with generated tokens, in the client's records and in the fake's truth.
-    (Once the no-evidence rule has its one place, this should call that.)"""
+    through the real streaming client (seconds-long timeouts), the records through
+    the pure judge with the nights' criteria (``work_evidence`` holds the
+    no-evidence rule) over the load's span. A judged pass must be backed by the
+    fake's truth as a night's is (``work_violations``), and by the records."""
     from soak.criteria.config import CriteriaConfig
-    from soak.criteria.rules import RequestTally, judge
+    from soak.criteria.rules import CriterionState, RequestTally, judge
     from soak.load.client import StreamingClient
     from soak.load.config import TimeoutsConfig
     from soak.load.progress import ProgressTracker
@@ -650,29 +717,37 @@ def test_the_request_judge_never_passes_records_without_work(behaviours, tmp_pat
     turn = TurnRequest(session_id="s", turn=0, path=CHAT_PATH, body=body, planned_prompt_tokens=5, max_tokens=16,
                        think_time_s=0.0)
 
-    async def go() -> tuple[list, dict]:
+    async def go() -> tuple[list, dict, float, float]:
         server = ChaosServer(spec(phases=[phase(completions=behaviours)], log={"interval_s": 5}), truth_path=truth_path)
         url = await server.start()
         client = StreamingClient(base_url=url, timeouts=TimeoutsConfig(connect=1, first_token=1, stall=1, total=2),
                                  tracker=ProgressTracker(), max_connections=8, sweep_interval_s=0.1)
         await client.start()
         try:
+            started = time.time()  # the records' ends are read on the wall clock here (no monotonic origin)
             records = await asyncio.gather(*(client.send(turn, request_id=f"r{i}") for i in range(len(behaviours))))
+            stopped = time.time()
         finally:
             await client.aclose()
             await server.close()
-        return list(records), json.loads(truth_path.read_text())
+        return list(records), json.loads(truth_path.read_text()), started, stopped
 
-    records, truth = asyncio.run(go())
-    config = CriteriaConfig()
+    records, truth, started, stopped = asyncio.run(go())
+    config = CriteriaConfig.model_validate(CRITERIA)
     tally = RequestTally.for_config(config)
+    tally.open_load(started)
     for record in sorted(records, key=lambda r: r.ended_at):  # as the run loop folds them live
         tally.add(record)
+    tally.close_load(stopped)
     decision = judge(config, tally, final=True)
-    note(f"records: {[(r.outcome, r.output_tokens) for r in records]}; truth ok {truth['completed_ok']}")
+    work = next(r for r in decision.results if r.name == "work_evidence")
+    note(f"records: {[(r.outcome, r.output_tokens) for r in records]}; truth ok {truth['completed_ok']}; "
+         f"work_evidence {work.state.value}: {work.reasons[0]}")
+    assert work.state in (CriterionState.PASS, CriterionState.FAIL), "the no-evidence rule did not judge the load"
     if decision.passed:
         assert any(r.outcome == "ok" and r.output_tokens > 0 for r in records), "passed with no request that did work"
-        assert truth["completed_ok"] > 0, "passed, but the server finished no request with tokens"
+        load_s = stopped - (truth["first_request_wall"] or started)
+        assert work_violations(truth, tight=False, load_s=load_s, drain_s=0.0) == []
 
 
 def test_the_csv_check_finds_formulas_and_spares_numbers(tmp_path) -> None:
