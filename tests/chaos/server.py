@@ -137,7 +137,8 @@ class Truth:
         self.path = path
         self.data: dict[str, Any] = {
             "pid": os.getpid(), "spec": spec, "started_wall": time.time(), "first_request_wall": None,
-            "requests_received": 0, "requests_by_kind": {}, "completed_ok": 0, "completed_ok_walls": [], "completed_ok_tokens": [],
+            "requests_received": 0, "requests_by_kind": {}, "completed_ok": 0, "completed_ok_walls": [],
+            "completed_ok_tokens": [],
             "tokens_total": 0, "tokens_by_ds": {}, "malformed_chunks": 0, "redirects_issued": 0,
             "followed_redirects": 0, "sink_requests": 0, "sink_log": [], "bytes_sent": 0, "metrics_scrapes": 0,
             "health_probes": 0, "version_probes": 0, "models_probes": 0, "authorization_seen": 0,

@@ -2,9 +2,11 @@
 server's grammar (tests/chaos/strategies.py), a real ``soak run`` against the
 fake keeps the invariants of CONTRACTS.md "Invariants a nightly relies on":
 
-- work: ``pass`` only with positive evidence in the fake's ground truth (a
-  request finished with generated tokens; with tight thresholds, no gap between
-  generated tokens past the bound after start-up); a working server passes;
+- work: ``pass`` only with positive evidence in the fake's ground truth: the
+  night's ``criteria.work_evidence`` (WORK: windows, floor, gap, start-up) met
+  by the requests the fake finished with tokens (with tight thresholds, also no
+  gap between generated tokens past the bound); a working server passes; a
+  fail names its reasons;
 - exit codes of CONTRACTS' table, verdict and exit agree, no traceback, errors
   are one line on stderr;
 - bounded: the harness's peak RSS and its wall time;
