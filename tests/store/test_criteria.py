@@ -102,6 +102,11 @@ def test_live_tally_equals_the_tally_of_the_stored_records() -> None:
     ({"no_success": {"window": "soon"}}, "not a duration"),
     ({"no_success": {"min_failures": 0}}, "greater than or equal to 1"),
     ({"error_rates": {}}, "unknown key"),
+    ({"work_evidence": {"window": 0}}, "greater than 0"),
+    ({"work_evidence": {"window": "1m", "startup": "2m"}}, "startup (120s) must not exceed window (60s)"),
+    ({"work_evidence": {"max_gap": "soon"}}, "not a duration"),
+    ({"work_evidence": {"min_tokens": -1}}, "greater than or equal to 0"),
+    ({"work_evidence": {"floor": 1}}, "unknown key"),
 ])
 def test_criteria_config_is_strict(tmp_path, section, message) -> None:
     from soak.config import load_run_config
