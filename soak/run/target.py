@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import yaml
 
-from soak.bounds import fetch
+from soak.bounds import InputRejected, fetch
 from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
@@ -138,13 +138,19 @@ async def _ready_once(session, base: str, *, total_s: float) -> tuple[str, ...]:
     """The model names once /health and /v1/models answer 200; else why not.
     Each call is bounded in total time and bytes: a trickle is one failed probe, not a hang."""
     for path in ("/health", "/v1/models"):
-        response = await fetch(session, base + path, total_s=total_s)
+        try:
+            response = await fetch(session, base + path, total_s=total_s)
+        except InputRejected as exc:  # a bound hit or not JSON: said with the endpoint that answered so
+            raise _NotYet(f"{path}: {exc}") from None
         if response.status in (401, 403):
             raise _Refused(f"answers {path} with HTTP {response.status}: the credentials are refused "
                            "(target.api_key_env)")
         if response.status != 200:
             raise _NotYet(f"{path} answered HTTP {response.status}")
-    body = response.json()
+    try:
+        body = response.json()
+    except InputRejected as exc:
+        raise _NotYet(f"/v1/models: {exc}") from None
     data = body.get("data") if isinstance(body, dict) else None
     names = tuple(m.get("id") for m in (data if isinstance(data, list) else []) if isinstance(m, dict))
     return tuple(n for n in names if isinstance(n, str) and n)

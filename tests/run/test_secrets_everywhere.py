@@ -355,7 +355,7 @@ def behaving_server():
 
     from aiohttp import web
 
-    behaviour = {"health": 200, "models": 200, "hits": 0}
+    behaviour = {"health": 200, "models": 200, "hits": 0, "body": "ok"}
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     holder: dict = {}
@@ -364,6 +364,10 @@ def behaving_server():
         behaviour["hits"] += 1
         status = behaviour["health" if request.path == "/health" else "models"]
         if status == 200 and request.path == "/v1/models":
+            if behaviour["body"] == "deep":  # past the nesting bound (soak.bounds)
+                return web.Response(body=b'{"data": ' + b"[" * 1000 + b"]" * 1000 + b"}")
+            if behaviour["body"] == "garbage":
+                return web.Response(body=b"<html>not json</html>")
             return web.json_response({"data": [{"id": "m"}]})
         headers = {"Location": "http://127.0.0.1:9/elsewhere"} if 300 <= status < 400 else {}
         return web.Response(status=status, headers=headers)
@@ -389,8 +393,8 @@ _STATUSES = st.one_of(st.just(200), st.integers(300, 399), st.sampled_from([401,
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(health=_STATUSES, models=_STATUSES, refused=st.booleans())
-def test_readiness_is_ready_refused_or_says_why_after_its_first_poll(behaving_server, health, models, refused):
+@given(health=_STATUSES, models=_STATUSES, refused=st.booleans(), body=st.sampled_from(["ok", "deep", "garbage"]))
+def test_readiness_is_ready_refused_or_says_why_after_its_first_poll(behaving_server, health, models, refused, body):
     import asyncio
 
     from soak.clock import SystemClock
@@ -398,7 +402,7 @@ def test_readiness_is_ready_refused_or_says_why_after_its_first_poll(behaving_se
     from soak.run.target import wait_ready
 
     url, behaviour = behaving_server
-    behaviour.update(health=health, models=models, hits=0)
+    behaviour.update(health=health, models=models, hits=0, body=body)
     base = f"http://127.0.0.1:{_free_port()}" if refused else url
     said: list[str] = []
 
@@ -421,6 +425,10 @@ def test_readiness_is_ready_refused_or_says_why_after_its_first_poll(behaving_se
         assert outcome == "said" and "connection refused" in said[0]
         return
     first_bad = next(((p, s) for p, s in (("/health", health), ("/v1/models", models)) if s != 200), None)
+    if first_bad is None and body != "ok":  # a /v1/models past a bound or not JSON: the endpoint is named
+        assert outcome == "said" and len(said) == 1 and said[0].count("/v1/models") == 1, said
+        assert "\n" not in said[0]
+        return
     if first_bad is None:
         assert outcome == "ready"
         return
