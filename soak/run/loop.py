@@ -45,6 +45,8 @@ from soak.errors import (
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
+from soak.net import OutboundSession
+from soak.net import session as outbound_session
 from soak.probes.gpu import GpuFreshness
 from soak.probes.scheduler import Probe, ProbeScheduler
 from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
@@ -84,13 +86,13 @@ class GpuSourceFactory(Protocol):
     """The configured GPU source for the server at ``base_url``, opened (None: no
     GPU source). A missing NVML raises ``GpuUnavailable`` (exit 3)."""
 
-    def __call__(self, base_url: str, *, session: aiohttp.ClientSession) -> Awaitable[GpuSourceLike | None]: ...
+    def __call__(self, base_url: str, *, session: OutboundSession) -> Awaitable[GpuSourceLike | None]: ...
 
 
 class ProbesFactory(Protocol):
     """The probes for the target as ``facts`` describe it (called again after a restart)."""
 
-    def __call__(self, facts: TargetFacts, *, session: aiohttp.ClientSession, gpu_source: GpuSourceLike | None,
+    def __call__(self, facts: TargetFacts, *, session: OutboundSession, gpu_source: GpuSourceLike | None,
                  progress: ProgressTracker, log_from_start: bool) -> Sequence[Probe]: ...
 
 
@@ -192,7 +194,7 @@ class SoakRun:
         self.responder: Responder | None = None
         self.gpu_source: GpuSourceLike | None = None
         self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
-        self.probe_session: Any = None  # soak.net.OutboundSession
+        self.probe_session: OutboundSession | None = None
         self._scheduler: ProbeScheduler | None = None
         self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
         self._watch_task: asyncio.Task[None] | None = None
@@ -566,12 +568,10 @@ class SoakRun:
     def _evidence_write_failed(self, exc: BaseException) -> None:
         self.fault(exc, where="writing incident evidence")
 
-    def _session(self) -> Any:
+    def _session(self) -> OutboundSession:
         """The run's session for its own reads of the server (and the probes')."""
         if self.probe_session is None:
-            from soak import net
-
-            self.probe_session = net.session()  # a 3xx is a failed read naming its Location, never followed
+            self.probe_session = outbound_session()  # a 3xx is a failed read naming its Location, never followed
         return self.probe_session
 
     async def _read_server_version(self) -> VllmProfile:

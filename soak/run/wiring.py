@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
 
-import aiohttp
 
 from soak.clock import Clock, run_clock
 from soak.config import RunConfig, redacted_config
 from soak.errors import ArgumentError, HarnessFault, PortInUse
 from soak.export.live import LiveView
 from soak.load.progress import ProgressTracker
+from soak.net import OutboundSession
 from soak.records import GpuSourceLike
 from soak.probes.scheduler import Probe
 from soak.records import RunSink, TargetFacts, TargetKind
@@ -220,14 +220,14 @@ def build_soak_run(
 
     is_sim = layout.kind is TargetKind.SIMULATOR
 
-    async def gpu_source(base_url: str, *, session: aiohttp.ClientSession) -> GpuSourceLike | None:
+    async def gpu_source(base_url: str, *, session: OutboundSession) -> GpuSourceLike | None:
         source = build_gpu_source(config.probes, base_url=base_url, session=session, clock=clock,
                                   is_simulator=is_sim)
         if source is not None:
             await source.open()  # NVML missing: GpuUnavailable, exit 3
         return source
 
-    def probes(facts: TargetFacts, *, session: aiohttp.ClientSession, gpu_source: GpuSourceLike | None,
+    def probes(facts: TargetFacts, *, session: OutboundSession, gpu_source: GpuSourceLike | None,
                progress: ProgressTracker, log_from_start: bool) -> list[Probe]:
         return build_probes(
             config.probes,
