@@ -76,6 +76,9 @@ class ProcFacts:
     dials: frozenset[int] = frozenset()
     # Its cgroup v2 name (None: no v2 hierarchy or not readable).
     cgroup: str | None = None
+    # Its PID namespace (the link /proc/PID/ns/pid names; None: not readable). An owner
+    # stamp ``PID@START`` means that PID only inside the namespace it was written in.
+    pid_ns: str | None = None
 
     @property
     def pin(self) -> Pin:
@@ -254,6 +257,11 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
         return no(Reason.REUSED, f"pid {pid} now belongs to another process (started at another time)")
 
     if target.proof is Proof.LEFTOVER:
+        mine = table.procs.get(table.me)
+        if facts.pid_ns != (mine.pid_ns if mine is not None else None):
+            # Its owner's PID is another namespace's (a harness in a container): from here
+            # "not found" cannot tell a dead harness from a live one.
+            return no(Reason.NO_PROOF, f"pid {pid} is not in this harness's PID namespace: its owner cannot be seen")
         cgroup_owned = cgroup_owner(facts.cgroup)
         if cgroup_owned is not None and owner_alive(cgroup_owned, table) is False:
             # In the cgroup a harness made for its target, named with that harness: gone.
@@ -367,11 +375,15 @@ def read_table(*, with_env: bool = True) -> ProcTable:
         except OSError:
             sid = None
         cgroup = cgroup_of(info["pid"])
+        try:
+            pid_ns = os.readlink(f"/proc/{info['pid']}/ns/pid")
+        except OSError:
+            pid_ns = None
         procs[info["pid"]] = ProcFacts(
             pid=info["pid"], ppid=info["ppid"], create_time=info["create_time"], cmdline=cmdline[:16],
             name=info.get("name") or "", sid=sid, marker=env.get(MARKER_VARIABLE), owner=env.get(OWNER_VARIABLE),
             listens=frozenset(listens.get(info["pid"], ())), dials=frozenset(dials.get(info["pid"], ())),
-            cgroup=cgroup,
+            cgroup=cgroup, pid_ns=pid_ns,
         )
     return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen - set().union(*listens.values())))
 

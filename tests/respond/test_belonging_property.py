@@ -177,10 +177,23 @@ def test_leftover_cleanup_takes_only_marked_processes_of_dead_harnesses(world):
             owner = table.procs.get(owner_pid)
             assert owner is None or abs(owner.create_time - float(stamp.split("@")[1])) > 0.05
             assert pid != table.me and pid not in table.ancestors(table.me)
+            assert facts.pid_ns == table.procs[table.me].pid_ns  # its owner's PID means the same here
         elif pid != table.me and pid not in table.ancestors(table.me) and pid > 1:
             # ...and every process so proven is cleaned.
             assert not (facts.marker and facts.owner and facts.owner.startswith("9999@")), (facts, verdict)
             assert not (facts.cgroup and facts.cgroup.endswith("~" + owner_stamp(9999, 5.0))), (facts, verdict)
+
+
+@given(ns=st.sampled_from(["pid:[4026531836]", "pid:[4026532999]", None]))
+def test_a_leftover_is_proven_only_in_the_harness_s_own_pid_namespace(ns):
+    """An owner stamp ``PID@START`` names a PID of the namespace it was written in: a
+    harness in a container is "not found" from the host while it is alive."""
+    here = "pid:[4026531836]"
+    table = ProcTable(me=99, procs={
+        1: ProcFacts(1, 0, 0.0, pid_ns=here), 99: ProcFacts(99, 1, 2.0, pid_ns=here),
+        50: ProcFacts(50, 1, 3.0, cmdline=("vllm", "serve"), marker="run-x", owner=owner_stamp(7, 1.0), pid_ns=ns)})
+    verdict = decide(50, 3.0, table, TargetIdentity(Proof.LEFTOVER))
+    assert verdict.allowed is (ns == here), verdict
 
 
 def test_a_vllm_server_talking_to_a_local_service_is_not_a_forwarder():
