@@ -181,6 +181,9 @@ def push_handler(total_s: float) -> Callable[..., Callable[[], None]]:
             timer.daemon = True
             timer.start()
             try:
+                conn.connect()  # the name lookup has no timeout of its own: checked before a byte is sent
+                if expired.is_set():
+                    raise TimeoutError(f"the push did not finish within {total_s:g}s in total (bound total_time)")
                 path = parts.path or "/"
                 conn.request(method, path + (f"?{parts.query}" if parts.query else ""), body=data,
                              headers=dict(headers))
