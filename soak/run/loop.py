@@ -793,7 +793,8 @@ class SoakRun:
         except OSError:  # an unreadable run directory: what the run saw live
             incidents = self._incidents
         # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
-        criteria = self._final_criteria(cut_short=self._interrupted or self._fault is not None or problem is not None)
+        cut_short = self._interrupted or self._fault is not None or problem is not None
+        criteria = self._final_criteria(cut_short=cut_short)
         failed = self._failed or incidents > 0 or not criteria.passed
         if isinstance(problem, EnvironmentProblem):
             exit_code, verdict = 3, Verdict.ABORTED
@@ -825,7 +826,7 @@ class SoakRun:
                 and not reason.startswith("criterion"):
             reason = "; ".join(criteria.reasons) + f" (load stopped: {reason})"
         self._observe_wall()
-        self.event("run_ended", verdict=verdict.value, reason=reason, exit_code=exit_code,
+        self.event("run_ended", verdict=verdict.value, reason=reason, exit_code=exit_code, load_cut_short=cut_short,
                    incidents=incidents, restarts=self.restarts,
                    criteria_failed=[r.name for r in criteria.failed])
         try:

@@ -74,7 +74,7 @@ EVENT_TYPES = {
     "ts": is_timestamp, "mono": is_number, "type": is_str, "run_id": is_str, "name": is_str, "target": is_str, "model": is_str,
     "duration_s": is_number, "warmup_s": is_number, "number": is_int, "kind": is_str, "rule": is_str,
     "onset_at": is_timestamp, "detected_at": is_timestamp, "killed_pids": is_list, "gpus_released": is_bool,
-    "evidence": is_str, "summary": is_str, "gpu_free_s": is_number, "reason": is_str, "exit_code": is_int,
+    "evidence": is_str, "summary": is_str, "gpu_free_s": is_number, "reason": is_str, "exit_code": is_int, "load_cut_short": is_bool,
     "verdict": is_str, "age_s": is_number, "message": is_str, "criteria": is_dict,
 }
 REQUEST_TYPES = {"started_at": is_timestamp, "ended_at": is_timestamp, "started_mono": is_number, "ended_mono": is_number}
@@ -230,6 +230,15 @@ def _count(value: Any) -> int | float:
 CUT_SHORT_EXITS = (130, 4)
 
 
+def recorded_cut_short(run_ended: Mapping[str, Any] | None) -> bool:
+    """Whether the harness cut the load short itself (it then owes only the time it had),
+    as the run loop judged it (``load_cut_short``); older runs: by their exit code."""
+    if run_ended is None:
+        return False
+    said = run_ended.get("load_cut_short")
+    return said if isinstance(said, bool) else run_ended.get("exit_code") in CUT_SHORT_EXITS
+
+
 def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
     """The load's span as events.jsonl recorded it (``load_started``, ``load_stopped``).
     ``cut_short``: None reads it from ``run_ended`` (the run loop, before writing
@@ -249,7 +258,7 @@ def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
         elif kind == "restart_done":
             lives.append((paused, event))
     if cut_short is None:
-        cut_short = ended is not None and ended.get("exit_code") in CUT_SHORT_EXITS
+        cut_short = recorded_cut_short(ended)
     return LoadSpan.of_events(started, stopped, cut_short=cut_short, restarts=lives)
 
 
@@ -411,7 +420,7 @@ def summarize(run_dir: str | Path, *, requests: RequestDigest | None = None) -> 
 
     criteria_config, criteria_note = _criteria_config(run_dir, criteria_section)
     span = LoadSpan.of_events(load_events.get("started"), load_events.get("stopped"),
-                              cut_short=run_ended is not None and run_ended.get("exit_code") in CUT_SHORT_EXITS,
+                              cut_short=recorded_cut_short(run_ended),
                               restarts=lives)
     if requests is None or requests.criteria != criteria_config or requests.span != span:
         requests = digest_requests(run_dir / REQUESTS, criteria_config, stats=read_stats, span=span)
