@@ -25,6 +25,7 @@ closed file; then the open segment. Leftover ``.tmp`` files are ignored.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import re
 import shutil
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from soak.fsio import atomic_writer
-from soak.jsonl import parse_line, raw_lines
+from soak.jsonl import is_number, parse_line, raw_lines
 from soak.store.jsonl import JsonlWriter
 
 OPEN_SEGMENT = "samples.jsonl"
@@ -178,9 +179,10 @@ def line_mono(raw: bytes) -> float | None:
     if at < 0 or not raw.endswith(b"}"):
         return None
     try:
-        return float(raw[at + 8:-1])
+        mono = float(raw[at + 8:-1])
     except ValueError:
         return None
+    return mono if math.isfinite(mono) else None  # "NaN" or "Infinity" would stick as the latest
 
 
 def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = None,
@@ -220,7 +222,7 @@ def read_sample_records(run_dir: str | Path, *, stats: dict[str, int] | None = N
             if isinstance(ts, (int, float)) and (last_ts is None or ts > last_ts):
                 last_ts = float(ts)
             mono = obj.get("mono")
-            if isinstance(mono, (int, float)) and not isinstance(mono, bool):
+            if is_number(mono):
                 if last_mono is None or mono > last_mono:
                     last_mono = float(mono)
             elif isinstance(ts, (int, float)) and (unmarked is None or ts > unmarked):
