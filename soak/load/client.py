@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Protocol
 import aiohttp
 
 from soak import net
-from soak.bounds import loads_json
+from soak.bounds import content_codings, loads_json
 from soak.clock import Clock, SystemClock
 from soak.errors import (
     ConnectionReset,
@@ -232,7 +232,7 @@ class StreamingClient:
                 body = await response.content.read(_ERROR_BODY_LIMIT)
                 raise HTTPStatusError(response.status, _error_message(body))
             coding = response.headers.get("Content-Encoding", "")
-            if coding.strip().lower() not in ("", "identity"):
+            if content_codings(coding):
                 # The stream is read raw (auto_decompress off: an inflater on a stream has no
                 # bound); a compressed one is the server's error, named, not fed to the decoder.
                 raise MalformedStream(f"a compressed stream (Content-Encoding: {coding[:40]}), "
