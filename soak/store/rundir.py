@@ -1,0 +1,100 @@
+"""One reader of a run directory: what makes a folder a run, its config.yaml,
+and its files read under one rule (soak.jsonl: bounded, damaged lines counted).
+
+Everything downstream of the run store that opens a run directory (the judge,
+the report, history, compare, replay, retention, thresholds) opens it through
+``RunDir``, so "is this a run?" has one answer and config.yaml one parse.
+The sample reads are segment-aware (soak.store.segments): rolled gzip segments
+first, then the open ``samples.jsonl``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Collection, Iterator, Mapping
+
+from soak.configbase import read_recorded_yaml
+from soak.jsonl import FieldCheck, read_json, read_records
+from soak.store.segments import iter_sample_lines, read_sample_records, sample_files
+from soak.store.store import CONFIG, EVENTS, PLAN, REQUESTS, SUMMARY
+
+# Any one of these makes a folder a run directory (a run cut off before its
+# first event still has its config; a rolled run may have only segments).
+MARKERS = (EVENTS, REQUESTS, "samples.jsonl", SUMMARY)
+INCIDENTS = "incidents"
+
+
+def is_run_dir(path: str | Path) -> bool:
+    path = Path(path)
+    try:
+        return path.is_dir() and (any((path / m).is_file() for m in MARKERS) or bool(sample_files(path)))
+    except OSError:
+        return False
+
+
+class RunDir:
+    """A recorded run directory, read lazily; each file is read when asked."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def is_run(self) -> bool:
+        return is_run_dir(self.path)
+
+    # -- config.yaml: parsed once -------------------------------------------------
+    @cached_property
+    def config(self) -> Mapping[str, Any]:
+        """config.yaml as recorded (secrets redacted); {} where missing or unreadable."""
+        return read_recorded_yaml(self.path / CONFIG) or {}
+
+    def section(self, name: str) -> Mapping[str, Any] | None:
+        """One top-level section of config.yaml, or None where absent or not a mapping."""
+        value = self.config.get(name)
+        return value if isinstance(value, Mapping) else None
+
+    # -- the JSONL files --------------------------------------------------------
+    def events(self, *, stats: dict[str, int] | None = None,
+               fields: Mapping[str, FieldCheck] | None = None) -> Iterator[dict[str, Any]]:
+        return read_records(self.path / EVENTS, stats=stats, fields=fields)
+
+    def requests(self, *, stats: dict[str, int] | None = None,
+                 fields: Mapping[str, FieldCheck] | None = None) -> Iterator[dict[str, Any]]:
+        return read_records(self.path / REQUESTS, stats=stats, fields=fields)
+
+    def samples(self, *, kinds: Collection[str] | None = None, stats: dict[str, int] | None = None,
+                scan: dict[str, float] | None = None) -> Iterator[dict[str, Any]]:
+        """Every sample record, rolled segments first (soak.store.segments.read_sample_records)."""
+        return read_sample_records(self.path, kinds=kinds, stats=stats, scan=scan)
+
+    def sample_lines(self, *, stats: dict[str, int] | None = None) -> Iterator[tuple[Path, int, bytes]]:
+        """The raw sample lines, unparsed, for readers that skip most of them."""
+        return iter_sample_lines(self.path, stats=stats)
+
+    # -- the JSON files -----------------------------------------------------------
+    def summary_json(self) -> Any:
+        """summary.json as parsed JSON (any shape: read it through soak.summary_file), None if absent."""
+        path = self.path / SUMMARY
+        if not path.is_file():
+            return None
+        return read_json(path)
+
+    def plan_json(self) -> Any:
+        path = self.path / PLAN
+        return read_json(path) if path.is_file() else None
+
+    def incident_dirs(self) -> list[Path]:
+        """incidents/N folders, by number."""
+        root = self.path / INCIDENTS
+        try:
+            found = [p for p in root.iterdir() if p.is_dir() and p.name.isdigit()]
+        except OSError:
+            return []
+        return sorted(found, key=lambda p: int(p.name))
+
+
+__all__ = ["INCIDENTS", "MARKERS", "RunDir", "is_run_dir"]

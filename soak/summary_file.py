@@ -1,0 +1,216 @@
+"""summary.json as a typed record: what the judge writes and every reader reads.
+
+The judge (``soak.judge``) serializes a run's judgement and figures to
+summary.json; the report, junit, history, compare, retention, the Pushgateway
+push and the CLI read it back through ``RunSummary.from_json``, never by string
+key. Reading is total: summary.json is a file on disk, written by an older soak,
+by hand or damaged, so a field of the wrong type reads as absent (None, empty),
+never as an exception. ``to_json()`` gives back exactly the object read, so a
+record passed along keeps what no reader names.
+
+A figure by name (thresholds, compare, history) is read with ``figure(path)``
+along a ``soak.thresholds.metrics.RunMetric.summary_path``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from soak.records import Verdict
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
+@dataclass(frozen=True)
+class IncidentEntry:
+    """One entry of ``incidents``: a detected hang or crash and the response."""
+
+    number: int | None
+    kind: str | None  # "hang" | "crash" | "server_gone" (soak.records.IncidentKind)
+    rule: str | None
+    onset_at: float | None
+    detected_at: float | None
+    killed_pids: tuple[int, ...]
+    gpus_released: bool | None
+    evidence: str | None
+    summary: str | None
+    gpu_free_s: float | None
+    diagnosis: Mapping[str, Any] | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_hang(self) -> bool:
+        return self.kind == "hang"
+
+    @classmethod
+    def from_json(cls, obj: Any) -> IncidentEntry:
+        obj = obj if isinstance(obj, Mapping) else {}
+        pids = obj.get("killed_pids")
+        return cls(
+            number=_int(obj.get("number")), kind=_str(obj.get("kind")), rule=_str(obj.get("rule")),
+            onset_at=_number(obj.get("onset_at")), detected_at=_number(obj.get("detected_at")),
+            killed_pids=tuple(p for p in pids if _int(p) is not None) if isinstance(pids, list) else (),
+            gpus_released=_bool(obj.get("gpus_released")), evidence=_str(obj.get("evidence")),
+            summary=_str(obj.get("summary")), gpu_free_s=_number(obj.get("gpu_free_s")),
+            diagnosis=_mapping(obj.get("diagnosis")), raw=obj,
+        )
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """``requests``: every line of requests.jsonl, by outcome."""
+
+    ok: int | None
+    failed: int | None
+    warmup: int | None
+    by_outcome: Mapping[str, int]
+    cut_by: Mapping[str, int]  # cause (drain, incident, interrupt) -> requests the harness cut
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RequestCounts:
+        obj = obj if isinstance(obj, Mapping) else {}
+        outcomes = _mapping(obj.get("by_outcome")) or {}
+        return cls(
+            ok=_int(obj.get("ok")), failed=_int(obj.get("failed")), warmup=_int(obj.get("warmup")),
+            by_outcome={k: v for k, v in outcomes.items() if isinstance(k, str) and _int(v) is not None},
+            cut_by={k[len("cut_by_"):]: v for k, v in obj.items()
+                    if isinstance(k, str) and k.startswith("cut_by_") and _int(v) is not None},
+        )
+
+
+@dataclass(frozen=True)
+class ThresholdsEntry:
+    """``thresholds``: each threshold's result over the run (soak.thresholds)."""
+
+    passed: bool | None
+    breached: tuple[str, ...]
+    results: tuple[Mapping[str, Any], ...]
+    error: str | None  # the recorded section no longer compiles
+    aborted_by: Mapping[str, Any] | None  # a live abort_on_fail stop
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ThresholdsEntry | None:
+        if not isinstance(obj, Mapping):
+            return None
+        results = obj.get("results")
+        return cls(
+            passed=_bool(obj.get("passed")), breached=_strs(obj.get("breached")),
+            results=tuple(r for r in results if isinstance(r, Mapping)) if isinstance(results, list) else (),
+            error=_str(obj.get("error")), aborted_by=_mapping(obj.get("aborted_by")),
+        )
+
+
+@dataclass(frozen=True)
+class CriteriaEntry:
+    """``criteria``: the failure criteria judged on the recorded requests (soak.criteria)."""
+
+    passed: bool | None
+    failed: tuple[str, ...]
+    results: tuple[Mapping[str, Any], ...]
+    note: str | None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> CriteriaEntry | None:
+        if not isinstance(obj, Mapping):
+            return None
+        results = obj.get("results")
+        rows = tuple(r for r in results if isinstance(r, Mapping)) if isinstance(results, list) else ()
+        return cls(passed=_bool(obj.get("passed")), failed=_strs(obj.get("failed")), results=rows,
+                   note=_str(obj.get("note")))
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """summary.json, typed. Build it with ``from_json``; ``raw`` is the object read."""
+
+    verdict: Verdict | None
+    cut_off: bool | None
+    run_id: str | None
+    target: str | None
+    model: str | None
+    started_at: float | None
+    ended_at: float | None
+    duration_s: float | None
+    planned_duration_s: float | None
+    warmup_s: float | None
+    stop_reason: str | None
+    exit_code: int | None
+    verdict_reasons: tuple[str, ...]
+    requests: RequestCounts
+    error_rate: float | None
+    incidents: tuple[IncidentEntry, ...]
+    restarts: int | None
+    criteria: CriteriaEntry | None
+    thresholds: ThresholdsEntry | None
+    build: Mapping[str, Any] | None
+    server_metrics: Mapping[str, Any] | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RunSummary:
+        obj = obj if isinstance(obj, Mapping) else {}
+        verdict = obj.get("verdict")
+        incidents = obj.get("incidents")
+        return cls(
+            verdict=Verdict(verdict) if verdict in {v.value for v in Verdict} else None,
+            cut_off=_bool(obj.get("cut_off")),
+            run_id=_str(obj.get("run_id")), target=_str(obj.get("target")), model=_str(obj.get("model")),
+            started_at=_number(obj.get("started_at")), ended_at=_number(obj.get("ended_at")),
+            duration_s=_number(obj.get("duration_s")), planned_duration_s=_number(obj.get("planned_duration_s")),
+            warmup_s=_number(obj.get("warmup_s")),
+            stop_reason=_str(obj.get("stop_reason")), exit_code=_int(obj.get("exit_code")),
+            verdict_reasons=_strs(obj.get("verdict_reasons")),
+            requests=RequestCounts.from_json(obj.get("requests")),
+            error_rate=_number(obj.get("error_rate")),
+            incidents=tuple(IncidentEntry.from_json(i) for i in incidents if isinstance(i, Mapping))
+            if isinstance(incidents, list) else (),
+            restarts=_int(obj.get("restarts")),
+            criteria=CriteriaEntry.from_json(obj.get("criteria")),
+            thresholds=ThresholdsEntry.from_json(obj.get("thresholds")),
+            build=_mapping(obj.get("build")),
+            server_metrics=_mapping(obj.get("server_metrics")),
+            raw=obj,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+    @property
+    def hangs(self) -> int:
+        return sum(1 for i in self.incidents if i.is_hang)
+
+    def figure(self, path: tuple[str, ...]) -> float | None:
+        """The number at ``path`` (a RunMetric.summary_path), None where absent or not a number."""
+        node: Any = self.raw
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return _number(node)
+
+
+__all__ = ["CriteriaEntry", "IncidentEntry", "RequestCounts", "RunSummary", "ThresholdsEntry"]
