@@ -16,9 +16,13 @@ import pytest
 
 from respond_helpers import Decision, FakeTarget, ListedGpus, is_alive
 from soak.clock import SystemClock
-from soak.respond import Responder, ResponseConfig, ownership_env
-from soak.respond.belonging import Pin, Proof, TargetIdentity
-from soak.respond.tree import ProcessTree, kill_processes, protected_pids
+from soak.proc.belonging import Pin, Proof, TargetIdentity
+from soak.proc.kill import kill_processes
+from soak.proc.read import protected_pids
+from soak.proc.tree import ProcessTree
+from soak.respond.config import ResponseConfig
+from soak.respond.flight import ownership_env
+from soak.respond.responder import Responder
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, LogSample
 
 
@@ -292,7 +296,7 @@ def test_a_reaped_leaders_group_stragglers_are_found_one_by_one(tmp_path):
     import sys
     import time
 
-    from soak.respond.tree import group_stragglers, kill_processes
+    from soak.proc.kill import group_stragglers, kill_processes
 
     pid_file = tmp_path / "straggler.pid"
     code = ("import os, subprocess, sys; "
