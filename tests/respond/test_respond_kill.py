@@ -6,6 +6,8 @@ worker in its own session, a helper orphaned by its parent).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import os
 import pickle
@@ -230,7 +232,7 @@ def test_a_reused_pid_is_not_killed(start_decoy):
     tree.snapshot(decoy)
     real = tree.known()[0]
     # The same PID with another start time is another process now.
-    stale = type(real)(**{**real.__dict__, "create_time": real.create_time - 3600})
+    stale = replace(real, facts=replace(real.facts, create_time=real.create_time - 3600))
     target = TargetIdentity(Proof.ATTACHED_PID, root=Pin(real.pid, real.create_time))
     result = kill_processes([stale], target=target, timeout_s=1.0)
     assert result.killed == () and is_alive(decoy)
