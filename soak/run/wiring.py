@@ -217,10 +217,9 @@ def build_soak_run(
 
     from soak.detect.detector import Detector
     from soak.probes.build import build_gpu_source, build_probes
-
-    is_sim = layout.kind is TargetKind.SIMULATOR
     from soak.proc.snapshots import ProcSnapshots
 
+    is_sim = layout.kind is TargetKind.SIMULATOR
     # One /proc reader for the harness: the process probe and the responder's tree
     # walk share its passes (each walked /proc on its own schedule before).
     proc = ProcSnapshots()
