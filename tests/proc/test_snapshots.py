@@ -93,3 +93,17 @@ async def test_the_process_probe_and_the_tree_record_share_one_pass_of_one_reade
                 os.kill(grandchild, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+async def test_a_root_born_after_the_shared_table_is_not_read_as_dead() -> None:
+    # A restart's new root is younger than the table the others share: a stale
+    # table must not make the process probe report it gone (a false incident).
+    reader = ProcSnapshots(max_age_s=60.0, clock=ManualClock())
+    reader.table()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (sample,) = await ProcessProbe(child.pid, clock=ManualClock(), proc=reader).collect()
+        assert sample.alive and reader.passes == 2
+    finally:
+        child.kill()
+        child.wait(30)
