@@ -548,9 +548,7 @@ class AttachedTarget:
 
     async def start(self) -> None:
         if self.root_pid is not None:
-            import psutil
-
-            if not psutil.pid_exists(self.root_pid):
+            if pin_of(self.root_pid) is None:
                 raise TargetNotReady(f"attached target: no process with PID {self.root_pid}")
             if self.root_pid in protected_pids():
                 await asyncio.to_thread(ident.verify_attached, self.root_pid, self.base_url)  # raises
@@ -591,10 +589,9 @@ def _runnable(program: str, path: str | None, cwd: Path | None) -> bool:
 
 
 def _harness_stamp() -> str:
-    import psutil
-
-    me = psutil.Process()
-    return owner_stamp(me.pid, me.create_time())
+    me = pin_of(os.getpid())
+    # Unreadable (a /proc without us): no stamp, and a later run never takes our server for a leftover.
+    return owner_stamp(me.pid, me.create_time) if me is not None else ""
 
 
 def _leftover_notes(result: KillResult) -> list[dict]:
