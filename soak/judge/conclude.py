@@ -28,11 +28,12 @@ def conclude(run_dir: str | Path, ending: Ending, *,
     return judgement, summary_json(recorded.with_run_ended(written), judgement)
 
 
-def rejudge(run_dir: str | Path, *,
-            on_request: Callable[[dict[str, Any]], None] | None = None) -> tuple[Judgement, RunSummary]:
+def rejudge(run_dir: str | Path, *, on_request: Callable[[dict[str, Any]], None] | None = None,
+            request_stats: dict[str, int] | None = None) -> tuple[Judgement, RunSummary]:
     """The recorded run judged again, as its end judged it. ``on_request`` sees
-    every request in the one pass over requests.jsonl (the report's columns)."""
-    recorded = read_recorded(run_dir, on_request=on_request)
+    every request in the one pass over requests.jsonl (the report's columns);
+    ``request_stats`` gets that file's unreadable-line counts."""
+    recorded = read_recorded(run_dir, on_request=on_request, request_stats=request_stats)
     judgement = judge(recorded, Ending.recorded(recorded.events.run_ended))
     return judgement, RunSummary.from_json(summary_json(recorded, judgement))
 

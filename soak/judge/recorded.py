@@ -262,11 +262,13 @@ def _read_samples(run: RunDir, *, stats: dict[str, int], stale_after_s: float, k
 
 
 def read_recorded(run_dir: str | Path, *, cut_short: bool | None = None,
-                  on_request: Callable[[dict[str, Any]], None] | None = None) -> Recorded:
+                  on_request: Callable[[dict[str, Any]], None] | None = None,
+                  request_stats: dict[str, int] | None = None) -> Recorded:
     """The run directory, each file read once. ``cut_short``: whether the harness
     cut the load short, for a run whose ``run_ended`` is not written yet (None:
     as recorded). ``on_request`` sees every parsed request in the one pass (the
-    report builds its columns there)."""
+    report builds its columns there); ``request_stats`` gets requests.jsonl's
+    unreadable-line counts."""
     run = RunDir(run_dir)
     read_stats: dict[str, int] = {}
     events = digest_events(run.events(stats=read_stats, fields=EVENT_TYPES))
@@ -282,10 +284,12 @@ def read_recorded(run_dir: str | Path, *, cut_short: bool | None = None,
         if on_request is not None:
             on_request(record)
 
-    request_stats: dict[str, int] = {}
-    requests = fold_requests(run.requests(stats=request_stats, fields=REQUEST_TYPES), criteria,
-                             read_stats=request_stats, on_request=each_request, stats=read_stats,
+    own_stats: dict[str, int] = {}
+    requests = fold_requests(run.requests(stats=own_stats, fields=REQUEST_TYPES), criteria,
+                             read_stats=own_stats, on_request=each_request, stats=read_stats,
                              span=events.span(cut_short=cut_short))
+    if request_stats is not None:
+        request_stats.update(own_stats)
     samples = _read_samples(run, stats=read_stats, stale_after_s=stale_after_of(config), keep_series=windowed)
     incidents = merge_incidents([dict(i) for i in events.incidents], disk_incidents(run.path))
     return Recorded(

@@ -25,7 +25,6 @@ from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, record_time
 from soak.criteria.rules import generated_tokens as work_tokens
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.store.counters import CounterDelta
-from soak.store.segments import read_sample_records
 from soak.store.store import EVENTS
 
 # Server counters the summary derives figures from; a scrape with none of them is stale.
