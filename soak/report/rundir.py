@@ -160,7 +160,7 @@ def load_run(run_dir: str | Path, *, summary: Mapping[str, Any] | None = None) -
     the run is not judged again, requests.jsonl is read for the columns only."""
     path = Path(run_dir)
     try:
-        return _load_run(path, summary)
+        return _load_run(path) if summary is None else _load_run(path, summary)
     except SoakError:
         raise
     except (MemoryError, RecursionError, Exception) as exc:  # a damage no reader foresaw: one line
