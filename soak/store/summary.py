@@ -25,6 +25,7 @@ from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, record_time
 from soak.criteria.rules import generated_tokens as work_tokens
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.store.counters import CounterDelta
+from soak.store.rundir import RunDir
 from soak.store.store import EVENTS
 
 # Server counters the summary derives figures from; a scrape with none of them is stale.
@@ -355,8 +356,6 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
     """The responder's ``incidents/N/incident.json`` as summary entries: the final
     record once the response finished, else what the decision said (a response
     still under way, or cut off with the harness)."""
-    from soak.store.rundir import RunDir
-
     out: list[dict[str, Any]] = []
     for child in RunDir(run_dir).incident_dirs():
         obj = read_json(child / "incident.json")
