@@ -5,10 +5,10 @@ in; the verdict, its reasons, the exit code and summary.json out.
 - ``ladder``: the exit-code ladder, pure;
 - ``ending``: what the run knew at its end (live, or from ``run_ended``);
 - ``judgement``: ``judge`` (pure) and ``summary_json``, its serialized form;
-- ``conclude``: ``conclude`` (the end of a run) and ``rejudge`` (``soak report``).
+- ``entry``: ``conclude`` (the end of a run) and ``rejudge`` (``soak report``).
 """
 
-from soak.judge.conclude import conclude, rejudge, summarize
+from soak.judge.entry import conclude, rejudge, summarize
 from soak.judge.ending import Ending, EndingSource
 from soak.judge.judgement import Judgement, judge, summary_json
 from soak.judge.ladder import Problem, outcome_of

@@ -6,7 +6,7 @@ report`` rebuilds it from the ``run_ended`` event the run recorded
 (its harness was killed) was cut off (``Ending.cut_off``).
 
 ``run_ended`` carries the Ending's fields (``problem``, ``interrupted``,
-``harness_fault``, ``response_failed``, besides ``reason`` and ``load_cut_short``);
+``harness_fault``, ``failed_live``, besides ``reason`` and ``load_cut_short``);
 a run recorded before they existed is read from its exit code: 2 and 3 a
 problem, 4 a harness fault, 130 an interrupt, and a ``fail`` verdict with exit 1
 or 130 a failure the run saw live.
@@ -36,7 +36,7 @@ class Ending:
     problem: Problem | None = None
     interrupted: bool = False
     harness_fault: str | None = None  # "while <where>: <Type>: <message>"
-    response_failed: bool = False  # an incident the run responded to, or a response that failed
+    failed_live: bool = False  # an incident the run responded to, or a response that failed
     stop_reason: str | None = None
     load_cut_short: bool = False
     incidents_seen: int = 0  # the incidents the run loop counted live
@@ -61,7 +61,7 @@ class Ending:
             problem = _problem(run_ended.get("problem"))
             interrupted = run_ended.get("interrupted") is True
             fault = run_ended.get("harness_fault")
-            failed = run_ended.get("response_failed") is True
+            failed = run_ended.get("failed_live") is True
         else:  # written before these fields: the exit code says them
             problem = _PROBLEM_EXITS.get(exit_code) if isinstance(exit_code, int) else None
             interrupted = exit_code == 130
@@ -69,7 +69,7 @@ class Ending:
             failed = run_ended.get("verdict") == "fail" and exit_code in (1, 130)
         seen, restarts = run_ended.get("incidents"), run_ended.get("restarts")
         return cls(EndingSource.RECORDED, problem=problem, interrupted=interrupted, harness_fault=fault,
-                   response_failed=failed, stop_reason=run_ended.get("reason"),
+                   failed_live=failed, stop_reason=run_ended.get("reason"),
                    load_cut_short=recorded_cut_short(run_ended),
                    incidents_seen=seen if type(seen) is int else 0, restarts=restarts if type(restarts) is int else 0)
 
@@ -77,7 +77,7 @@ class Ending:
         """The Ending's own fields of ``run_ended`` (the documented addition)."""
         return {"problem": self.problem.value if self.problem is not None else None,
                 "interrupted": self.interrupted, "harness_fault": self.harness_fault,
-                "response_failed": self.response_failed}
+                "failed_live": self.failed_live}
 
 
 def _problem(value: Any) -> Problem | None:

@@ -86,7 +86,7 @@ def _stop_reason(ending: Ending, *, breached: tuple[str, ...], exit_code: int,
 def judge(recorded: Recorded, ending: Ending) -> Judgement:
     criteria = judge_criteria(recorded.criteria, recorded.requests.tally, final=True)
     incidents = recorded.incidents
-    failed = ending.response_failed or ending.incidents_seen > 0 or bool(incidents) or not criteria.passed
+    failed = ending.failed_live or ending.incidents_seen > 0 or bool(incidents) or not criteria.passed
     results, entry = _thresholds(recorded)
     breached = [r.name for r in results or () if r.breached]
     for name in (ending.threshold_aborted, *(e.get("threshold") for e in recorded.events.threshold_breaches)):

@@ -2,7 +2,7 @@
 
 Order, whatever ended the run (duration, request cap, incident, Ctrl-C/SIGTERM,
 an error): the parts stopped, then what the run knew at its end (an ``Ending``)
-goes to the judge once (``soak.judge.conclude``): it reads the run directory
+goes to the judge once (``soak.judge.entry.conclude``): it reads the run directory
 once, decides the verdict and the exit code, has ``run_ended`` written, and
 gives summary.json, which is written here, pushed (Pushgateway) and rendered by
 the report child from that file (the child judges nothing again). The sinks
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -78,7 +78,7 @@ def ending_of(run: SoakRun, problem: BaseException | None) -> Ending:
     return Ending.live(
         problem=kind, interrupted=run._interrupted,
         harness_fault=f"while {run._fault_where}: {type(fault).__name__}: {fault}" if fault is not None else None,
-        response_failed=run._failed, stop_reason=run._stop_reason,
+        failed_live=run._failed, stop_reason=run._stop_reason,
         # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
         load_cut_short=run._interrupted or fault is not None or problem is not None,
         incidents_seen=run._incidents, restarts=run.restarts,
@@ -105,7 +105,7 @@ async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild 
     except Exception as exc:  # a record the judge cannot read still ends the run in order
         run.fault(exc, where="summarizing the run")
         if not written:
-            record_end(_unjudged_end(run, ending))
+            record_end(_unjudged_end(run, ending, exc))
         exit_code, verdict, reason = written["exit_code"], Verdict(written["verdict"]), written["reason"]
         summary = {"verdict": verdict.value, "stop_reason": reason}
     assert exit_code is not None and reason is not None  # a live ending always has both
@@ -129,18 +129,20 @@ async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild 
     return run._outcome
 
 
-def _unjudged_end(run: SoakRun, ending: Ending) -> dict[str, Any]:
-    """run_ended's fields when the run directory could not be judged: the ladder
-    on what the run saw live (its own tally of the requests), as a harness fault."""
+def _unjudged_end(run: SoakRun, ending: Ending, exc: BaseException) -> dict[str, Any]:
+    """run_ended's fields when the run directory could not be judged: a harness
+    fault, laddered on what the run saw live (its own tally of the requests)."""
+    fault = f"while summarizing the run: {type(exc).__name__}: {exc}"
+    ending = replace(ending, harness_fault=ending.harness_fault or fault)
     tally = run.tally
     tally.cut_short = ending.load_cut_short
     criteria = judge_criteria(run.config.criteria, tally, final=True)
-    failed = ending.response_failed or ending.incidents_seen > 0 or not criteria.passed
+    failed = ending.failed_live or ending.incidents_seen > 0 or not criteria.passed
     exit_code, verdict = outcome_of(problem=ending.problem, failed=failed,
                                     breached=ending.threshold_aborted is not None, fault=True,
                                     interrupted=ending.interrupted)
-    return {"verdict": verdict.value, "reason": ending.stop_reason or "finished", "exit_code": exit_code,
-            "load_cut_short": ending.load_cut_short, "incidents": ending.incidents_seen,
+    return {"verdict": verdict.value, "reason": f"{ending.stop_reason or 'finished'}; harness fault {fault}",
+            "exit_code": exit_code, "load_cut_short": ending.load_cut_short, "incidents": ending.incidents_seen,
             "restarts": ending.restarts, "criteria_failed": [r.name for r in criteria.failed],
             **ending.run_ended_fields()}
 

@@ -43,7 +43,7 @@ EVENT_TYPES = {
     "evidence": is_str, "summary": is_str, "gpu_free_s": is_number, "reason": is_str, "exit_code": is_int, "load_cut_short": is_bool,
     "verdict": is_str, "age_s": is_number, "message": is_str, "criteria": is_dict,
     # run_ended: what the run knew at its end (soak.judge.ending.Ending)
-    "problem": is_str, "interrupted": is_bool, "harness_fault": is_str, "response_failed": is_bool,
+    "problem": is_str, "interrupted": is_bool, "harness_fault": is_str, "failed_live": is_bool,
 }
 REQUEST_TYPES = {"started_at": is_timestamp, "ended_at": is_timestamp, "started_mono": is_number, "ended_mono": is_number}
 

@@ -19,15 +19,16 @@ T0 = 1_800_000_000.0
 _dirs = itertools.count()
 
 outcomes = st.sampled_from(["ok", "ok", "ok", "http_status", "reset", "aborted"])
+# config.yaml holds the resolved config: each rule in its long form, windows in seconds
 thresholds = st.fixed_dictionaries({}, optional={
-    "ttft_p99": st.sampled_from(["< 90s", "< 1ms"]),
-    "error_rate": st.sampled_from(["< 50%", {"threshold": "< 1%", "window": "5s"}]),
-    "requests_per_s": st.sampled_from(["> 0.001", "> 1000000"]),
-    "hangs": st.just("< 1"),
+    "ttft_p99": st.sampled_from([{"threshold": ["< 90s"]}, {"threshold": ["< 1ms"]}]),
+    "error_rate": st.sampled_from([{"threshold": ["< 50%"]}, {"threshold": ["< 1%"], "window": 5.0}]),
+    "requests_per_s": st.sampled_from([{"threshold": ["> 0.001"]}, {"threshold": ["> 1000000"], "window": 3.0}]),
+    "hangs": st.just({"threshold": ["< 1"]}),
 })
 endings = st.builds(
     lambda problem, interrupted, fault, failed, reason, seen: Ending.live(
-        problem=problem, interrupted=interrupted, harness_fault=fault, response_failed=failed,
+        problem=problem, interrupted=interrupted, harness_fault=fault, failed_live=failed,
         stop_reason=reason, load_cut_short=interrupted or fault is not None or problem is not None,
         incidents_seen=seen),
     st.sampled_from([None, None, Problem.ENVIRONMENT, Problem.USAGE]), st.booleans(),
@@ -103,6 +104,8 @@ def test_rejudging_the_directory_says_what_the_runs_end_said(tmp_path_factory, s
         (at_end.verdict, at_end.exit_code, at_end.reasons, at_end.stop_reason)
     assert again.criteria == at_end.criteria and again.breached == at_end.breached
     assert json.loads(json.dumps(recorded.raw)) == json.loads(json.dumps(summary))
+    if spec["section"]:  # every threshold judged, none refused as unreadable
+        assert "error" not in summary["thresholds"] and summary["thresholds"]["results"]
     # what the run knew at its end is in run_ended: a ladder over the same facts
     assert recorded.exit_code == at_end.exit_code and summary["exit_code"] == at_end.exit_code
 
@@ -132,7 +135,7 @@ def test_a_run_without_run_ended_is_cut_off(tmp_path) -> None:
 def test_an_older_run_ended_is_read_from_its_exit_code(tmp_path) -> None:
     """A run_ended written before it carried the ending's facts: exit 130 was an interrupt."""
     run = _write_run(tmp_path, requests=[("ok", 0.5)] * 4, incidents=[], on_disk=False,
-                     section={"requests_per_s": "> 1000000"}, breach=False, error_max=0.05)
+                     section={"requests_per_s": {"threshold": ["> 1000000"]}}, breach=False, error_max=0.05)
     _writer(run)({"verdict": "aborted", "reason": "interrupted", "exit_code": 130})
     judgement, summary = rejudge(run)
     assert (judgement.exit_code, summary.verdict.value, summary.stop_reason) == (130, "aborted", "interrupted")
