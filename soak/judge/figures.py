@@ -1,10 +1,11 @@
 """summary.json's figures, computed only from what the run directory recorded
 (``soak.judge.recorded.Recorded``), pure.
 
-The run's end (``soak.judge.entry.conclude``) and ``soak report`` (``rejudge``) both
-serialize the judgement through here, so a run cut off by SIGKILL gets the same summary it would have had,
-with ``cut_off: true`` (no ``run_ended`` event) and a verdict from what was
-recorded: ``fail`` if an incident was recorded, else ``aborted``.
+The run's end (``soak.judge.entry.conclude``) and ``soak report`` (``rejudge``)
+both serialize the judgement through here, so a run cut off by SIGKILL gets the
+same summary it would have had, with ``cut_off: true`` (no ``run_ended`` event)
+and a verdict from what was recorded: ``fail`` if an incident was recorded,
+else ``aborted``.
 
 Counting rules:
 - ``requests``: every line of requests.jsonl (warm-up included: a warm-up
