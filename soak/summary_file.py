@@ -47,6 +47,24 @@ def _strs(value: Any) -> tuple[str, ...]:
     return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
+def _amount(value: Any) -> int | float | None:
+    """A count that may be fractional (server counters): int kept int, finite float kept."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _number(value)
+
+
+def _mappings(value: Any) -> tuple[Mapping[str, Any], ...]:
+    return tuple(v for v in value if isinstance(v, Mapping)) if isinstance(value, list) else ()
+
+
+def _numbers(value: Any) -> Mapping[str, float]:
+    """The finite numbers of a mapping, by key (a stats block: mean, p50, ...)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: n for k, v in value.items() if isinstance(k, str) and (n := _number(v)) is not None}
+
+
 @dataclass(frozen=True)
 class IncidentEntry:
     """One entry of ``incidents``: a detected hang or crash and the response."""
@@ -61,8 +79,10 @@ class IncidentEntry:
     evidence: str | None
     summary: str | None
     gpu_free_s: float | None
-    diagnosis: Mapping[str, Any] | None
+    diagnosis: str | None  # the flight-recorder diagnosis line (IncidentRecord.diagnosis)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # the detector's reasons: incident.json carries them (a report's merged record), summary.json not
+    reasons: tuple[str, ...] = ()
 
     @property
     def is_hang(self) -> bool:
@@ -78,7 +98,7 @@ class IncidentEntry:
             killed_pids=tuple(p for p in pids if _int(p) is not None) if isinstance(pids, list) else (),
             gpus_released=_bool(obj.get("gpus_released")), evidence=_str(obj.get("evidence")),
             summary=_str(obj.get("summary")), gpu_free_s=_number(obj.get("gpu_free_s")),
-            diagnosis=_mapping(obj.get("diagnosis")), raw=obj,
+            diagnosis=_str(obj.get("diagnosis")), raw=obj, reasons=_strs(obj.get("reasons")),
         )
 
 
@@ -91,6 +111,11 @@ class RequestCounts:
     warmup: int | None
     by_outcome: Mapping[str, int]
     cut_by: Mapping[str, int]  # cause (drain, incident, interrupt) -> requests the harness cut
+
+    @property
+    def cut(self) -> int:
+        """Requests the harness cut short, every cause together."""
+        return sum(self.cut_by.values())
 
     @classmethod
     def from_json(cls, obj: Any) -> RequestCounts:
@@ -105,6 +130,38 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class ThresholdRow:
+    """One threshold's result (soak.thresholds.evaluate.ThresholdResult.to_json)."""
+
+    name: str | None
+    passed: bool | None
+    outcome: str | None  # "passed" | "breached" | "no_data"
+    reason: str | None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ThresholdRow:
+        return cls(name=_str(obj.get("name")), passed=_bool(obj.get("passed")), outcome=_str(obj.get("outcome")),
+                   reason=_str(obj.get("reason")))
+
+
+@dataclass(frozen=True)
+class CriterionRow:
+    """One failure criterion's result (soak.criteria.rules.CriterionResult.to_json)."""
+
+    name: str | None
+    state: str | None  # "pass" | "fail" | ...
+    reasons: tuple[str, ...]
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "fail"
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> CriterionRow:
+        return cls(name=_str(obj.get("name")), state=_str(obj.get("state")), reasons=_strs(obj.get("reasons")))
+
+
+@dataclass(frozen=True)
 class ThresholdsEntry:
     """``thresholds``: each threshold's result over the run (soak.thresholds)."""
 
@@ -113,6 +170,10 @@ class ThresholdsEntry:
     results: tuple[Mapping[str, Any], ...]
     error: str | None  # the recorded section no longer compiles
     aborted_by: Mapping[str, Any] | None  # a live abort_on_fail stop
+
+    @property
+    def rows(self) -> tuple[ThresholdRow, ...]:
+        return tuple(ThresholdRow.from_json(r) for r in self.results)
 
     @classmethod
     def from_json(cls, obj: Any) -> ThresholdsEntry | None:
@@ -135,6 +196,10 @@ class CriteriaEntry:
     results: tuple[Mapping[str, Any], ...]
     note: str | None
 
+    @property
+    def rows(self) -> tuple[CriterionRow, ...]:
+        return tuple(CriterionRow.from_json(r) for r in self.results)
+
     @classmethod
     def from_json(cls, obj: Any) -> CriteriaEntry | None:
         if not isinstance(obj, Mapping):
@@ -143,6 +208,109 @@ class CriteriaEntry:
         rows = tuple(r for r in results if isinstance(r, Mapping)) if isinstance(results, list) else ()
         return cls(passed=_bool(obj.get("passed")), failed=_strs(obj.get("failed")), results=rows,
                    note=_str(obj.get("note")))
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """``tokens`` (the client's count) or ``server_tokens`` (the server's counters)."""
+
+    prompt: int | float | None
+    generated: int | float | None
+    cached: int | float | None  # None: the server did not say (and never for server_tokens)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TokenCounts:
+        obj = obj if isinstance(obj, Mapping) else {}
+        return cls(prompt=_amount(obj.get("prompt")), generated=_amount(obj.get("generated")),
+                   cached=_amount(obj.get("cached")))
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """``throughput``: over the measured time (the load less its warm-up)."""
+
+    generated_tokens_per_s: float | None
+    requests_per_s: float | None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Throughput:
+        obj = obj if isinstance(obj, Mapping) else {}
+        return cls(generated_tokens_per_s=_number(obj.get("generated_tokens_per_s")),
+                   requests_per_s=_number(obj.get("requests_per_s")))
+
+
+@dataclass(frozen=True)
+class ClockEntry:
+    """``clock``: which time line the figures were read on, and the wall clock's steps."""
+
+    basis: str | None  # "monotonic" | "wall" (a run recorded before mono existed)
+    wall_steps: tuple[Mapping[str, Any], ...]
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ClockEntry | None:
+        if not isinstance(obj, Mapping):
+            return None
+        return cls(basis=_str(obj.get("basis")), wall_steps=_mappings(obj.get("wall_steps")))
+
+
+@dataclass(frozen=True)
+class GpuSourceEntry:
+    """``gpu_source``: whether the GPU readings went stale during the run."""
+
+    stale: bool | None
+    stale_periods: int | None
+    max_age_s: float | None
+    messages: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, obj: Any) -> GpuSourceEntry | None:
+        if not isinstance(obj, Mapping):
+            return None
+        return cls(stale=_bool(obj.get("stale")), stale_periods=_int(obj.get("stale_periods")),
+                   max_age_s=_number(obj.get("max_age_s")), messages=_strs(obj.get("messages")))
+
+
+@dataclass(frozen=True)
+class ServerVersionEntry:
+    """``server_version``: the target's vLLM version and whether soak covers it."""
+
+    server_version: str | None
+    basis: str | None
+    covered: bool | None
+    covered_versions: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ServerVersionEntry | None:
+        if not isinstance(obj, Mapping):
+            return None
+        return cls(server_version=_str(obj.get("server_version")), basis=_str(obj.get("basis")),
+                   covered=_bool(obj.get("covered")), covered_versions=_strs(obj.get("covered_versions")))
+
+
+@dataclass(frozen=True)
+class BuildEntry:
+    """``build``: what the nights are grouped by (soak.history.build.build_identity)."""
+
+    label: str | None
+    vllm_version: str | None
+    launch_digest: str | None
+    model: str | None
+    key: str | None  # recorded as "build" (a word like "key" reads as a secret to the redactor)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> BuildEntry | None:
+        if not isinstance(obj, Mapping):
+            return None
+        return cls(label=_str(obj.get("label")), vllm_version=_str(obj.get("vllm_version")),
+                   launch_digest=_str(obj.get("launch_digest")), model=_str(obj.get("model")),
+                   key=_str(obj.get("build")))
+
+
+def _error_rate(value: Any) -> float | None:
+    # An older summary kept the failure criterion's object here ({"value": ...} or {"rate": ...}).
+    if isinstance(value, Mapping):
+        value = value.get("value", value.get("rate"))
+    return _number(value)
 
 
 @dataclass(frozen=True)
@@ -171,11 +339,23 @@ class RunSummary:
     build: Mapping[str, Any] | None
     server_metrics: Mapping[str, Any] | None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    name: str | None = None
+    hostname: str | None = None
+    tokens: TokenCounts = TokenCounts(None, None, None)
+    server_tokens: TokenCounts = TokenCounts(None, None, None)
+    prefix_cache_hit_ratio: float | None = None
+    throughput: Throughput = Throughput(None, None)
+    latency: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # "ttft_s" -> {"p99": ...}
+    clock: ClockEntry | None = None
+    gpu_source: GpuSourceEntry | None = None
+    server_version: ServerVersionEntry | None = None
+    warnings: tuple[str, ...] = ()
+    records: Mapping[str, int] = field(default_factory=dict)  # lines read, and the damage skipped, by kind
 
     @classmethod
     def from_json(cls, obj: Any) -> RunSummary:
         obj = obj if isinstance(obj, Mapping) else {}
-        verdict = obj.get("verdict")
+        verdict = _str(obj.get("verdict"))  # a list or a dict is no verdict (and unhashable)
         incidents = obj.get("incidents")
         return cls(
             verdict=Verdict(verdict) if verdict in {v.value for v in Verdict} else None,
@@ -187,7 +367,7 @@ class RunSummary:
             stop_reason=_str(obj.get("stop_reason")), exit_code=_int(obj.get("exit_code")),
             verdict_reasons=_strs(obj.get("verdict_reasons")),
             requests=RequestCounts.from_json(obj.get("requests")),
-            error_rate=_number(obj.get("error_rate")),
+            error_rate=_error_rate(obj.get("error_rate")),
             incidents=tuple(IncidentEntry.from_json(i) for i in incidents if isinstance(i, Mapping))
             if isinstance(incidents, list) else (),
             restarts=_int(obj.get("restarts")),
@@ -196,7 +376,26 @@ class RunSummary:
             build=_mapping(obj.get("build")),
             server_metrics=_mapping(obj.get("server_metrics")),
             raw=obj,
+            name=_str(obj.get("name")), hostname=_str(obj.get("hostname")),
+            tokens=TokenCounts.from_json(obj.get("tokens")),
+            server_tokens=TokenCounts.from_json(obj.get("server_tokens")),
+            prefix_cache_hit_ratio=_number(obj.get("prefix_cache_hit_ratio")),
+            throughput=Throughput.from_json(obj.get("throughput")),
+            latency={k: _numbers(v) for k, v in (_mapping(obj.get("latency")) or {}).items()
+                     if isinstance(k, str) and isinstance(v, Mapping)},
+            clock=ClockEntry.from_json(obj.get("clock")),
+            gpu_source=GpuSourceEntry.from_json(obj.get("gpu_source")),
+            server_version=ServerVersionEntry.from_json(obj.get("server_version")),
+            warnings=_strs(obj.get("warnings")),
+            records={k: v for k, v in (_mapping(obj.get("records")) or {}).items()
+                     if isinstance(k, str) and _int(v) is not None},
         )
+
+    @classmethod
+    def of(cls, summary: RunSummary | Any) -> RunSummary:
+        """``summary`` itself where it is a RunSummary, else read with ``from_json``:
+        for callers that still hold summary.json as parsed (a dict)."""
+        return summary if isinstance(summary, RunSummary) else cls.from_json(summary)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.raw)
@@ -204,6 +403,15 @@ class RunSummary:
     @property
     def hangs(self) -> int:
         return sum(1 for i in self.incidents if i.is_hang)
+
+    @property
+    def build_entry(self) -> BuildEntry | None:
+        return BuildEntry.from_json(self.build)
+
+    @property
+    def server_metrics_note(self) -> str | None:
+        """Why the server's counters cover less than the run, where they do."""
+        return _str((self.server_metrics or {}).get("note")) or None
 
     def figure(self, path: tuple[str, ...]) -> float | None:
         """The number at ``path`` (a RunMetric.summary_path), None where absent or not a number."""
@@ -213,4 +421,7 @@ class RunSummary:
         return _number(node)
 
 
-__all__ = ["CriteriaEntry", "IncidentEntry", "RequestCounts", "RunSummary", "ThresholdsEntry"]
+__all__ = [
+    "BuildEntry", "ClockEntry", "CriteriaEntry", "CriterionRow", "GpuSourceEntry", "IncidentEntry", "RequestCounts", "RunSummary",
+    "ServerVersionEntry", "ThresholdRow", "ThresholdsEntry", "Throughput", "TokenCounts",
+]
