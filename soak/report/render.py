@@ -28,6 +28,7 @@ from soak.report import watchdog
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RequestColumns, RunData, load_run
 from soak.report.stats import MtbfEstimate, mtbf_estimate
+from soak.summary_file import IncidentEntry, RunSummary
 
 
 @dataclass
@@ -44,7 +45,7 @@ class ReportModel:
     name: str
     verdict: str
     cut_off: bool
-    summary: dict[str, Any]
+    summary: RunSummary
     start: float
     mtbf: MtbfEstimate | None
     brief: list[tuple[str, str]]
@@ -58,15 +59,14 @@ class ReportModel:
 
 
 def _run_name(run: RunData) -> str:
-    for source in (run.summary, run.config):
-        name = source.get("name") if isinstance(source, Mapping) else None
+    for name in (run.summary.name, run.config.get("name")):
         if isinstance(name, str) and name:
             return name
     started = next((e for e in run.events if e.get("type") == "run_started"), {})
     return str(started.get("name") or run.path.name)
 
 
-def _brief(config: Mapping[str, Any], summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _brief(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
 
     def walk(prefix: str, value: Any, depth: int) -> None:
@@ -152,15 +152,16 @@ def _incident_view(incident: Incident, run: RunData) -> IncidentView:
     return IncidentView(record=incident.record, watchdog=lines, flight_recorder=fr, files=incident.files, path=rel)
 
 
-def _images(run: RunData, incidents: list[dict[str, Any]], *, start: float, end: float | None) -> list[tuple[str, bytes]]:
+def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
+            end: float | None) -> list[tuple[str, bytes]]:
     from soak.report import plots  # matplotlib: only a page with plots pays for it
 
     markers: list[plots.Marker] = []
     for i in incidents:
-        if isinstance(i.get("onset_at"), (int, float)):
-            markers.append(plots.Marker(i["onset_at"], f"#{i.get('number')} onset", "onset"))
-        if isinstance(i.get("detected_at"), (int, float)):
-            markers.append(plots.Marker(i["detected_at"], f"#{i.get('number')} detected", "detected"))
+        if i.onset_at is not None:
+            markers.append(plots.Marker(i.onset_at, f"#{i.number} onset", "onset"))
+        if i.detected_at is not None:
+            markers.append(plots.Marker(i.detected_at, f"#{i.number} detected", "detected"))
     last = max([a[-1] for a in (run.gpu_ts, run.server_ts, run.client_ts) if a.size] + ([end] if end else []),
                default=start + 60)
     xlim = (0.0, max(last - start, 1.0) / 60.0)
@@ -181,32 +182,32 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     matplotlib unimported): what junit.xml alone needs."""
     summary = run.summary
     start = run.start or 0.0
-    verdict = str(summary.get("verdict", "unknown"))
-    cut_off = bool(summary.get("cut_off"))
-    incidents = list(summary.get("incidents") or [])
-    hangs = sum(1 for i in incidents if i.get("kind") == "hang")
-    duration = summary.get("duration_s")
-    mtbf = mtbf_estimate(hangs, float(duration), confidence=confidence) if isinstance(duration, (int, float)) and duration > 0 else None
-    criteria = summary.get("criteria") if isinstance(summary.get("criteria"), dict) else {}
-    criteria_failed = [r for r in criteria.get("results") or () if isinstance(r, dict) and r.get("state") == "fail"]
+    verdict = summary.verdict.value if summary.verdict is not None else "unknown"
+    cut_off = bool(summary.cut_off)
+    incidents = summary.incidents
+    hangs = summary.hangs
+    duration = summary.duration_s
+    mtbf = mtbf_estimate(hangs, duration, confidence=confidence) if duration is not None and duration > 0 else None
+    criteria_failed = [r for r in summary.criteria.rows if r.failed] if summary.criteria is not None else []
     if criteria_failed and not hangs:
         # A server that fails its requests is not being exercised: hang-free time
         # under those conditions proves nothing about hangs. A hang it did have
         # is still a hang, so a run with hangs keeps its estimate.
         mtbf = None
 
-    end = summary.get("ended_at") if isinstance(summary.get("ended_at"), (int, float)) else None
+    end = summary.ended_at
     images = _images(run, incidents, start=start, end=end) if with_plots else []
     stats_rows, outcomes = request_statistics(run.requests)
     by_number = {inc.number: inc for inc in run.incidents}
     views = []
     for i in incidents:
-        found = by_number.pop(int(i.get("number", -1)), None) if isinstance(i.get("number"), int) else None
+        found = by_number.pop(i.number, None) if i.number is not None else None
         if found is not None:
             view = _incident_view(found, run)
-            view.record = {**found.record, **i}
+            view.record = {**found.record, **i.raw}
         else:
-            view = IncidentView(record=dict(i), watchdog=[], flight_recorder=None, files=[], path=str(i.get("evidence", "")))
+            view = IncidentView(record=dict(i.raw), watchdog=[], flight_recorder=None, files=[],
+                                path="" if i.evidence is None else i.evidence)
         views.append(view)
     for leftover in by_number.values():  # evidence on disk the summary does not list (a cut-off run)
         views.append(_incident_view(leftover, run))
@@ -216,15 +217,14 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         if event.get("type") in ("gpu_source_stale", "warning") and event.get("message"):
             notes.append(str(event["message"]))
     for result in criteria_failed:
-        reasons = result.get("reasons") or [result.get("name", "a criterion")]
-        notes.append(f"Failure criterion {result.get('name')}: {reasons[0]}."
+        reasons = result.reasons or ("a criterion" if result.name is None else result.name,)
+        notes.append(f"Failure criterion {result.name}: {reasons[0]}."
                      + ("" if hangs else " No MTBF bound is given for a run whose server failed its requests."))
     for event in run.events:  # the wall clock only labels; a step of it is shown, and moved no figure
         if event.get("type") == "wall_clock_step":
             notes.append(wall_step_note(event))
-    metrics = summary.get("server_metrics") if isinstance(summary.get("server_metrics"), dict) else {}
-    if metrics.get("note"):
-        notes.append(f"Server metrics: {metrics['note']}.")
+    if summary.server_metrics_note:
+        notes.append(f"Server metrics: {summary.server_metrics_note}.")
     notes = list(dict.fromkeys(notes))
     why = ended_because(run.path, summary)
     if why:
@@ -234,7 +234,7 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
                         "The verdict and figures are from what was recorded up to then.")
     return ReportModel(
         name=_run_name(run), verdict=verdict, cut_off=cut_off, summary=summary, start=start, mtbf=mtbf,
-        brief=_brief(run.config, summary), config_text=run.config_text, images=images, incidents=views,
+        brief=_brief(run.config), config_text=run.config_text, images=images, incidents=views,
         request_stats=stats_rows, outcomes=outcomes, events=run.events[-300:], notes=notes,
     )
 
@@ -467,11 +467,11 @@ def _summary_value(key: str, value: Any) -> str:
     return _e(_compact(value))
 
 
-def ended_because(run_dir: Path, summary: Mapping[str, Any]) -> str | None:
+def ended_because(run_dir: Path, summary: RunSummary) -> str | None:
     """One line: why the run ended, from run_ended's reason and harness_error.txt."""
     parts = []
-    reason = summary.get("stop_reason")
-    if isinstance(reason, str) and reason:
+    reason = summary.stop_reason
+    if reason:
         parts.append(f"The run ended: {reason}")
     fault = Path(run_dir) / "harness_error.txt"
     try:
@@ -496,26 +496,24 @@ def wall_step_note(event: Mapping[str, Any]) -> str:
 
 def render_html(model: ReportModel) -> str:
     s = model.summary
-    req = s.get("requests") or {}
-    tok = s.get("tokens") or {}
-    hit = s.get("prefix_cache_hit_ratio")
-    duration = s.get("duration_s")
+    req, generated = s.requests, s.tokens.generated
+    hit = s.prefix_cache_hit_ratio
+    duration = s.duration_s
     verdict_cls = model.verdict if model.verdict in ("pass", "fail", "aborted") else "unknown"
     label = model.verdict.upper() + (" (cut off)" if model.cut_off else "")
     facts = [
-        f"{_e(format_duration(duration, approx=True))} of load" if isinstance(duration, (int, float)) else "duration unknown",
-        f"{len(s.get('incidents') or [])} incident(s)",
-        f"requests {req.get('ok', 0)} ok / {req.get('failed', 0)} failed"
-        + (f" / {cut} cut by the harness" if (cut := sum(v for k, v in req.items() if k.startswith("cut_by_")
-                                                          and isinstance(v, int))) else ""),
-        f"{tok.get('generated', 0):,} tokens generated" if isinstance(tok.get("generated"), (int, float)) else "",
-        f"prefix-cache hit ratio {hit * 100:.1f}%" if isinstance(hit, (int, float)) else "hit ratio unknown",
+        f"{_e(format_duration(duration, approx=True))} of load" if duration is not None else "duration unknown",
+        f"{len(s.incidents)} incident(s)",
+        f"requests {req.ok or 0} ok / {req.failed or 0} failed"
+        + (f" / {req.cut} cut by the harness" if req.cut else ""),
+        f"{generated:,} tokens generated" if generated is not None else "",
+        f"prefix-cache hit ratio {hit * 100:.1f}%" if hit is not None else "hit ratio unknown",
     ]
     out = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>soak {_e(model.name)}: {_e(label)}</title><style>{_CSS}</style></head><body>",
         f"<div class='banner {verdict_cls}'><span class='verdict'>{_e(label)}</span>",
-        f"<span class='facts'><b>{_e(model.name)}</b> · {_e(_utc(s.get('started_at')))} → {_e(_utc(s.get('ended_at')))}<br>",
+        f"<span class='facts'><b>{_e(model.name)}</b> · {_e(_utc(s.started_at))} → {_e(_utc(s.ended_at))}<br>",
         " · ".join(f for f in facts if f), "</span></div><main>",
     ]
     for note in model.notes:
@@ -535,8 +533,9 @@ def render_html(model: ReportModel) -> str:
     out.append("<h2>Configuration</h2><div class='grid'><div>")
     out.append(_table(["setting", "value"], [[k, v] for k, v in model.brief], numeric_from=9))
     out.append("</div><div>")
+    # every field summary.json holds, named or not: the table shows the record as written
     out.append(_table(["summary", "value"], [[k, _Raw(_summary_value(k, v))]
-                                             for k, v in s.items() if k != "incidents" and v is not None],
+                                             for k, v in s.to_json().items() if k != "incidents" and v is not None],
                       numeric_from=9))
     out.append("</div></div>")
     if model.config_text:
@@ -557,18 +556,17 @@ def junit_for(model: ReportModel) -> bytes:
     if model.mtbf is not None:
         props.append(("mtbf", model.mtbf.sentence()))
     s = model.summary
-    for key in ("duration_s", "prefix_cache_hit_ratio"):
-        if s.get(key) is not None:
-            props.append((key, str(s[key])))
-    req = s.get("requests") or {}
-    props += [("requests_ok", str(req.get("ok", 0))), ("requests_failed", str(req.get("failed", 0)))]
-    props += [(key, str(value)) for key, value in req.items() if key.startswith("cut_by_")]
-    start = s.get("started_at") if isinstance(s.get("started_at"), (int, float)) else None
+    for key, value in (("duration_s", s.duration_s), ("prefix_cache_hit_ratio", s.prefix_cache_hit_ratio)):
+        if value is not None:
+            props.append((key, str(value)))
+    req = s.requests
+    props += [("requests_ok", str(req.ok or 0)), ("requests_failed", str(req.failed or 0))]
+    props += [(f"cut_by_{cause}", str(count)) for cause, count in req.cut_by.items()]
     lines = [f"verdict {model.verdict}" + (" (cut off)" if model.cut_off else "")]
     if model.mtbf is not None:
         lines.append(model.mtbf.sentence())
-    lines += [incident_line(v.record, start) for v in model.incidents]
-    return build_junit(s, name=model.name, hostname=str(s.get("hostname") or "localhost"), properties=props,
+    lines += [incident_line(IncidentEntry.from_json(v.record), s.started_at) for v in model.incidents]
+    return build_junit(s, name=model.name, hostname=s.hostname or "localhost", properties=props,
                        system_out="\n".join(lines))
 
 
@@ -590,7 +588,7 @@ def write_report(run_dir: str | Path, *, confidence: float = 0.95, write_summary
     summary_path = None
     if write_summary:  # run.summary is the run store's own summarize()
         summary_path = path / "summary.json"
-        write_atomic(summary_path, (json.dumps(run.summary, indent=2) + "\n").encode("utf-8"))
+        write_atomic(summary_path, (json.dumps(run.summary.to_json(), indent=2) + "\n").encode("utf-8"))
     html_path, junit_path = path / "report.html", path / "junit.xml"
     if html:
         write_atomic(html_path, render_html(model).encode("utf-8"))

@@ -1,9 +1,9 @@
 """Nightly retention: keep the newest N run directories and the newest failing
 one, delete the rest, and point ``latest`` at the newest run.
 
-Safety: only direct children of the runs folder that look like run directories
-(they hold events.jsonl, summary.json, samples.jsonl or config.yaml) are
-candidates; symlinks are never followed or deleted (except ``latest``, which
+Safety: only direct children of the runs folder that are run directories
+(``soak.store.rundir.is_run_dir``: events.jsonl, requests.jsonl, samples or
+summary.json) are candidates; symlinks are never followed or deleted (except ``latest``, which
 is replaced); every path is checked to resolve inside the runs folder before
 it is removed. Anything else in the folder, and everything outside it, is left
 alone.
@@ -22,9 +22,11 @@ from pathlib import Path
 
 from soak.bounds import LIMITS, iter_lines, loads_json
 from soak.fsio import symlink_atomic
-from soak.jsonl import read_json
+from soak.records import Verdict
+from soak.store.rundir import RunDir, is_run_dir
+from soak.store.store import EVENTS
+from soak.summary_file import RunSummary
 
-RUN_MARKERS = ("events.jsonl", "summary.json", "samples.jsonl", "config.yaml")
 LATEST = "latest"
 
 
@@ -59,19 +61,20 @@ def _lines(path: Path):
 
 
 def _describe(path: Path) -> RunEntry:
-    summary = read_json(path / "summary.json")
-    started = summary.get("started_at") if isinstance(summary, dict) else None
-    if not isinstance(started, (int, float)):
-        started = _first_ts(path / "events.jsonl")
+    raw = RunDir(path).summary_json()
+    summary = RunSummary.from_json(raw) if isinstance(raw, dict) else None
+    started = summary.started_at if summary is not None else None
+    if started is None:
+        started = _first_ts(path / EVENTS)
     if started is None:
         started = path.stat().st_mtime
-    if isinstance(summary, dict):
-        failed = summary.get("verdict") == "fail" or bool(summary.get("incidents"))
+    if summary is not None:
+        failed = summary.verdict is Verdict.FAIL or bool(summary.incidents)
     else:  # cut off before a summary: an incident directory or event counts as a failure
         failed = any((path / "incidents").glob("*/incident.json"))
-        if not failed and (path / "events.jsonl").is_file():
+        if not failed and (path / EVENTS).is_file():
             try:
-                failed = any(b'"type": "incident"' in raw for _, raw in _lines(path / "events.jsonl"))
+                failed = any(b'"type": "incident"' in raw for _, raw in _lines(path / EVENTS))
             except OSError:
                 failed = False
     return RunEntry(path=path, started_at=float(started), failed=failed)
@@ -81,9 +84,7 @@ def find_runs(runs_dir: Path) -> list[RunEntry]:
     """Run directories directly inside ``runs_dir``, newest first."""
     out = []
     for child in runs_dir.iterdir():
-        if child.is_symlink() or not child.is_dir():
-            continue
-        if any((child / m).exists() for m in RUN_MARKERS):
+        if not child.is_symlink() and is_run_dir(child):
             out.append(_describe(child))
     out.sort(key=lambda r: (r.started_at, r.path.name), reverse=True)
     return out

@@ -47,8 +47,8 @@ def test_a_hostile_requests_file_reads_into_the_same_figures(tmp_path):
     data = load_run(run)
     assert len(data.requests) == 37  # warm-up left out
     assert data.bad_lines == {"requests.jsonl": 2}  # the bad line and the torn one
-    assert data.summary["requests"]["warmup"] == 3  # the same pass gave the summary
-    assert data.summary["tokens"]["generated"] == 10 * 39
+    assert data.summary.requests.warmup == 3  # the same pass gave the summary
+    assert data.summary.tokens.generated == 10 * 39
     stats = dict(request_statistics(data.requests)[0])
     for label, key in (("TTFT (s)", "ttft_s"), ("end-to-end latency (s)", "e2e_s"), ("prompt tokens", "prompt_tokens")):
         expected = _expected(rows, key)
