@@ -15,8 +15,8 @@ along a ``soak.thresholds.metrics.RunMetric.summary_path``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Mapping
 
 from soak.records import Verdict
 
@@ -63,6 +63,36 @@ def _numbers(value: Any) -> Mapping[str, float]:
     if not isinstance(value, Mapping):
         return {}
     return {k: n for k, v in value.items() if isinstance(k, str) and (n := _number(v)) is not None}
+
+
+# How a field is read, by its declared type (the annotation's text: this module
+# uses postponed annotations); a value of another type reads as absent.
+_READERS: Mapping[str, Callable[[Any], Any]] = {
+    "bool | None": _bool, "int | None": _int, "float | None": _number, "str | None": _str,
+    "int | float | None": _amount, "tuple[str, ...]": _strs, "tuple[Mapping[str, Any], ...]": _mappings,
+}
+
+
+class _Fields:
+    """A small record of summary.json read field by field by declared type: the
+    object's key is the field's name (or ``_recorded_as[name]``). Not a mapping:
+    every field absent."""
+
+    _recorded_as: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Any:
+        obj = obj if isinstance(obj, Mapping) else {}
+        return cls(**{f.name: _READERS[f.type](obj.get(cls._recorded_as.get(f.name, f.name)))  # type: ignore[call-arg]
+                      for f in fields(cls)})  # type: ignore[arg-type]
+
+
+class _Section(_Fields):
+    """A section of summary.json that a run may lack: None where it is not a mapping."""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Any:
+        return super().from_json(obj) if isinstance(obj, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -130,7 +160,7 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
-class ThresholdRow:
+class ThresholdRow(_Fields):
     """One threshold's result (soak.thresholds.evaluate.ThresholdResult.to_json)."""
 
     name: str | None
@@ -138,14 +168,9 @@ class ThresholdRow:
     outcome: str | None  # "passed" | "breached" | "no_data"
     reason: str | None
 
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> ThresholdRow:
-        return cls(name=_str(obj.get("name")), passed=_bool(obj.get("passed")), outcome=_str(obj.get("outcome")),
-                   reason=_str(obj.get("reason")))
-
 
 @dataclass(frozen=True)
-class CriterionRow:
+class CriterionRow(_Fields):
     """One failure criterion's result (soak.criteria.rules.CriterionResult.to_json)."""
 
     name: str | None
@@ -155,10 +180,6 @@ class CriterionRow:
     @property
     def failed(self) -> bool:
         return self.state == "fail"
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> CriterionRow:
-        return cls(name=_str(obj.get("name")), state=_str(obj.get("state")), reasons=_strs(obj.get("reasons")))
 
 
 @dataclass(frozen=True)
@@ -211,84 +232,32 @@ class CriteriaEntry:
 
 
 @dataclass(frozen=True)
-class TokenCounts:
+class TokenCounts(_Fields):
     """``tokens`` (the client's count) or ``server_tokens`` (the server's counters)."""
 
     prompt: int | float | None
     generated: int | float | None
     cached: int | float | None  # None: the server did not say (and never for server_tokens)
 
-    @classmethod
-    def from_json(cls, obj: Any) -> TokenCounts:
-        obj = obj if isinstance(obj, Mapping) else {}
-        return cls(prompt=_amount(obj.get("prompt")), generated=_amount(obj.get("generated")),
-                   cached=_amount(obj.get("cached")))
-
 
 @dataclass(frozen=True)
-class Throughput:
+class Throughput(_Fields):
     """``throughput``: over the measured time (the load less its warm-up)."""
 
     generated_tokens_per_s: float | None
     requests_per_s: float | None
 
-    @classmethod
-    def from_json(cls, obj: Any) -> Throughput:
-        obj = obj if isinstance(obj, Mapping) else {}
-        return cls(generated_tokens_per_s=_number(obj.get("generated_tokens_per_s")),
-                   requests_per_s=_number(obj.get("requests_per_s")))
-
 
 @dataclass(frozen=True)
-class ClockEntry:
+class ClockEntry(_Section):
     """``clock``: which time line the figures were read on, and the wall clock's steps."""
 
     basis: str | None  # "monotonic" | "wall" (a run recorded before mono existed)
     wall_steps: tuple[Mapping[str, Any], ...]
 
-    @classmethod
-    def from_json(cls, obj: Any) -> ClockEntry | None:
-        if not isinstance(obj, Mapping):
-            return None
-        return cls(basis=_str(obj.get("basis")), wall_steps=_mappings(obj.get("wall_steps")))
-
 
 @dataclass(frozen=True)
-class GpuSourceEntry:
-    """``gpu_source``: whether the GPU readings went stale during the run."""
-
-    stale: bool | None
-    stale_periods: int | None
-    max_age_s: float | None
-    messages: tuple[str, ...]
-
-    @classmethod
-    def from_json(cls, obj: Any) -> GpuSourceEntry | None:
-        if not isinstance(obj, Mapping):
-            return None
-        return cls(stale=_bool(obj.get("stale")), stale_periods=_int(obj.get("stale_periods")),
-                   max_age_s=_number(obj.get("max_age_s")), messages=_strs(obj.get("messages")))
-
-
-@dataclass(frozen=True)
-class ServerVersionEntry:
-    """``server_version``: the target's vLLM version and whether soak covers it."""
-
-    server_version: str | None
-    basis: str | None
-    covered: bool | None
-    covered_versions: tuple[str, ...]
-
-    @classmethod
-    def from_json(cls, obj: Any) -> ServerVersionEntry | None:
-        if not isinstance(obj, Mapping):
-            return None
-        return cls(server_version=_str(obj.get("server_version")), basis=_str(obj.get("basis")),
-                   covered=_bool(obj.get("covered")), covered_versions=_strs(obj.get("covered_versions")))
-
-
-@dataclass(frozen=True)
-class BuildEntry:
+class BuildEntry(_Section):
     """``build``: what the nights are grouped by (soak.history.build.build_identity)."""
 
     label: str | None
@@ -297,13 +266,7 @@ class BuildEntry:
     model: str | None
     key: str | None  # recorded as "build" (a word like "key" reads as a secret to the redactor)
 
-    @classmethod
-    def from_json(cls, obj: Any) -> BuildEntry | None:
-        if not isinstance(obj, Mapping):
-            return None
-        return cls(label=_str(obj.get("label")), vllm_version=_str(obj.get("vllm_version")),
-                   launch_digest=_str(obj.get("launch_digest")), model=_str(obj.get("model")),
-                   key=_str(obj.get("build")))
+    _recorded_as: ClassVar[Mapping[str, str]] = {"key": "build"}
 
 
 def _error_rate(value: Any) -> float | None:
@@ -347,8 +310,6 @@ class RunSummary:
     throughput: Throughput = Throughput(None, None)
     latency: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # "ttft_s" -> {"p99": ...}
     clock: ClockEntry | None = None
-    gpu_source: GpuSourceEntry | None = None
-    server_version: ServerVersionEntry | None = None
     warnings: tuple[str, ...] = ()
     records: Mapping[str, int] = field(default_factory=dict)  # lines read, and the damage skipped, by kind
 
@@ -384,8 +345,6 @@ class RunSummary:
             latency={k: _numbers(v) for k, v in (_mapping(obj.get("latency")) or {}).items()
                      if isinstance(k, str) and isinstance(v, Mapping)},
             clock=ClockEntry.from_json(obj.get("clock")),
-            gpu_source=GpuSourceEntry.from_json(obj.get("gpu_source")),
-            server_version=ServerVersionEntry.from_json(obj.get("server_version")),
             warnings=_strs(obj.get("warnings")),
             records={k: v for k, v in (_mapping(obj.get("records")) or {}).items()
                      if isinstance(k, str) and _int(v) is not None},
@@ -422,6 +381,6 @@ class RunSummary:
 
 
 __all__ = [
-    "BuildEntry", "ClockEntry", "CriteriaEntry", "CriterionRow", "GpuSourceEntry", "IncidentEntry", "RequestCounts", "RunSummary",
-    "ServerVersionEntry", "ThresholdRow", "ThresholdsEntry", "Throughput", "TokenCounts",
+    "BuildEntry", "ClockEntry", "CriteriaEntry", "CriterionRow", "IncidentEntry", "RequestCounts", "RunSummary",
+    "ThresholdRow", "ThresholdsEntry", "Throughput", "TokenCounts",
 ]

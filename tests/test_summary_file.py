@@ -98,20 +98,13 @@ def _every_view(summary: RunSummary) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(json_values)
-def test_any_json_value_reads_typed_and_never_raises(obj) -> None:
+@given(json_values | summaries)
+def test_any_json_value_reads_typed_and_whole_and_never_raises(obj) -> None:
     summary = RunSummary.from_json(obj)
     assert _typed(summary, summary_file)
     _every_view(summary)
-
-
-@settings(max_examples=100, deadline=None)
-@given(summaries)
-def test_a_hostile_summary_reads_typed_and_whole(obj) -> None:
-    summary = RunSummary.from_json(obj)
-    assert _typed(summary, summary_file)
-    _every_view(summary)
-    assert summary.to_json() == obj  # what no reader names is kept
+    if isinstance(obj, dict):
+        assert summary.to_json() == obj  # what no reader names is kept
 
 
 @settings(max_examples=100, deadline=None)
