@@ -25,7 +25,6 @@ from soak.fsio import symlink_atomic
 from soak.records import Verdict
 from soak.store.rundir import RunDir, is_run_dir
 from soak.store.store import EVENTS
-from soak.summary_file import RunSummary
 
 LATEST = "latest"
 
@@ -61,8 +60,7 @@ def _lines(path: Path):
 
 
 def _describe(path: Path) -> RunEntry:
-    raw = RunDir(path).summary_json()
-    summary = RunSummary.from_json(raw) if isinstance(raw, dict) else None
+    summary = RunDir(path).summary()
     started = summary.started_at if summary is not None else None
     if started is None:
         started = _first_ts(path / EVENTS)

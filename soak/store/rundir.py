@@ -19,6 +19,7 @@ from soak.configbase import parse_recorded_yaml
 from soak.jsonl import FieldCheck, read_json, read_records
 from soak.store.segments import iter_sample_lines, read_sample_records, sample_files
 from soak.store.store import CONFIG, EVENTS, PLAN, REQUESTS, SUMMARY
+from soak.summary_file import RunSummary
 
 # Any one of these files, or a rolled sample segment, makes a folder a run
 # directory: the run store opens events.jsonl and requests.jsonl before it
@@ -104,6 +105,11 @@ class RunDir:
         if not path.is_file():
             return None
         return read_json(path)
+
+    def summary(self) -> RunSummary | None:
+        """summary.json as the typed record; None where absent, unreadable or not an object."""
+        raw = self.summary_json()
+        return RunSummary.from_json(raw) if isinstance(raw, Mapping) else None
 
     def plan_json(self) -> Any:
         path = self.path / PLAN

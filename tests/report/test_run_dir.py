@@ -133,3 +133,11 @@ def test_incident_dirs_by_number(tmp_path) -> None:
         (folder / "incidents" / name).mkdir(parents=True)
     (folder / "incidents" / "3").write_text("a file, not an incident")
     assert [p.name for p in RunDir(folder).incident_dirs()] == ["1", "2", "10"]
+
+
+@pytest.mark.parametrize("body, verdict", [('{"verdict": "fail"}', "fail"), ("[1, 2]", None), ("{torn", None)])
+def test_summary_reads_typed_or_none(tmp_path, body, verdict) -> None:
+    run = RunDir(_make(tmp_path / "run", {"summary.json": body}))
+    summary = run.summary()
+    assert (summary.verdict.value if summary is not None else None) == verdict
+    assert RunDir(tmp_path).summary() is None  # no summary.json at all
