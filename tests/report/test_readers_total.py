@@ -123,7 +123,8 @@ def _fresh(tmp: Path, name: str, source: Path = RUNS) -> Path:
 @given(base=st.sampled_from(["fail", "pass", "cutoff"]), how=st.lists(damages, min_size=1, max_size=3))
 def test_a_damaged_run_reads_or_is_one_line_and_compare_still_answers(tmp_path, base, how) -> None:
     from soak.report.compare import compare_runs
-    from soak.report.render import build, junit_for, render_html
+    from soak.report.html import render_html
+    from soak.report.render import build, junit_for
     from soak.report.rundir import load_run
 
     run = _fresh(tmp_path, base)
