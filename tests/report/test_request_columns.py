@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,3 +79,13 @@ def test_columns_of_no_requests_are_empty():
     empty = RequestColumnsBuilder().build()
     assert len(empty) == 0 and empty.ok_values("ttft_s").size == 0
     assert request_statistics(empty)[0][0][1]["n"] == 0
+
+
+def test_the_plotted_server_series_are_metrics_soak_reads() -> None:
+    from soak.metric_names import VLLM_METRICS
+    from soak.report.rundir import PLOTTED_SERVER_SERIES
+
+    assert set(PLOTTED_SERVER_SERIES) <= set(VLLM_METRICS)  # a misspelt key would plot an empty series
+    run = load_run(Path(__file__).parents[1] / "fixtures" / "runs" / "pass")
+    assert set(run.server) == set(PLOTTED_SERVER_SERIES)
+    assert all(len(series) == len(run.server_ts) for series in run.server.values())
