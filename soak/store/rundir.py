@@ -70,10 +70,20 @@ class RunDir:
         return "" if data is None else data.decode("utf-8", errors="replace")
 
     @cached_property
+    def _parsed_config(self) -> dict[str, Any] | None:
+        data = self.config_bytes
+        return parse_recorded_yaml(data) if data is not None else None
+
+    @cached_property
     def config(self) -> Mapping[str, Any]:
         """config.yaml as recorded (secrets redacted); {} where missing or unreadable."""
-        data = self.config_bytes
-        return (parse_recorded_yaml(data) if data is not None else None) or {}
+        return self._parsed_config or {}
+
+    @property
+    def config_unreadable(self) -> bool:
+        """config.yaml is there but reads as no mapping (damaged, not UTF-8, past a
+        bound): a reader that falls back to defaults says so."""
+        return self._parsed_config is None and (self.path / CONFIG).exists()
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """One top-level section of config.yaml, or None where absent or not a mapping."""

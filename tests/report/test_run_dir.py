@@ -3,6 +3,7 @@ and config.yaml read and parsed once per run directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import shutil
 from pathlib import Path
@@ -113,8 +114,15 @@ def test_an_unreadable_config_reads_empty_and_is_still_shown(tmp_path, body, tex
     folder = _make(tmp_path / "run", {"events.jsonl": ""})
     (folder / "config.yaml").write_bytes(body)
     run = RunDir(folder)
-    assert run.config == {} and run.section("name") is None
+    assert run.config == {} and run.section("name") is None and run.config_unreadable
     assert run.config_text == text
+
+
+def test_a_config_past_its_bound_is_unreadable_not_missing(tmp_path, monkeypatch) -> None:
+    folder = _make(tmp_path / "run", {"events.jsonl": "", "config.yaml": "name: " + "x" * 100 + "\n"})
+    monkeypatch.setattr(rundir, "LIMITS", dataclasses.replace(rundir.LIMITS, yaml_bytes=10))
+    run = RunDir(folder)
+    assert run.config == {} and run.config_bytes is None and run.config_unreadable
 
 
 def test_a_bare_redacted_secret_still_parses(tmp_path) -> None:
@@ -124,7 +132,7 @@ def test_a_bare_redacted_secret_still_parses(tmp_path) -> None:
 
 def test_no_config_reads_empty(tmp_path) -> None:
     run = RunDir(_make(tmp_path / "run", {"events.jsonl": ""}))
-    assert run.config == {} and run.config_text == "" and run.config_bytes is None
+    assert run.config == {} and run.config_text == "" and run.config_bytes is None and not run.config_unreadable
 
 
 def test_incident_dirs_by_number(tmp_path) -> None:
