@@ -31,7 +31,7 @@ from scipy import stats as sps
 
 from soak.durations import format_duration
 from soak.report.stats import MtbfEstimate, mtbf_estimate, quantile_estimate, required_clean_exposure
-from soak.summary_file import BuildEntry, RunSummary
+from soak.summary_file import BuildEntry, IncidentEntry, RunSummary
 from soak.thresholds.metrics import RUN_METRICS, run_value
 
 # The per-run figures history shows: names from the one metric table.
@@ -59,7 +59,7 @@ class RunRecord:
     verdict: str
     cut_off: bool
     intervals: tuple[Interval, ...]
-    incidents: tuple[Mapping[str, Any], ...]
+    incidents: tuple[IncidentEntry, ...]
     figures: Mapping[str, float | None]
     thresholds_passed: bool | None
     restarts: int
@@ -183,7 +183,7 @@ def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, 
         started_at=summary.started_at, build=key, vllm_version=build.vllm_version,
         launch_digest=build.launch_digest, label=label, verdict=summary.verdict.value if summary.verdict is not None else "None",
         cut_off=bool(summary.cut_off), intervals=intervals_of(events, summary),
-        incidents=tuple(i.raw for i in summary.incidents),
+        incidents=summary.incidents,
         figures={name: run_value(name, summary) for name in RUN_FIGURES},
         thresholds_passed=summary.thresholds.passed if summary.thresholds is not None else None,
         restarts=summary.restarts or 0,
