@@ -20,11 +20,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from soak.bounds import LIMITS, iter_lines, loads_json
 from soak.fsio import symlink_atomic
+from soak.jsonl import is_timestamp
 from soak.records import Verdict
 from soak.store.rundir import RunDir, is_run_dir
-from soak.store.store import EVENTS
 
 LATEST = "latest"
 
@@ -44,37 +43,38 @@ class RetentionResult:
     latest: Path | None
 
 
-def _first_ts(events: Path) -> float | None:
+def _first_ts(run: RunDir) -> float | None:
+    """The first event's label: when a run cut off before its summary started."""
     try:
-        with events.open("rb") as fh:
-            obj = loads_json(fh.readline(LIMITS.line_bytes) or b"null")
-    except (OSError, ValueError):  # InputRejected (not JSON, too deep, cut at the bound) too
+        first = next(run.events(fields={"ts": is_timestamp}), None)
+    except OSError:
         return None
-    ts = obj.get("ts") if isinstance(obj, dict) else None
-    return float(ts) if isinstance(ts, (int, float)) else None
+    ts = first.get("ts") if first is not None else None
+    return float(ts) if ts is not None else None
 
 
-def _lines(path: Path):
-    with path.open("rb") as fh:
-        yield from iter_lines(fh)
+def _failed_without_summary(run: RunDir) -> bool:
+    """A run cut off before its summary: an incident's evidence or event counts as a failure."""
+    if any((folder / "incident.json").is_file() for folder in run.incident_dirs()):
+        return True
+    try:
+        return any(event.get("type") == "incident" for event in run.events())
+    except OSError:
+        return False
 
 
 def _describe(path: Path) -> RunEntry:
-    summary = RunDir(path).summary()
+    run = RunDir(path)
+    summary = run.summary()
     started = summary.started_at if summary is not None else None
     if started is None:
-        started = _first_ts(path / EVENTS)
+        started = _first_ts(run)
     if started is None:
         started = path.stat().st_mtime
     if summary is not None:
         failed = summary.verdict is Verdict.FAIL or bool(summary.incidents)
-    else:  # cut off before a summary: an incident directory or event counts as a failure
-        failed = any((path / "incidents").glob("*/incident.json"))
-        if not failed and (path / EVENTS).is_file():
-            try:
-                failed = any(b'"type": "incident"' in raw for _, raw in _lines(path / EVENTS))
-            except OSError:
-                failed = False
+    else:
+        failed = _failed_without_summary(run)
     return RunEntry(path=path, started_at=float(started), failed=failed)
 
 
