@@ -61,7 +61,7 @@ def main() -> int:
         written = render.write_report(run_dir)
         total_s = time.perf_counter() - t0
 
-        duration_min = (run.summary.get("duration_s") or 0) / 60
+        duration_min = (run.summary.duration_s or 0) / 60
         print(f"run: {duration_min:.0f} min of load, samples.jsonl {lines['samples.jsonl']} lines "
               f"({sizes['samples.jsonl'] / 1e6:.1f} MB), requests.jsonl {lines['requests.jsonl']} lines, "
               f"{run.gpu_util.shape[1]} GPUs x {run.gpu_util.shape[0]} GPU samples (generated in {gen_s:.1f} s)")

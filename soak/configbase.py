@@ -142,21 +142,33 @@ def read_recorded_yaml(path: str | Path, *, retry_redacted: bool = True,
                        limits: Limits = LIMITS) -> dict[str, Any] | None:
     """A run directory's config.yaml as a mapping, or None where it is missing,
     unreadable, not a mapping or past a bound: the readers of a run (report,
-    summary, thresholds) go on without it. A redacted value written bare
+    summary, thresholds) go on without it. A reader of a whole run directory
+    reads it through ``soak.store.rundir.RunDir.config`` (read and parsed once)."""
+    try:
+        data = read_file(path, limit=limits.yaml_bytes)
+    except (OSError, BoundExceeded):
+        return None
+    return parse_recorded_yaml(data, retry_redacted=retry_redacted, limits=limits)
+
+
+def parse_recorded_yaml(data: bytes, *, retry_redacted: bool = True,
+                        limits: Limits = LIMITS) -> dict[str, Any] | None:
+    """config.yaml's bytes as a mapping, or None where they are not UTF-8, not
+    YAML, not a mapping or past a bound. A redacted value written bare
     (``key: ***``) reads as a YAML alias, so it is quoted and read again."""
     try:
-        text = read_file(path, limit=limits.yaml_bytes).decode("utf-8")
-    except (OSError, BoundExceeded, UnicodeDecodeError):
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
         return None
     try:
-        data = load_yaml(text, limits=limits)
+        parsed = load_yaml(text, limits=limits)
     except BoundExceeded:
         return None
     except InputRejected:
         if not retry_redacted:
             return None
         try:
-            data = load_yaml(_BARE_REDACTED.sub(r"\1'***'", text), limits=limits)
+            parsed = load_yaml(_BARE_REDACTED.sub(r"\1'***'", text), limits=limits)
         except InputRejected:
             return None
-    return data if isinstance(data, dict) else None
+    return parsed if isinstance(parsed, dict) else None

@@ -15,8 +15,8 @@ along a ``soak.thresholds.metrics.RunMetric.summary_path``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Mapping
 
 from soak.records import Verdict
 
@@ -47,6 +47,54 @@ def _strs(value: Any) -> tuple[str, ...]:
     return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
+def _amount(value: Any) -> int | float | None:
+    """A count that may be fractional (server counters): int kept int, finite float kept."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _number(value)
+
+
+def _mappings(value: Any) -> tuple[Mapping[str, Any], ...]:
+    return tuple(v for v in value if isinstance(v, Mapping)) if isinstance(value, list) else ()
+
+
+def _numbers(value: Any) -> Mapping[str, float]:
+    """The finite numbers of a mapping, by key (a stats block: mean, p50, ...)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: n for k, v in value.items() if isinstance(k, str) and (n := _number(v)) is not None}
+
+
+# How a field is read, by its declared type (the annotation's text: this module
+# uses postponed annotations); a value of another type reads as absent.
+_READERS: Mapping[str, Callable[[Any], Any]] = {
+    "bool | None": _bool, "int | None": _int, "float | None": _number, "str | None": _str,
+    "int | float | None": _amount, "tuple[str, ...]": _strs, "tuple[Mapping[str, Any], ...]": _mappings,
+}
+
+
+class _Fields:
+    """A small record of summary.json read field by field by declared type: the
+    object's key is the field's name (or ``_recorded_as[name]``). Not a mapping:
+    every field absent."""
+
+    _recorded_as: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Any:
+        obj = obj if isinstance(obj, Mapping) else {}
+        return cls(**{f.name: _READERS[f.type](obj.get(cls._recorded_as.get(f.name, f.name)))  # type: ignore[call-arg]
+                      for f in fields(cls)})  # type: ignore[arg-type]
+
+
+class _Section(_Fields):
+    """A section of summary.json that a run may lack: None where it is not a mapping."""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Any:
+        return super().from_json(obj) if isinstance(obj, Mapping) else None
+
+
 @dataclass(frozen=True)
 class IncidentEntry:
     """One entry of ``incidents``: a detected hang or crash and the response."""
@@ -61,8 +109,10 @@ class IncidentEntry:
     evidence: str | None
     summary: str | None
     gpu_free_s: float | None
-    diagnosis: Mapping[str, Any] | None
+    diagnosis: str | None  # the flight-recorder diagnosis line (IncidentRecord.diagnosis)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # the detector's reasons: incident.json carries them (a report's merged record), summary.json not
+    reasons: tuple[str, ...] = ()
 
     @property
     def is_hang(self) -> bool:
@@ -78,7 +128,7 @@ class IncidentEntry:
             killed_pids=tuple(p for p in pids if _int(p) is not None) if isinstance(pids, list) else (),
             gpus_released=_bool(obj.get("gpus_released")), evidence=_str(obj.get("evidence")),
             summary=_str(obj.get("summary")), gpu_free_s=_number(obj.get("gpu_free_s")),
-            diagnosis=_mapping(obj.get("diagnosis")), raw=obj,
+            diagnosis=_str(obj.get("diagnosis")), raw=obj, reasons=_strs(obj.get("reasons")),
         )
 
 
@@ -91,6 +141,11 @@ class RequestCounts:
     warmup: int | None
     by_outcome: Mapping[str, int]
     cut_by: Mapping[str, int]  # cause (drain, incident, interrupt) -> requests the harness cut
+
+    @property
+    def cut(self) -> int:
+        """Requests the harness cut short, every cause together."""
+        return sum(self.cut_by.values())
 
     @classmethod
     def from_json(cls, obj: Any) -> RequestCounts:
@@ -105,6 +160,29 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class ThresholdRow(_Fields):
+    """One threshold's result (soak.thresholds.evaluate.ThresholdResult.to_json)."""
+
+    name: str | None
+    passed: bool | None
+    outcome: str | None  # "passed" | "breached" | "no_data"
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class CriterionRow(_Fields):
+    """One failure criterion's result (soak.criteria.rules.CriterionResult.to_json)."""
+
+    name: str | None
+    state: str | None  # "pass" | "fail" | ...
+    reasons: tuple[str, ...]
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "fail"
+
+
+@dataclass(frozen=True)
 class ThresholdsEntry:
     """``thresholds``: each threshold's result over the run (soak.thresholds)."""
 
@@ -113,6 +191,10 @@ class ThresholdsEntry:
     results: tuple[Mapping[str, Any], ...]
     error: str | None  # the recorded section no longer compiles
     aborted_by: Mapping[str, Any] | None  # a live abort_on_fail stop
+
+    @property
+    def rows(self) -> tuple[ThresholdRow, ...]:
+        return tuple(ThresholdRow.from_json(r) for r in self.results)
 
     @classmethod
     def from_json(cls, obj: Any) -> ThresholdsEntry | None:
@@ -135,6 +217,10 @@ class CriteriaEntry:
     results: tuple[Mapping[str, Any], ...]
     note: str | None
 
+    @property
+    def rows(self) -> tuple[CriterionRow, ...]:
+        return tuple(CriterionRow.from_json(r) for r in self.results)
+
     @classmethod
     def from_json(cls, obj: Any) -> CriteriaEntry | None:
         if not isinstance(obj, Mapping):
@@ -143,6 +229,51 @@ class CriteriaEntry:
         rows = tuple(r for r in results if isinstance(r, Mapping)) if isinstance(results, list) else ()
         return cls(passed=_bool(obj.get("passed")), failed=_strs(obj.get("failed")), results=rows,
                    note=_str(obj.get("note")))
+
+
+@dataclass(frozen=True)
+class TokenCounts(_Fields):
+    """``tokens`` (the client's count) or ``server_tokens`` (the server's counters)."""
+
+    prompt: int | float | None
+    generated: int | float | None
+    cached: int | float | None  # None: the server did not say (and never for server_tokens)
+
+
+@dataclass(frozen=True)
+class Throughput(_Fields):
+    """``throughput``: over the measured time (the load less its warm-up)."""
+
+    generated_tokens_per_s: float | None
+    requests_per_s: float | None
+
+
+@dataclass(frozen=True)
+class ClockEntry(_Section):
+    """``clock``: which time line the figures were read on, and the wall clock's steps."""
+
+    basis: str | None  # "monotonic" | "wall" (a run recorded before mono existed)
+    wall_steps: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class BuildEntry(_Section):
+    """``build``: what the nights are grouped by (soak.history.build.build_identity)."""
+
+    label: str | None
+    vllm_version: str | None
+    launch_digest: str | None
+    model: str | None
+    key: str | None  # recorded as "build" (a word like "key" reads as a secret to the redactor)
+
+    _recorded_as: ClassVar[Mapping[str, str]] = {"key": "build"}
+
+
+def _error_rate(value: Any) -> float | None:
+    # An older summary kept the failure criterion's object here ({"value": ...} or {"rate": ...}).
+    if isinstance(value, Mapping):
+        value = value.get("value", value.get("rate"))
+    return _number(value)
 
 
 @dataclass(frozen=True)
@@ -171,11 +302,21 @@ class RunSummary:
     build: Mapping[str, Any] | None
     server_metrics: Mapping[str, Any] | None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    name: str | None = None
+    hostname: str | None = None
+    tokens: TokenCounts = TokenCounts(None, None, None)
+    server_tokens: TokenCounts = TokenCounts(None, None, None)
+    prefix_cache_hit_ratio: float | None = None
+    throughput: Throughput = Throughput(None, None)
+    latency: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # "ttft_s" -> {"p99": ...}
+    clock: ClockEntry | None = None
+    warnings: tuple[str, ...] = ()
+    records: Mapping[str, int] = field(default_factory=dict)  # lines read, and the damage skipped, by kind
 
     @classmethod
     def from_json(cls, obj: Any) -> RunSummary:
         obj = obj if isinstance(obj, Mapping) else {}
-        verdict = obj.get("verdict")
+        verdict = _str(obj.get("verdict"))  # a list or a dict is no verdict (and unhashable)
         incidents = obj.get("incidents")
         return cls(
             verdict=Verdict(verdict) if verdict in {v.value for v in Verdict} else None,
@@ -187,7 +328,7 @@ class RunSummary:
             stop_reason=_str(obj.get("stop_reason")), exit_code=_int(obj.get("exit_code")),
             verdict_reasons=_strs(obj.get("verdict_reasons")),
             requests=RequestCounts.from_json(obj.get("requests")),
-            error_rate=_number(obj.get("error_rate")),
+            error_rate=_error_rate(obj.get("error_rate")),
             incidents=tuple(IncidentEntry.from_json(i) for i in incidents if isinstance(i, Mapping))
             if isinstance(incidents, list) else (),
             restarts=_int(obj.get("restarts")),
@@ -196,7 +337,24 @@ class RunSummary:
             build=_mapping(obj.get("build")),
             server_metrics=_mapping(obj.get("server_metrics")),
             raw=obj,
+            name=_str(obj.get("name")), hostname=_str(obj.get("hostname")),
+            tokens=TokenCounts.from_json(obj.get("tokens")),
+            server_tokens=TokenCounts.from_json(obj.get("server_tokens")),
+            prefix_cache_hit_ratio=_number(obj.get("prefix_cache_hit_ratio")),
+            throughput=Throughput.from_json(obj.get("throughput")),
+            latency={k: _numbers(v) for k, v in (_mapping(obj.get("latency")) or {}).items()
+                     if isinstance(k, str) and isinstance(v, Mapping)},
+            clock=ClockEntry.from_json(obj.get("clock")),
+            warnings=_strs(obj.get("warnings")),
+            records={k: v for k, v in (_mapping(obj.get("records")) or {}).items()
+                     if isinstance(k, str) and _int(v) is not None},
         )
+
+    @classmethod
+    def of(cls, summary: RunSummary | Any) -> RunSummary:
+        """``summary`` itself where it is a RunSummary, else read with ``from_json``:
+        for callers that still hold summary.json as parsed (a dict)."""
+        return summary if isinstance(summary, RunSummary) else cls.from_json(summary)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.raw)
@@ -204,6 +362,15 @@ class RunSummary:
     @property
     def hangs(self) -> int:
         return sum(1 for i in self.incidents if i.is_hang)
+
+    @property
+    def build_entry(self) -> BuildEntry | None:
+        return BuildEntry.from_json(self.build)
+
+    @property
+    def server_metrics_note(self) -> str | None:
+        """Why the server's counters cover less than the run, where they do."""
+        return _str((self.server_metrics or {}).get("note")) or None
 
     def figure(self, path: tuple[str, ...]) -> float | None:
         """The number at ``path`` (a RunMetric.summary_path), None where absent or not a number."""
@@ -213,4 +380,7 @@ class RunSummary:
         return _number(node)
 
 
-__all__ = ["CriteriaEntry", "IncidentEntry", "RequestCounts", "RunSummary", "ThresholdsEntry"]
+__all__ = [
+    "BuildEntry", "ClockEntry", "CriteriaEntry", "CriterionRow", "IncidentEntry", "RequestCounts", "RunSummary",
+    "ThresholdRow", "ThresholdsEntry", "Throughput", "TokenCounts",
+]

@@ -27,9 +27,10 @@ def read_samples(path: str | Path) -> Iterator[Sample]:
     that is not a sample record is an error naming its file and line."""
     path = Path(path)
     if path.is_dir():
-        from soak.store.segments import iter_sample_lines
+        # The run directory's one reader (store is above detect: imported only when a directory is replayed).
+        from soak.store.rundir import RunDir
 
-        lines: Iterable[tuple[Path, int, bytes]] = iter_sample_lines(path)
+        lines: Iterable[tuple[Path, int, bytes]] = RunDir(path).sample_lines()
     else:
         lines = _file_lines(path)
     for source, number, raw in lines:

@@ -20,6 +20,7 @@ from prometheus_client.exposition import push_to_gateway
 from soak.export.names import PUSHED_METRICS, Kind
 from soak.net import push_handler  # a 3xx is RedirectRefused, never followed; the whole call bounded
 from soak.records import IncidentKind, Verdict
+from soak.summary_file import RunSummary
 from soak.thresholds.metrics import run_value
 
 # Keys are str enums: summary.json's "pass" finds Verdict.PASS.
@@ -47,37 +48,35 @@ class _Families:
         (family.labels(**labels) if labels else family).set(float(value))
 
 
-def night_families(summary: Mapping[str, Any], *, exit_code: int | None, confidence: float) -> _Families:
+def night_families(summary: RunSummary, *, exit_code: int | None, confidence: float) -> _Families:
     from soak.report.stats import mtbf_estimate
 
     f = _Families()
-    build = summary.get("build") if isinstance(summary.get("build"), Mapping) else {}
-    verdict = str(summary.get("verdict"))
-    f["soak_night"].info({"run": str(summary.get("run_id") or ""), "build_label": str(build.get("label") or ""),
-                          "vllm_version": str(build.get("vllm_version") or ""),
-                          "launch_digest": str(build.get("launch_digest") or ""), "verdict": verdict})
-    f.set("soak_night_verdict", VERDICT_VALUES.get(verdict, 2))
-    f.set("soak_night_exit_code", exit_code if exit_code is not None else summary.get("exit_code"))
-    f.set("soak_night_start_time_seconds", summary.get("started_at"))
-    exposure = summary.get("duration_s")
+    build = summary.build_entry
+    verdict = summary.verdict.value if summary.verdict is not None else "None"
+    f["soak_night"].info({"run": summary.run_id or "", "build_label": (build and build.label) or "",
+                          "vllm_version": (build and build.vllm_version) or "",
+                          "launch_digest": (build and build.launch_digest) or "", "verdict": verdict})
+    f.set("soak_night_verdict", VERDICT_VALUES.get(summary.verdict, 2))
+    f.set("soak_night_exit_code", exit_code if exit_code is not None else summary.exit_code)
+    f.set("soak_night_start_time_seconds", summary.started_at)
+    exposure = summary.duration_s
     f.set("soak_night_exposure_seconds", exposure)
-    incidents = [i for i in summary.get("incidents") or [] if isinstance(i, Mapping)]
-    for kind in (*(k.value for k in IncidentKind), *{str(i.get("kind")) for i in incidents}):
-        f.set("soak_night_incidents", sum(1 for i in incidents if i.get("kind") == kind), kind=kind)
-    hangs = sum(1 for i in incidents if i.get("kind") == IncidentKind.HANG)
-    f.set("soak_night_hangs", hangs)
-    if isinstance(exposure, (int, float)) and exposure > 0:
+    incidents = summary.incidents
+    for kind in (*(k.value for k in IncidentKind), *{str(i.kind) for i in incidents}):
+        f.set("soak_night_incidents", sum(1 for i in incidents if i.kind == kind), kind=kind)
+    f.set("soak_night_hangs", summary.hangs)
+    if exposure is not None and exposure > 0:
         f.set("soak_night_mtbf_lower_bound_seconds",
-              mtbf_estimate(hangs, float(exposure), confidence=confidence).one_sided_lower_s)
+              mtbf_estimate(summary.hangs, exposure, confidence=confidence).one_sided_lower_s)
     f.set("soak_night_output_tokens_per_second", run_value("output_tokens_per_s", summary))
     for q in ("p50", "p99"):
         quantile = "0.5" if q == "p50" else "0.99"
         f.set("soak_night_ttft_seconds", run_value(f"ttft_{q}", summary), quantile=quantile)
         f.set("soak_night_tpot_seconds", run_value(f"tpot_{q}", summary), quantile=quantile)
     f.set("soak_night_prefix_hit_ratio", run_value("prefix_hit_ratio", summary))
-    thresholds = summary.get("thresholds")
-    if isinstance(thresholds, Mapping):
-        f.set("soak_night_thresholds_breached", len(thresholds.get("breached") or ()))
+    if summary.thresholds is not None:
+        f.set("soak_night_thresholds_breached", len(summary.thresholds.breached))
     return f
 
 
@@ -88,11 +87,13 @@ def _grouping(grouping: Mapping[str, str], build: str | None, add_build: bool) -
     return out
 
 
-def push_run(config: Any, summary: Mapping[str, Any], *, exit_code: int | None = None) -> dict[str, Any]:
+def push_run(config: Any, summary: RunSummary | Mapping[str, Any], *, exit_code: int | None = None) -> dict[str, Any]:
     """Push the night (config: a PushgatewayConfig with a url). Returns what was
-    pushed where, for the ``pushed`` event; raises what the push raised."""
-    build = summary.get("build") if isinstance(summary.get("build"), Mapping) else {}
-    grouping = _grouping(config.grouping, build.get("build"), config.build_label)
+    pushed where, for the ``pushed`` event; raises what the push raised.
+    ``summary``: the typed record, or summary.json as parsed (read through it)."""
+    summary = RunSummary.of(summary)
+    build = summary.build_entry
+    grouping = _grouping(config.grouping, build.key if build is not None else None, config.build_label)
     families = night_families(summary, exit_code=exit_code, confidence=config.confidence)
     push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
                     timeout=config.timeout, handler=push_handler(config.timeout))

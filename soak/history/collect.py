@@ -2,7 +2,7 @@
 
 ``find_runs(paths)``: each path is a run directory, or a folder of them (only
 its direct children; symlinks such as the nightly's ``latest`` are skipped so
-no run counts twice). ``build_history(runs, ...)`` reads each run once
+no run counts twice). What a run directory is: ``soak.store.rundir.is_run_dir``. ``build_history(runs, ...)`` reads each run once
 (soak.report.rundir.load_run: the run store's own summary, also of a run that
 was cut off) and computes everything in soak.history.model.
 """
@@ -17,12 +17,7 @@ from soak.errors import ConfigError
 from soak.history.model import (
     BuildStats, Cost, History, RunRecord, build_stats, fixed_verdict, mean_cost, quantile_cost, rate_test, run_record,
 )
-
-MARKERS = ("events.jsonl", "summary.json")
-
-
-def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / m).is_file() for m in MARKERS)
+from soak.store.rundir import MARKERS_TEXT, is_run_dir
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
@@ -36,7 +31,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
             continue
         children = sorted(c for c in path.iterdir() if not c.is_symlink() and is_run_dir(c))
         if not children:
-            raise ConfigError(f"neither a run directory nor a folder of them (none of {', '.join(MARKERS)})", path=path)
+            raise ConfigError(f"neither a run directory nor a folder of them ({MARKERS_TEXT})", path=path)
         found.extend(children)
     unique: dict[Path, Path] = {}
     for p in found:

@@ -31,6 +31,7 @@ from scipy import stats as sps
 
 from soak.durations import format_duration
 from soak.report.stats import MtbfEstimate, mtbf_estimate, quantile_estimate, required_clean_exposure
+from soak.summary_file import BuildEntry, IncidentEntry, RunSummary
 from soak.thresholds.metrics import RUN_METRICS, run_value
 
 # The per-run figures history shows: names from the one metric table.
@@ -58,7 +59,7 @@ class RunRecord:
     verdict: str
     cut_off: bool
     intervals: tuple[Interval, ...]
-    incidents: tuple[Mapping[str, Any], ...]
+    incidents: tuple[IncidentEntry, ...]
     figures: Mapping[str, float | None]
     thresholds_passed: bool | None
     restarts: int
@@ -104,9 +105,11 @@ def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
     return when_wall, lambda t: t
 
 
-def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Interval, ...]:
+def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any]) -> tuple[Interval, ...]:
     """The run's time-at-risk intervals, from its events (see the module docstring).
-    Lengths are monotonic differences; ``Interval.start`` is a label."""
+    Lengths are monotonic differences; ``Interval.start`` is a label. ``summary``:
+    the typed record, or summary.json as parsed (read through it)."""
+    summary = RunSummary.of(summary)
     when, label = _timeline(events)
     load_started = load_stopped = None
     restarts: list[float] = []
@@ -130,20 +133,20 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
     # The summary's figures are labels: back onto the time line by the run_started event.
     anchor = {"ts": None, "type": "summary"}
     if load_started is None:
-        started = _num(summary.get("started_at"))
-        loaded = _num(summary.get("duration_s"))
+        started = summary.started_at
+        loaded = summary.duration_s
         if not events and started is not None and loaded is not None and loaded > 0:
             # No events to place anything by: the summary's monotonic seconds of load, not a wall difference.
-            reason = "cut off" if summary.get("cut_off") else "end of load"
+            reason = "cut off" if summary.cut_off else "end of load"
             return (Interval(started, loaded, False, reason),)
         load_started = None if started is None else when({**anchor, "ts": started})
     if load_started is None:
         return ()
-    cut_off = bool(summary.get("cut_off"))
+    cut_off = bool(summary.cut_off)
     if load_stopped is not None:
         end, end_reason = load_stopped, "end of load"
     else:
-        ended = _num(summary.get("ended_at"))
+        ended = summary.ended_at
         end = None if ended is None else when({**anchor, "ts": ended})
         end_reason = "cut off" if cut_off else "end of load"
     incidents.sort()
@@ -166,25 +169,24 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
     return tuple(out)
 
 
-def run_record(*, path: str, summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
+def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, Any]],
                config: Mapping[str, Any]) -> RunRecord:
     from soak.history.build import build_identity, build_key
 
-    build = summary.get("build") if isinstance(summary.get("build"), Mapping) else None
+    build = summary.build_entry
     if build is None:  # a run recorded before the build event existed
-        build = build_identity(config, vllm_version=None, served_model=summary.get("model"))
-    label = build.get("label") or config.get("build")
-    key = build_key(label, build.get("vllm_version"), build.get("launch_digest"))
-    thresholds = summary.get("thresholds")
+        build = BuildEntry.from_json(build_identity(config, vllm_version=None, served_model=summary.model))
+    label = build.label or config.get("build")
+    key = build_key(label, build.vllm_version, build.launch_digest)
     return RunRecord(
-        path=path, run_id=summary.get("run_id"), name=config.get("name"),
-        started_at=_num(summary.get("started_at")), build=key, vllm_version=build.get("vllm_version"),
-        launch_digest=build.get("launch_digest"), label=label, verdict=str(summary.get("verdict")),
-        cut_off=bool(summary.get("cut_off")), intervals=intervals_of(events, summary),
-        incidents=tuple(i for i in summary.get("incidents") or () if isinstance(i, Mapping)),
+        path=path, run_id=summary.run_id, name=config.get("name"),
+        started_at=summary.started_at, build=key, vllm_version=build.vllm_version,
+        launch_digest=build.launch_digest, label=label, verdict=summary.verdict.value if summary.verdict is not None else "None",
+        cut_off=bool(summary.cut_off), intervals=intervals_of(events, summary),
+        incidents=summary.incidents,
         figures={name: run_value(name, summary) for name in RUN_FIGURES},
-        thresholds_passed=thresholds.get("passed") if isinstance(thresholds, Mapping) else None,
-        restarts=int(summary.get("restarts") or 0),
+        thresholds_passed=summary.thresholds.passed if summary.thresholds is not None else None,
+        restarts=summary.restarts or 0,
     )
 
 

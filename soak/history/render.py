@@ -38,7 +38,8 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         "verdict": r.verdict, "cut_off": r.cut_off, "exposure_s": r.exposure_s, "hangs": r.hangs,
         "times_to_hang_s": list(r.times_to_hang_s), "restarts": r.restarts,
         "intervals": [dataclasses.asdict(i) for i in r.intervals],
-        "incidents": [{k: i.get(k) for k in ("number", "kind", "rule", "onset_at", "detected_at")} for i in r.incidents],
+        "incidents": [{"number": i.number, "kind": i.kind, "rule": i.rule, "onset_at": i.onset_at,
+                       "detected_at": i.detected_at} for i in r.incidents],
         "figures": dict(r.figures), "thresholds_passed": r.thresholds_passed,
     }
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from soak.judge.ending import Ending
 from soak.judge.judgement import Judgement, judge, run_ended_fields, summary_json
 from soak.judge.recorded import read_recorded
+from soak.store.rundir import RunDir
 from soak.summary_file import RunSummary
 
 
@@ -28,7 +29,7 @@ def conclude(run_dir: str | Path, ending: Ending, *,
     return judgement, summary_json(recorded.with_run_ended(written), judgement)
 
 
-def rejudge(run_dir: str | Path, *, on_request: Callable[[dict[str, Any]], None] | None = None,
+def rejudge(run_dir: RunDir | str | Path, *, on_request: Callable[[dict[str, Any]], None] | None = None,
             request_stats: dict[str, int] | None = None) -> tuple[Judgement, RunSummary]:
     """The recorded run judged again, as its end judged it. ``on_request`` sees
     every request in the one pass over requests.jsonl (the report's columns);

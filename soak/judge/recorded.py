@@ -261,7 +261,7 @@ def _read_samples(run: RunDir, *, stats: dict[str, int], stale_after_s: float, k
                         series=tuple(series) if keep_series else None)
 
 
-def read_recorded(run_dir: str | Path, *, cut_short: bool | None = None,
+def read_recorded(run_dir: RunDir | str | Path, *, cut_short: bool | None = None,
                   on_request: Callable[[dict[str, Any]], None] | None = None,
                   request_stats: dict[str, int] | None = None) -> Recorded:
     """The run directory, each file read once. ``cut_short``: whether the harness
@@ -269,7 +269,7 @@ def read_recorded(run_dir: str | Path, *, cut_short: bool | None = None,
     as recorded). ``on_request`` sees every parsed request in the one pass (the
     report builds its columns there); ``request_stats`` gets requests.jsonl's
     unreadable-line counts."""
-    run = RunDir(run_dir)
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)  # a caller's RunDir: config.yaml parsed once
     read_stats: dict[str, int] = {}
     events = digest_events(run.events(stats=read_stats, fields=EVENT_TYPES))
     config = run.config

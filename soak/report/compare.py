@@ -20,7 +20,6 @@ import numpy as np
 from soak.report.plots import bin_edges, counter_rate
 from soak.report.rundir import RunData
 from soak.report.stats import (
-    Better,
     Difference,
     Estimate,
     compare_means,
@@ -28,6 +27,7 @@ from soak.report.stats import (
     compare_quantiles,
     compare_rates,
 )
+from soak.thresholds.metrics import Better
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,10 @@ class Comparison:
 
 def _hang_spans(run: RunData) -> list[tuple[float, float]]:
     spans = []
-    for i in run.summary.get("incidents") or []:
-        onset, detected = i.get("onset_at"), i.get("detected_at")
-        if isinstance(onset, (int, float)):
-            end = detected if isinstance(detected, (int, float)) else onset
-            spans.append((onset, end + 60.0))
+    for i in run.summary.incidents:
+        if i.onset_at is not None:
+            end = i.detected_at if i.detected_at is not None else i.onset_at
+            spans.append((i.onset_at, end + 60.0))
     return spans
 
 
@@ -93,17 +92,14 @@ def _ok(run: RunData, key: str) -> list[float]:
 def failed_and_finished(run: RunData) -> tuple[int, int]:
     """summary.json's counts: every finished request, warm-up included; requests
     the harness cut short count neither way (as in the error-rate criterion)."""
-    req = run.summary.get("requests") or {}
-    ok, failed = req.get("ok"), req.get("failed")
-    ok = ok if isinstance(ok, int) else 0
-    failed = failed if isinstance(failed, int) else 0
+    req = run.summary.requests
+    ok, failed = req.ok or 0, req.failed or 0
     return failed, ok + failed
 
 
 def hangs_and_exposure(run: RunData) -> tuple[int, float]:
-    hangs = sum(1 for i in run.summary.get("incidents") or [] if i.get("kind") == "hang")
-    exposure = run.summary.get("duration_s")
-    return hangs, float(exposure) if isinstance(exposure, (int, float)) else 0.0
+    exposure = run.summary.duration_s
+    return run.summary.hangs, exposure if exposure is not None else 0.0
 
 
 def _clamp(d: Difference, lo: float, hi: float) -> Difference:

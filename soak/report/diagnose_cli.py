@@ -29,16 +29,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def find_dump_dir(path: Path) -> tuple[Path, Path | None]:
     """The folder holding the dumps, and the incident folder when there is one."""
     from soak.flightrec.dumps import dump_files
+    from soak.store.rundir import RunDir
 
     if (path / "flight_recorder").is_dir():
         return path / "flight_recorder", path
-    incidents = path / "incidents"
-    if incidents.is_dir():
-        numbered = sorted((p for p in incidents.iterdir() if p.is_dir() and p.name.isdigit()),
-                          key=lambda p: int(p.name), reverse=True)
-        for inc in numbered:
-            if dump_files(inc / "flight_recorder"):
-                return inc / "flight_recorder", inc
+    for inc in reversed(RunDir(path).incident_dirs()):  # the latest incident first
+        if dump_files(inc / "flight_recorder"):
+            return inc / "flight_recorder", inc
     if dump_files(path / "nccl"):
         return path / "nccl", None
     return path, None

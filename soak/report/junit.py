@@ -17,6 +17,8 @@ import datetime as dt
 import xml.etree.ElementTree as ET
 from typing import Any, Mapping, Sequence
 
+from soak.summary_file import IncidentEntry, RunSummary
+
 
 def _timestamp(ts: Any) -> str:
     when = dt.datetime.fromtimestamp(float(ts) if isinstance(ts, (int, float)) else 0.0, tz=dt.timezone.utc)
@@ -28,35 +30,37 @@ def _clean(text: str) -> str:
     return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)
 
 
-def incident_line(incident: Mapping[str, Any], start: float | None) -> str:
-    onset = incident.get("onset_at")
+def _or(value: Any, default: str) -> Any:
+    return default if value is None else value
+
+
+def incident_line(incident: IncidentEntry, start: float | None) -> str:
     at = ""
-    if isinstance(onset, (int, float)) and start is not None:
-        at = f" at +{(onset - start) / 60:.1f} min"
-    summary = incident.get("summary") or "; ".join(incident.get("reasons") or ()) or "no summary recorded"
-    return (f"incident {incident.get('number', '?')}: {incident.get('kind', '?')} "
-            f"(rule {incident.get('rule', '?')}){at}: {summary} [evidence {incident.get('evidence', '?')}]")
+    if incident.onset_at is not None and start is not None:
+        at = f" at +{(incident.onset_at - start) / 60:.1f} min"
+    summary = incident.summary or "; ".join(incident.reasons) or "no summary recorded"
+    return (f"incident {_or(incident.number, '?')}: {_or(incident.kind, '?')} "
+            f"(rule {_or(incident.rule, '?')}){at}: {summary} [evidence {_or(incident.evidence, '?')}]")
 
 
-def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "localhost",
+def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname: str = "localhost",
                 properties: Sequence[tuple[str, str]] = (), system_out: str = "") -> bytes:
-    incidents = list(summary.get("incidents") or [])
-    verdict = str(summary.get("verdict", "unknown"))
-    cut_off = bool(summary.get("cut_off"))
-    start = summary.get("started_at") if isinstance(summary.get("started_at"), (int, float)) else None
-    duration = summary.get("duration_s")
-    duration = float(duration) if isinstance(duration, (int, float)) else 0.0
-    criteria = summary.get("criteria") if isinstance(summary.get("criteria"), Mapping) else {}
-    results = [r for r in criteria.get("results") or () if isinstance(r, Mapping)]
-    criteria_failed = [r for r in results if r.get("state") == "fail"]
-    thresholds = [r for r in ((summary.get("thresholds") or {}).get("results") or []) if isinstance(r, Mapping)]
-    breached = [r for r in thresholds if not r.get("passed")]
+    summary = RunSummary.of(summary)  # summary.json as parsed reads through the typed record too
+    incidents = summary.incidents
+    verdict = summary.verdict.value if summary.verdict is not None else "unknown"
+    cut_off = bool(summary.cut_off)
+    start = summary.started_at
+    duration = summary.duration_s if summary.duration_s is not None else 0.0
+    results = summary.criteria.rows if summary.criteria is not None else ()
+    criteria_failed = [r for r in results if r.failed]
+    thresholds = summary.thresholds.rows if summary.thresholds is not None else ()
+    breached = [r for r in thresholds if not r.passed]
     # The soak case fails on incidents, or on a fail verdict no criterion or threshold explains.
     failed = bool(incidents) or (verdict == "fail" and not criteria_failed and not breached)
     errored = not failed and not criteria_failed and not breached and (cut_off or verdict not in ("pass",))
 
     suite = ET.Element("testsuite", {
-        "name": "soak", "timestamp": _timestamp(summary.get("started_at")), "hostname": hostname or "localhost",
+        "name": "soak", "timestamp": _timestamp(start), "hostname": hostname or "localhost",
         "tests": str(1 + len(results) + len(thresholds)),
         "failures": str(int(failed) + len(criteria_failed) + len(breached)),
         "errors": "1" if errored else "0",
@@ -69,7 +73,7 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
                                              "time": f"{duration:.3f}"})
     if failed:
         lines = [incident_line(i, start) for i in incidents] or [f"verdict {verdict}"]
-        kinds = sorted({str(i.get("kind", "incident")) for i in incidents}) or ["fail"]
+        kinds = sorted({_or(i.kind, "incident") for i in incidents}) or ["fail"]
         failure = ET.SubElement(case, "failure", {"type": ",".join(kinds), "message": _clean(lines[0])})
         failure.text = _clean("\n".join(lines))
     elif errored:
@@ -77,21 +81,21 @@ def build_junit(summary: Mapping[str, Any], *, name: str, hostname: str = "local
         error = ET.SubElement(case, "error", {"type": "cut_off" if cut_off else verdict, "message": why})
         error.text = why
     for result in results:
-        name_ = f"criteria.{result.get('name', 'unknown')}"
+        name_ = f"criteria.{_or(result.name, 'unknown')}"
         criterion = ET.SubElement(suite, "testcase", {"name": name_, "classname": f"soak.{name or 'soak'}",
                                                       "time": "0.000"})
-        if result.get("state") == "fail":
-            reasons = [str(r) for r in result.get("reasons") or ()] or [f"{name_} failed"]
+        if result.failed:
+            reasons = list(result.reasons) or [f"{name_} failed"]
             failure = ET.SubElement(criterion, "failure", {"type": "criterion", "message": _clean(reasons[0])})
             failure.text = _clean("\n".join(reasons))
     # Each threshold is a test case of its own (k6's convention), so a CI report
     # lists "ttft_p99 < 90s" beside the soak itself.
     for result in thresholds:
-        t_case = ET.SubElement(suite, "testcase", {"name": _clean(str(result.get("name", "threshold"))),
+        t_case = ET.SubElement(suite, "testcase", {"name": _clean(_or(result.name, "threshold")),
                                                    "classname": f"soak.{name or 'soak'}.thresholds", "time": "0.000"})
-        if not result.get("passed"):
-            reason = _clean(str(result.get("reason", "breached")))
-            failure = ET.SubElement(t_case, "failure", {"type": f"threshold_{result.get('outcome', 'breached')}",
+        if not result.passed:
+            reason = _clean(_or(result.reason, "breached"))
+            failure = ET.SubElement(t_case, "failure", {"type": f"threshold_{_or(result.outcome, 'breached')}",
                                                         "message": reason})
             failure.text = reason
     ET.SubElement(suite, "system-out").text = _clean(system_out)

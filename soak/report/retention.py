@@ -1,9 +1,9 @@
 """Nightly retention: keep the newest N run directories and the newest failing
 one, delete the rest, and point ``latest`` at the newest run.
 
-Safety: only direct children of the runs folder that look like run directories
-(they hold events.jsonl, summary.json, samples.jsonl or config.yaml) are
-candidates; symlinks are never followed or deleted (except ``latest``, which
+Safety: only direct children of the runs folder that are run directories
+(``soak.store.rundir.is_run_dir``: events.jsonl, requests.jsonl, samples or
+summary.json) are candidates; symlinks are never followed or deleted (except ``latest``, which
 is replaced); every path is checked to resolve inside the runs folder before
 it is removed. Anything else in the folder, and everything outside it, is left
 alone.
@@ -20,11 +20,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from soak.bounds import LIMITS, iter_lines, loads_json
 from soak.fsio import symlink_atomic
-from soak.jsonl import read_json
+from soak.jsonl import is_timestamp
+from soak.records import Verdict
+from soak.store.rundir import RunDir, is_run_dir
 
-RUN_MARKERS = ("events.jsonl", "summary.json", "samples.jsonl", "config.yaml")
 LATEST = "latest"
 
 
@@ -43,37 +43,38 @@ class RetentionResult:
     latest: Path | None
 
 
-def _first_ts(events: Path) -> float | None:
+def _first_ts(run: RunDir) -> float | None:
+    """The first event's label: when a run cut off before its summary started."""
     try:
-        with events.open("rb") as fh:
-            obj = loads_json(fh.readline(LIMITS.line_bytes) or b"null")
-    except (OSError, ValueError):  # InputRejected (not JSON, too deep, cut at the bound) too
+        first = next(run.events(fields={"ts": is_timestamp}), None)
+    except OSError:
         return None
-    ts = obj.get("ts") if isinstance(obj, dict) else None
-    return float(ts) if isinstance(ts, (int, float)) else None
+    ts = first.get("ts") if first is not None else None
+    return float(ts) if ts is not None else None
 
 
-def _lines(path: Path):
-    with path.open("rb") as fh:
-        yield from iter_lines(fh)
+def _failed_without_summary(run: RunDir) -> bool:
+    """A run cut off before its summary: an incident's evidence or event counts as a failure."""
+    if any((folder / "incident.json").is_file() for folder in run.incident_dirs()):
+        return True
+    try:
+        return any(event.get("type") == "incident" for event in run.events())
+    except OSError:
+        return False
 
 
 def _describe(path: Path) -> RunEntry:
-    summary = read_json(path / "summary.json")
-    started = summary.get("started_at") if isinstance(summary, dict) else None
-    if not isinstance(started, (int, float)):
-        started = _first_ts(path / "events.jsonl")
+    run = RunDir(path)
+    summary = run.summary()
+    started = summary.started_at if summary is not None else None
+    if started is None:
+        started = _first_ts(run)
     if started is None:
         started = path.stat().st_mtime
-    if isinstance(summary, dict):
-        failed = summary.get("verdict") == "fail" or bool(summary.get("incidents"))
-    else:  # cut off before a summary: an incident directory or event counts as a failure
-        failed = any((path / "incidents").glob("*/incident.json"))
-        if not failed and (path / "events.jsonl").is_file():
-            try:
-                failed = any(b'"type": "incident"' in raw for _, raw in _lines(path / "events.jsonl"))
-            except OSError:
-                failed = False
+    if summary is not None:
+        failed = summary.verdict is Verdict.FAIL or bool(summary.incidents)
+    else:
+        failed = _failed_without_summary(run)
     return RunEntry(path=path, started_at=float(started), failed=failed)
 
 
@@ -81,9 +82,7 @@ def find_runs(runs_dir: Path) -> list[RunEntry]:
     """Run directories directly inside ``runs_dir``, newest first."""
     out = []
     for child in runs_dir.iterdir():
-        if child.is_symlink() or not child.is_dir():
-            continue
-        if any((child / m).exists() for m in RUN_MARKERS):
+        if not child.is_symlink() and is_run_dir(child):
             out.append(_describe(child))
     out.sort(key=lambda r: (r.started_at, r.path.name), reverse=True)
     return out

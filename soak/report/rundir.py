@@ -1,10 +1,13 @@
 """Read a run directory (CONTRACTS.md + docs/ARCHITECTURE.md) into columns for the report.
 
-This is the report's only input. It stays thin: the run's verdict and totals
-come from the judge (``soak.judge.rejudge``: the run's own reading, also
-for a run that was cut off); this module only turns the JSONL files into arrays
-for plots and lists for tables. A torn last line (a harness killed mid-write)
-is skipped and counted, never fatal.
+This is the report's only input. It stays thin: the directory is opened
+through ``soak.store.rundir.RunDir`` (the one answer to "is this a run?", the
+one parse of config.yaml, the segment-aware sample reads); the run's verdict
+and totals come from the judge (``soak.judge.rejudge``: the run's own reading,
+also for a run that was cut off), held as a typed
+``soak.summary_file.RunSummary``; this module only turns the JSONL files into
+arrays for plots and lists for tables. A torn last line (a harness killed
+mid-write) is skipped and counted, never fatal.
 """
 
 from __future__ import annotations
@@ -18,15 +21,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from soak.bounds import LIMITS, BoundExceeded, read_file
-from soak.configbase import read_recorded_yaml
 from soak.errors import ConfigError, SoakError
-from soak.jsonl import parse_line, read_json, read_records
-from soak.store.segments import iter_sample_lines, line_head, sample_files
-from soak.store.store import REQUESTS
+from soak.jsonl import parse_line, read_json
 from soak.judge import rejudge
-from soak.store.rundir import RunDir
+from soak.store.rundir import MARKERS_TEXT, RunDir
+from soak.store.segments import line_head
+from soak.store.store import EVENTS, REQUESTS
 from soak.store.summary import EVENT_TYPES, REQUEST_TYPES
+from soak.summary_file import RunSummary
 
 # The timelines are binned to at most 720 columns; more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
@@ -34,10 +36,10 @@ from soak.store.summary import EVENT_TYPES, REQUEST_TYPES
 MAX_TIMELINE_POINTS = 20_000
 TIMELINE_KINDS = frozenset({"gpu", "server", "client"})
 
-SERVER_KEYS = (
-    "generation_tokens", "prompt_tokens", "prefix_cache_hits", "prefix_cache_queries",
-    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-)
+# The server series the report plots and ``soak compare`` windows (short keys of
+# soak.metric_names.VLLM_METRICS); the summary's own counters are
+# soak.store.summary.SERVER_KEYS, a different question.
+PLOTTED_SERVER_SERIES = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "kv_cache_usage_perc")
 
 
 # The figures of a request the report reads; the rest of a record stays on disk.
@@ -111,7 +113,7 @@ class Incident:
 @dataclass
 class RunData:
     path: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     config_text: str
     config: dict[str, Any]
     plan: dict[str, Any] | None
@@ -130,22 +132,21 @@ class RunData:
 
     @property
     def start(self) -> float | None:
-        value = self.summary.get("started_at")
-        if isinstance(value, (int, float)):
-            return float(value)
+        if self.summary.started_at is not None:
+            return self.summary.started_at
         candidates = [a[0] for a in (self.gpu_ts, self.server_ts, self.client_ts) if a.size]
         candidates += [e["ts"] for e in self.events[:1] if isinstance(e.get("ts"), (int, float))]
         return min(candidates) if candidates else None
 
 
-def _records(path: Path, bad: dict[str, int]) -> list[dict[str, Any]]:
-    """The file's JSON object lines, fields of the wrong type left out; unreadable
+def _events(run: RunDir, bad: dict[str, int]) -> list[dict[str, Any]]:
+    """events.jsonl's object lines, fields of the wrong type left out; unreadable
     lines (torn, bad, past a bound) counted in ``bad`` by file name."""
     stats: dict[str, int] = {}
-    records = list(read_records(path, stats=stats, fields=EVENT_TYPES))
+    records = list(run.events(stats=stats, fields=EVENT_TYPES))
     unreadable = stats.get("bad_lines", 0) + stats.get("torn_lines", 0)
     if unreadable:
-        bad[path.name] = bad.get(path.name, 0) + unreadable
+        bad[EVENTS] = bad.get(EVENTS, 0) + unreadable
     return records
 
 
@@ -168,18 +169,18 @@ def load_run(run_dir: str | Path, *, summary: Mapping[str, Any] | None = None) -
 
 
 def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
+    run = RunDir(path)
     if not path.is_dir():
         raise ConfigError("not a run directory", path=path)
-    markers = ("events.jsonl", "samples.jsonl", "requests.jsonl", "summary.json")
-    if not any((path / m).exists() for m in markers) and not sample_files(path):
-        raise ConfigError(f"not a run directory (none of {', '.join(markers)})", path=path)
+    if not run.is_run:
+        raise ConfigError(f"not a run directory ({MARKERS_TEXT})", path=path)
     bad: dict[str, int] = {}
-    events = _records(path / "events.jsonl", bad)
+    events = _events(run, bad)
 
     gpu_ts: list[float] = []
     gpu_rows: list[dict[int, float]] = []
     server_ts: list[float] = []
-    server_cols: dict[str, list[float]] = {k: [] for k in SERVER_KEYS}
+    server_cols: dict[str, list[float]] = {k: [] for k in PLOTTED_SERVER_SERIES}
     client_ts: list[float] = []
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
@@ -188,21 +189,21 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
     columns = RequestColumnsBuilder()
     request_stats: dict[str, int] = {}
     if judged is None:
-        summary = dict(rejudge(path, on_request=columns.add, request_stats=request_stats)[1].raw)
+        summary = rejudge(run, on_request=columns.add, request_stats=request_stats)[1]
     else:
-        for record in RunDir(path).requests(stats=request_stats, fields=REQUEST_TYPES):
+        for record in run.requests(stats=request_stats, fields=REQUEST_TYPES):
             columns.add(record)
-        summary = dict(judged)
+        summary = RunSummary.from_json(judged)
     requests = columns.build()
     unreadable_requests = request_stats.get("bad_lines", 0) + request_stats.get("torn_lines", 0)
     if unreadable_requests:
         bad[REQUESTS] = unreadable_requests
-    started, ended = summary.get("started_at"), summary.get("ended_at")
-    span = ended - started if isinstance(started, (int, float)) and isinstance(ended, (int, float)) else 0.0
+    started, ended = summary.started_at, summary.ended_at
+    span = ended - started if started is not None and ended is not None else 0.0
     gap = max(0.0, span / MAX_TIMELINE_POINTS)
     last_kept: dict[str, float] = {}
     sample_stats: dict[str, int] = {}
-    for source, number, raw in iter_sample_lines(path, stats=sample_stats):  # rolled gzip segments, then samples.jsonl
+    for source, number, raw in run.sample_lines(stats=sample_stats):  # rolled gzip segments, then samples.jsonl
         kind, ts = line_head(raw)
         if kind is not None and kind not in TIMELINE_KINDS and kind != "log":
             continue  # health, process: not plotted
@@ -245,23 +246,15 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         for j, v in row.items():
             util[i, j] = v
 
-    config_text = _read_text(path / "config.yaml")
-    config = read_recorded_yaml(path / "config.yaml") or {}
-    plan = read_json(path / "plan.json")
+    plan = run.plan_json()
     return RunData(
-        path=path, summary=summary, config_text=config_text, config=config, plan=plan, events=events,
+        path=path, summary=summary, config_text=run.config_text, config=dict(run.config),
+        plan=plan if isinstance(plan, dict) else None, events=events,
         requests=requests, gpu_ts=np.asarray(gpu_ts), gpu_util=util, server_ts=np.asarray(server_ts),
         server={k: np.asarray(v) for k, v in server_cols.items()}, client_ts=np.asarray(client_ts),
         client_tokens=np.asarray(client_tokens), client_in_flight=np.asarray(client_in_flight),
-        log_lines=log_lines, incidents=_incidents(path), bad_lines=bad,
+        log_lines=log_lines, incidents=_incidents(run), bad_lines=bad,
     )
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return read_file(path, limit=LIMITS.yaml_bytes).decode("utf-8", errors="replace")
-    except (OSError, BoundExceeded):
-        return ""
 
 
 def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -284,23 +277,15 @@ def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _incidents(path: Path) -> list[Incident]:
-    root = path / "incidents"
+def _incidents(run: RunDir) -> list[Incident]:
+    """incidents/N, by number: the folders summary.json's incidents come from too."""
     out: list[Incident] = []
-    if not root.is_dir():
-        return out
-    for child in root.iterdir():
-        if not child.is_dir():
-            continue
+    for child in run.incident_dirs():
         record = read_json(child / "incident.json")
-        try:
-            number = int(child.name)
-        except ValueError:
-            number = int(record.get("number", 0)) if isinstance(record, Mapping) else 0
+        number = int(child.name)
         record = normalize_incident(record) if isinstance(record, Mapping) else {
             "number": number, "evidence": f"incidents/{child.name}"}
         record.setdefault("evidence", f"incidents/{child.name}")
         files = sorted(str(p.relative_to(child)) for p in child.rglob("*") if p.is_file())
         out.append(Incident(number=number, path=child, record=record, files=files))
-    out.sort(key=lambda i: i.number)
     return out

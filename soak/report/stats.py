@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from soak.durations import format_duration
+from soak.thresholds.metrics import Better
 
 
 def _chi2_ppf(q: float, df: int) -> float:
@@ -105,12 +106,10 @@ def required_clean_exposure(baseline_mtbf_s: float, *, confidence: float = 0.95,
     return float(baseline_mtbf_s * _chi2_ppf(confidence, 2 * allowed_failures + 2) / 2.0)
 
 
-class Better(str, Enum):
-    HIGHER = "higher"
-    LOWER = "lower"
+class Change(str, Enum):
+    """What a comparison finds B's change against A to be, in the metric's good
+    direction (soak.thresholds.metrics.Better); not a run's verdict (soak.records.Verdict)."""
 
-
-class Verdict(str, Enum):
     BETTER = "better"
     WORSE = "worse"
     SAME = "no significant difference"
@@ -134,7 +133,7 @@ class Difference:
     a: Estimate
     b: Estimate
     p_value: float | None
-    verdict: Verdict
+    verdict: Change
     method: str
     ratio: float | None = None  # b/a where that reads better than b - a (rates)
     ratio_lower: float | None = None
@@ -142,13 +141,13 @@ class Difference:
     name: str | None = None  # the metric's name in soak.thresholds.metrics.RUN_METRICS, where it has one
 
 
-def _verdict(p_value: float | None, delta: float | None, better: Better, alpha: float) -> Verdict:
+def _verdict(p_value: float | None, delta: float | None, better: Better, alpha: float) -> Change:
     if p_value is None or delta is None or math.isnan(p_value):
-        return Verdict.UNKNOWN
+        return Change.UNKNOWN
     if p_value >= alpha or delta == 0:
-        return Verdict.SAME
+        return Change.SAME
     improved = delta > 0 if better is Better.HIGHER else delta < 0
-    return Verdict.BETTER if improved else Verdict.WORSE
+    return Change.BETTER if improved else Change.WORSE
 
 
 def mean_estimate(values: Sequence[float], *, confidence: float = 0.95) -> Estimate:
@@ -231,7 +230,7 @@ def compare_rates(
     ea, eb = rate_est(count_a, exposure_a_s), rate_est(count_b, exposure_b_s)
     total = count_a + count_b
     if total == 0:
-        return Difference(metric, unit, ea, eb, 1.0, Verdict.SAME, "exact Poisson rate-ratio test (no events)")
+        return Difference(metric, unit, ea, eb, 1.0, Change.SAME, "exact Poisson rate-ratio test (no events)")
     p0 = exposure_b_s / (exposure_a_s + exposure_b_s)
     test = stats.binomtest(count_b, total, p0)
     ci = test.proportion_ci(confidence_level=confidence, method="exact")
@@ -268,7 +267,7 @@ def compare_proportions(
     ea = proportion_estimate(count_a, total_a, confidence=confidence)
     eb = proportion_estimate(count_b, total_b, confidence=confidence)
     if ea.value is None or eb.value is None:
-        return Difference(metric, "", ea, eb, None, Verdict.UNKNOWN, "Fisher exact test (no finished requests)")
+        return Difference(metric, "", ea, eb, None, Change.UNKNOWN, "Fisher exact test (no finished requests)")
     table = [[count_a, total_a - count_a], [count_b, total_b - count_b]]
     p_value = float(stats.fisher_exact(table).pvalue)
     delta = eb.value - ea.value

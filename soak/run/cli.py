@@ -56,6 +56,7 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     from soak.errors import HarnessFault, SoakError
     from soak.run.heap import bound_heap_growth
     from soak.run.wiring import build_soak_run
+    from soak.summary_file import RunSummary
 
     heap = bound_heap_growth()  # first: the heap a day-long run grows is shaped from its start
     config = load_run_config(config_path, duration=duration_flag(duration))
@@ -73,11 +74,10 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     finally:
         if heap.trimmer is not None:
             heap.trimmer.close()
-    summary = outcome.summary
-    requests = summary.get("requests", {})
+    summary = RunSummary.of(outcome.summary)
     print(
-        f"soak run: {outcome.verdict.value} ({outcome.reason}); requests ok {requests.get('ok')} "
-        f"failed {requests.get('failed')}; incidents {len(summary.get('incidents', []))}; "
+        f"soak run: {outcome.verdict.value} ({outcome.reason}); requests ok {summary.requests.ok} "
+        f"failed {summary.requests.failed}; incidents {len(summary.incidents)}; "
         f"{soak_run.run_dir}/summary.json",
         file=sys.stderr,
     )

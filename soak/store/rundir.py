@@ -14,18 +14,26 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Collection, Iterator, Mapping
 
-from soak.configbase import read_recorded_yaml
+from soak.bounds import LIMITS, BoundExceeded, read_file
+from soak.configbase import parse_recorded_yaml
 from soak.jsonl import FieldCheck, read_json, read_records
 from soak.store.segments import iter_sample_lines, read_sample_records, sample_files
 from soak.store.store import CONFIG, EVENTS, PLAN, REQUESTS, SUMMARY
+from soak.summary_file import RunSummary
 
-# Any one of these makes a folder a run directory (a run cut off before its
-# first event still has its config; a rolled run may have only segments).
+# Any one of these files, or a rolled sample segment, makes a folder a run
+# directory: the run store opens events.jsonl and requests.jsonl before it
+# writes anything else, samples may survive only as rolled segments, and a run
+# re-rendered elsewhere may keep only summary.json. config.yaml is no marker:
+# soak writes it after the JSONL files, and a folder of configs is not a run
+# (retention deletes what this answers yes for).
 MARKERS = (EVENTS, REQUESTS, "samples.jsonl", SUMMARY)
+MARKERS_TEXT = f"none of {', '.join(MARKERS)} or a rolled samples-NNN.jsonl.gz"
 INCIDENTS = "incidents"
 
 
 def is_run_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a folder holding a recorded run (see MARKERS)."""
     path = Path(path)
     try:
         return path.is_dir() and (any((path / m).is_file() for m in MARKERS) or bool(sample_files(path)))
@@ -46,11 +54,36 @@ class RunDir:
     def is_run(self) -> bool:
         return is_run_dir(self.path)
 
-    # -- config.yaml: parsed once -------------------------------------------------
+    # -- config.yaml: read once, parsed once ------------------------------------------
+    @cached_property
+    def config_bytes(self) -> bytes | None:
+        """config.yaml as recorded (secrets redacted, bounded); None where missing or unreadable."""
+        try:
+            return read_file(self.path / CONFIG, limit=LIMITS.yaml_bytes)
+        except (OSError, BoundExceeded):
+            return None
+
+    @property
+    def config_text(self) -> str:
+        """config.yaml for people: bytes that are not UTF-8 shown replaced; "" where missing."""
+        data = self.config_bytes
+        return "" if data is None else data.decode("utf-8", errors="replace")
+
+    @cached_property
+    def _parsed_config(self) -> dict[str, Any] | None:
+        data = self.config_bytes
+        return parse_recorded_yaml(data) if data is not None else None
+
     @cached_property
     def config(self) -> Mapping[str, Any]:
         """config.yaml as recorded (secrets redacted); {} where missing or unreadable."""
-        return read_recorded_yaml(self.path / CONFIG) or {}
+        return self._parsed_config or {}
+
+    @property
+    def config_unreadable(self) -> bool:
+        """config.yaml is there but reads as no mapping (damaged, not UTF-8, past a
+        bound): a reader that falls back to defaults says so."""
+        return self._parsed_config is None and (self.path / CONFIG).exists()
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """One top-level section of config.yaml, or None where absent or not a mapping."""
@@ -83,6 +116,11 @@ class RunDir:
             return None
         return read_json(path)
 
+    def summary(self) -> RunSummary | None:
+        """summary.json as the typed record; None where absent, unreadable or not an object."""
+        raw = self.summary_json()
+        return RunSummary.from_json(raw) if isinstance(raw, Mapping) else None
+
     def plan_json(self) -> Any:
         path = self.path / PLAN
         return read_json(path) if path.is_file() else None
@@ -97,4 +135,4 @@ class RunDir:
         return sorted(found, key=lambda p: int(p.name))
 
 
-__all__ = ["INCIDENTS", "MARKERS", "RunDir", "is_run_dir"]
+__all__ = ["INCIDENTS", "MARKERS", "MARKERS_TEXT", "RunDir", "is_run_dir"]

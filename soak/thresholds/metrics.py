@@ -1,8 +1,9 @@
 """The one table of a run's figures by name: thresholds, ``soak compare`` and
 ``soak history`` all speak these names.
 
-A figure is read from summary.json (the whole run) with ``run_value(name,
-summary)``, or computed over any slice of the recorded requests and server
+A figure is read from summary.json (the whole run, a
+``soak.summary_file.RunSummary``) with ``run_value(name, summary)`` along the
+metric's ``summary_path``, or computed over any slice of the recorded requests and server
 samples with ``window_values`` (a sliding window of a live run, or one window
 of a recorded one). Both follow summary.json's counting rules: latencies over
 successful requests outside the warm-up; the error rate over every request
@@ -17,6 +18,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
 from soak.percentiles import percentile
+from soak.summary_file import RunSummary
 
 
 class Quantity(str, Enum):
@@ -93,29 +95,24 @@ def error_rate_of(by_outcome: Mapping[str, Any]) -> float | None:
     return (total - answered.get("ok", 0)) / total
 
 
-def run_value(name: str, summary: Mapping[str, Any]) -> float | None:
-    """The whole run's figure, from summary.json; None where it recorded none."""
+def run_value(name: str, summary: RunSummary | Mapping[str, Any]) -> float | None:
+    """The whole run's figure, from summary.json; None where it recorded none.
+    ``summary``: the typed record, or summary.json as parsed (read through it)."""
     spec = metric(name)
+    summary = RunSummary.of(summary)
     if spec.summary_path is not None:
-        node: Any = summary
-        for key in spec.summary_path:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        return _number(node)
+        return summary.figure(spec.summary_path)
     if name == "error_rate":
         # The failure criterion's own figure where the run store records one.
-        recorded = summary.get("error_rate")
-        if isinstance(recorded, Mapping):
-            recorded = recorded.get("value", recorded.get("rate"))
-        if _number(recorded) is not None:
-            return _number(recorded)
-        return error_rate_of((summary.get("requests") or {}).get("by_outcome") or {})
+        if summary.error_rate is not None:
+            return summary.error_rate
+        return error_rate_of(summary.requests.by_outcome)
     if name not in ("hangs", "hang_rate"):
         return None
-    hangs = sum(1 for i in summary.get("incidents") or [] if isinstance(i, Mapping) and i.get("kind") == "hang")
     if name == "hangs":
-        return float(hangs)
-    exposure = _number(summary.get("duration_s"))
-    return hangs / exposure if exposure else None
+        return float(summary.hangs)
+    exposure = summary.duration_s
+    return summary.hangs / exposure if exposure else None
 
 
 def _stat(values: Sequence[float], which: str) -> float | None:

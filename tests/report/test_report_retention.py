@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from soak.report.retention import prune
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,3 +121,40 @@ def test_nightly_script_runs_reports_prunes_and_links_latest(tmp_path):
     assert any((d / "report.html").read_text() == "rendered by report" for d in dirs)
     assert os.readlink(runs / "latest") == dirs[-1].name
     assert outside.is_dir()
+
+
+# A run as retention reads it: (files, when it started, whether it failed). mtime is 1e9.
+RUNS_READ = [
+    ("summary pass", {"summary.json": {"verdict": "pass", "started_at": 5.0, "incidents": []}}, 5.0, False),
+    ("summary fail", {"summary.json": {"verdict": "fail", "started_at": 5.0, "incidents": []}}, 5.0, True),
+    ("summary pass that lists an incident", {"summary.json": {"verdict": "pass", "incidents": [{"kind": "hang"}],
+                                                              "started_at": 5.0}}, 5.0, True),
+    ("cut off: dated by its first event", {"events.jsonl": [{"ts": 7.0, "type": "run_started"}]}, 7.0, False),
+    ("cut off after an incident event", {"events.jsonl": [{"ts": 7.0, "type": "run_started"},
+                                                          {"ts": 9.0, "type": "incident"}]}, 7.0, True),
+    ("cut off with an incident's evidence", {"events.jsonl": [{"ts": 7.0, "type": "run_started"}],
+                                             "incidents/1/incident.json": {"number": 1}}, 7.0, True),
+    ("a damaged summary reads as none", {"summary.json": [1, 2], "events.jsonl": [{"ts": 7.0, "type": "x"}]}, 7.0,
+     False),
+    ("a torn first line: the next event dates it", {"events.jsonl": ["{torn", {"ts": 8.0, "type": "run_started"}]},
+     8.0, False),
+    ("nothing dated: the folder's mtime", {"requests.jsonl": []}, 1e9, False),
+]
+
+
+@pytest.mark.parametrize("what, files, started, failed", RUNS_READ, ids=[r[0] for r in RUNS_READ])
+def test_a_run_is_dated_and_judged_from_what_it_recorded(tmp_path, what, files, started, failed):
+    from soak.report.retention import find_runs
+
+    run = tmp_path / "runs" / "night"
+    run.mkdir(parents=True)
+    for name, body in files.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".jsonl"):
+            text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in body)
+        else:
+            text = json.dumps(body)
+        (run / name).write_text(text)
+    os.utime(run, (1e9, 1e9))
+    (entry,) = find_runs(tmp_path / "runs")
+    assert (entry.started_at, entry.failed) == (started, failed)

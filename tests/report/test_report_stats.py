@@ -7,8 +7,9 @@ import math
 import pytest
 
 from soak.report.stats import (
-    Better, Verdict, compare_means, compare_quantiles, compare_rates, mtbf_estimate, required_clean_exposure,
+    Change, compare_means, compare_quantiles, compare_rates, mtbf_estimate, required_clean_exposure,
 )
+from soak.thresholds.metrics import Better
 
 # Chi-square quantiles from the printed tables (not from scipy).
 CHI2_2DF_95 = 5.9915   # P(X <= x) = 0.95, 2 degrees of freedom
@@ -51,16 +52,16 @@ def test_rate_ratio_test_matches_the_binomial_closed_form():
     # 10 hangs in an hour against none in an hour: p = 2 * 0.5**10 under equal rates.
     d = compare_rates("hang rate", 10, 3600, 0, 3600)
     assert d.p_value == pytest.approx(2 * 0.5**10)
-    assert d.verdict is Verdict.BETTER
+    assert d.verdict is Change.BETTER
     assert d.a.value == pytest.approx(10.0) and d.b.value == 0.0
     same = compare_rates("hang rate", 1, 3600, 1, 3600)
-    assert same.verdict is Verdict.SAME and same.p_value == pytest.approx(1.0)
+    assert same.verdict is Change.SAME and same.p_value == pytest.approx(1.0)
 
 
 def test_welch_and_bootstrap_verdicts_follow_the_metric_direction():
     base = [100.0 + (i % 7) for i in range(40)]
     slower = [80.0 + (i % 7) for i in range(40)]
-    assert compare_means("tput", "tok/s", base, slower, better=Better.HIGHER).verdict is Verdict.WORSE
-    assert compare_means("tput", "tok/s", base, list(base), better=Better.HIGHER).verdict is Verdict.SAME
-    assert compare_quantiles("ttft", "s", base, slower, 0.5, better=Better.LOWER).verdict is Verdict.BETTER
-    assert compare_means("tput", "tok/s", [], slower, better=Better.HIGHER).verdict is Verdict.UNKNOWN
+    assert compare_means("tput", "tok/s", base, slower, better=Better.HIGHER).verdict is Change.WORSE
+    assert compare_means("tput", "tok/s", base, list(base), better=Better.HIGHER).verdict is Change.SAME
+    assert compare_quantiles("ttft", "s", base, slower, 0.5, better=Better.LOWER).verdict is Change.BETTER
+    assert compare_means("tput", "tok/s", [], slower, better=Better.HIGHER).verdict is Change.UNKNOWN

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,8 +48,8 @@ def test_a_hostile_requests_file_reads_into_the_same_figures(tmp_path):
     data = load_run(run)
     assert len(data.requests) == 37  # warm-up left out
     assert data.bad_lines == {"requests.jsonl": 2}  # the bad line and the torn one
-    assert data.summary["requests"]["warmup"] == 3  # the same pass gave the summary
-    assert data.summary["tokens"]["generated"] == 10 * 39
+    assert data.summary.requests.warmup == 3  # the same pass gave the summary
+    assert data.summary.tokens.generated == 10 * 39
     stats = dict(request_statistics(data.requests)[0])
     for label, key in (("TTFT (s)", "ttft_s"), ("end-to-end latency (s)", "e2e_s"), ("prompt tokens", "prompt_tokens")):
         expected = _expected(rows, key)
@@ -78,3 +79,13 @@ def test_columns_of_no_requests_are_empty():
     empty = RequestColumnsBuilder().build()
     assert len(empty) == 0 and empty.ok_values("ttft_s").size == 0
     assert request_statistics(empty)[0][0][1]["n"] == 0
+
+
+def test_the_plotted_server_series_are_metrics_soak_reads() -> None:
+    from soak.metric_names import VLLM_METRICS
+    from soak.report.rundir import PLOTTED_SERVER_SERIES
+
+    assert set(PLOTTED_SERVER_SERIES) <= set(VLLM_METRICS)  # a misspelt key would plot an empty series
+    run = load_run(Path(__file__).parents[1] / "fixtures" / "runs" / "pass")
+    assert set(run.server) == set(PLOTTED_SERVER_SERIES)
+    assert all(len(series) == len(run.server_ts) for series in run.server.values())

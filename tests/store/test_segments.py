@@ -198,8 +198,8 @@ def test_a_long_run_is_read_for_the_report_at_a_bounded_number_of_points(rolled_
     for ts in (run.gpu_ts, run.server_ts, run.client_ts):
         assert 60 <= ts.size <= 101
         assert ts[0] < T0 + 1 and ts[-1] > T0 + 590
-    assert run.summary["server_tokens"]["generated"] == pytest.approx(100.0 * 599)
-    assert run.summary["records"]["samples"] == 4 * 600
+    assert run.summary.server_tokens.generated == pytest.approx(100.0 * 599)
+    assert run.summary.records["samples"] == 4 * 600
 
 
 def test_the_last_redaction_pass_reaches_inside_rolled_segments(tmp_path):
