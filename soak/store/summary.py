@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from soak.criteria.config import CriteriaConfig
-from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, judge, record_time
+from soak.criteria.constraints import judge
+from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, record_time
 from soak.criteria.rules import generated_tokens as work_tokens
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.percentiles import percentiles
