@@ -158,7 +158,7 @@ def _alive(pid: int) -> bool:
 
 
 def _shm_of(pids: list[int]) -> set[str]:
-    from soak.respond.shm import shm_paths_of
+    from soak.proc.shm import shm_paths_of
 
     out: set[str] = set()
     for pid in pids:

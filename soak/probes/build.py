@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from soak.clock import Clock
+from soak.proc.snapshots import ProcSnapshots
 from soak.probes.config import DcgmGpu, NoGpu, NvmlGpu, ProbesConfig, SimGpu
 from soak.probes.gpu import DcgmGpuSource, GpuProbe, NvmlGpuSource, SimGpuSource
 from soak.records import GpuSourceLike
@@ -56,6 +57,7 @@ def build_probes(
     log_from_start: bool = True,
     progress: ProgressSource | None = None,
     version_profile: Any = None,
+    proc: ProcSnapshots | None = None,
 ) -> list[Probe]:
     metrics = MetricsProbe(base_url, session=session, clock=clock, interval_s=config.metrics_interval, timeout_s=config.timeout)
     metrics.version_profile = version_profile  # soak.versions.VllmProfile: no warning for names the version lacks
@@ -66,7 +68,8 @@ def build_probes(
     if gpu_source is not None:
         probes.append(GpuProbe(gpu_source, interval_s=config.gpu_interval))
     if root_pid is not None:
-        probes.append(ProcessProbe(root_pid, clock=clock, interval_s=config.process_interval, returncode=returncode))
+        probes.append(ProcessProbe(root_pid, clock=clock, interval_s=config.process_interval, returncode=returncode,
+                                   proc=proc))
     path = config.log_path or log_path
     if path is not None:
         from_start = log_from_start if config.log_path is None else False

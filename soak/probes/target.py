@@ -7,6 +7,8 @@ import time
 from typing import Callable, Protocol
 
 from soak.clock import Clock
+from soak.proc.facts import ProcTable
+from soak.proc.snapshots import ProcSnapshots
 from soak.samples import ClientSample, HealthSample, ProcessSample
 
 
@@ -38,25 +40,30 @@ class HealthProbe:
         pass
 
 
-def process_state(pid: int) -> tuple[bool, tuple[int, ...]]:
-    """Whether ``pid`` is alive (a zombie is not) and its descendants' PIDs."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False, ()
-        children = tuple(sorted(c.pid for c in proc.children(recursive=True)))
-        return True, children
-    except psutil.NoSuchProcess:
+def process_state(pid: int, table: ProcTable) -> tuple[bool, tuple[int, ...]] | None:
+    """Whether ``pid`` is alive (a zombie is not) and its descendants' PIDs, from
+    one table of the shared reader; None when the table does not hold ``pid`` (it
+    may predate the process: the caller asks the process itself)."""
+    facts = table.procs.get(pid)
+    if facts is None:
+        return None
+    if facts.zombie:
         return False, ()
-    except psutil.AccessDenied:
-        return True, ()
+    return True, tuple(sorted(table.descendants(pid) - {pid}))
+
+
+def _state(pid: int, reader: ProcSnapshots) -> tuple[bool, tuple[int, ...]]:
+    state = process_state(pid, reader.table())
+    if state is None:
+        state = process_state(pid, reader.fresh())
+    return state if state is not None else (False, ())
 
 
 class ProcessProbe:
     """Liveness of the target's root PID. ``returncode`` (the launched target's
-    ``Target.returncode``) supplies the exit code when the harness is the parent."""
+    ``Target.returncode``) supplies the exit code when the harness is the parent.
+    A root that died within the reader's staleness bound reads alive until the next
+    table (the launched target's exit code is immediate)."""
 
     name = "process"
 
@@ -67,8 +74,11 @@ class ProcessProbe:
         clock: Clock,
         interval_s: float = 1.0,
         returncode: Callable[[], int | None] | None = None,
+        proc: ProcSnapshots | None = None,
     ) -> None:
         self.pid = pid
+        # The process's shared /proc reader: the responder's tree walk reads the same table.
+        self._proc = proc if proc is not None else ProcSnapshots()
         self.interval_s = interval_s
         self._clock = clock
         self._returncode = returncode
@@ -78,7 +88,7 @@ class ProcessProbe:
         code = self._returncode() if self._returncode is not None else None
         if code is not None:
             return [ProcessSample(ts, self.pid, False, code)]
-        alive, tree = await asyncio.to_thread(process_state, self.pid)
+        alive, tree = await asyncio.to_thread(_state, self.pid, self._proc)
         return [ProcessSample(ts, self.pid, alive, None, tree)]
 
     async def aclose(self) -> None:

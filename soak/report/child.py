@@ -5,11 +5,13 @@ the whole run again. In the harness process that cost lands on every run's end,
 the memory stays in the harness, and a renderer that raises, hangs or runs out
 of memory is the harness's problem. So ``soak run`` starts this child as the
 load starts (it imports, then sleeps on its stdin: the run's end pays no
-import), and once summary.json is written tells it to render:
+import), and once summary.json is written tells it to render. The child renders
+from that summary.json (the run's one judgement), reading the records only for
+its plots and tables:
 
     python -m soak.report.child RUN_DIR [--no-html]   # imports, then waits for "render" on stdin
 
-(``--no-html``: summary.json and junit.xml only, without plotting.)
+(``--no-html``: junit.xml only, without plotting.)
 
 The child renders on ``render``, and exits without writing anything when its
 stdin closes first (the harness died or gave up). Whatever the child does, the
@@ -116,7 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if sys.stdin.buffer.readline() != GO:
         return 0  # the harness went away before asking: write nothing
-    written = write_report(Path(argv[0]), html=html)
+    run_dir = Path(argv[0])
+    # The run just judged itself and wrote summary.json: render that, judge nothing again.
+    # Without one (its write failed) the run is judged here, as `soak report` would.
+    from collections.abc import Mapping
+
+    from soak.store.rundir import RunDir
+
+    summary = RunDir(run_dir).summary_json()
+    if isinstance(summary, Mapping):
+        written = write_report(run_dir, html=html, summary=summary, write_summary=False)
+    else:
+        written = write_report(run_dir, html=html)
     # As `soak report` does: the files a reader of the run directory writes pass the redactor's shapes.
     import os
 

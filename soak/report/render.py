@@ -581,14 +581,15 @@ class Written:
 
 
 def write_report(run_dir: str | Path, *, confidence: float = 0.95, write_summary: bool = True,
-                 html: bool = True) -> Written:
+                 html: bool = True, summary: Mapping[str, Any] | None = None) -> Written:
     """summary.json (unless ``write_summary=False``), junit.xml, and report.html
-    unless ``html=False`` (``soak run --no-html``: no plotting at the run's end)."""
-    run = load_run(run_dir)
+    unless ``html=False`` (``soak run --no-html``: no plotting at the run's end).
+    ``summary``: the one the run's end wrote, rendered as it is (not judged again)."""
+    run = load_run(run_dir, summary=summary)
     model = build(run, confidence=confidence, with_plots=html)
     path = Path(run_dir)
     summary_path = None
-    if write_summary:  # run.summary is the run store's own summarize()
+    if write_summary:  # run.summary is the judge's (soak.judge.rejudge)
         summary_path = path / "summary.json"
         write_atomic(summary_path, (json.dumps(run.summary, indent=2) + "\n").encode("utf-8"))
     html_path, junit_path = path / "report.html", path / "junit.xml"

@@ -1,7 +1,7 @@
 """Read a run directory (CONTRACTS.md + docs/ARCHITECTURE.md) into columns for the report.
 
 This is the report's only input. It stays thin: the run's verdict and totals
-come from ``soak.store.summary.summarize`` (the run store's own reading, also
+come from the judge (``soak.judge.rejudge``: the run's own reading, also
 for a run that was cut off); this module only turns the JSONL files into arrays
 for plots and lists for tables. A torn last line (a harness killed mid-write)
 is skipped and counted, never fatal.
@@ -24,7 +24,9 @@ from soak.errors import ConfigError, SoakError
 from soak.jsonl import parse_line, read_json, read_records
 from soak.store.segments import iter_sample_lines, line_head, sample_files
 from soak.store.store import REQUESTS
-from soak.store.summary import EVENT_TYPES, digest_requests, load_span, recorded_criteria, summarize
+from soak.judge import rejudge
+from soak.store.rundir import RunDir
+from soak.store.summary import EVENT_TYPES, REQUEST_TYPES
 
 # The timelines are binned to at most 720 columns; more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
@@ -147,23 +149,25 @@ def _records(path: Path, bad: dict[str, int]) -> list[dict[str, Any]]:
     return records
 
 
-def load_run(run_dir: str | Path) -> RunData:
+def load_run(run_dir: str | Path, *, summary: Mapping[str, Any] | None = None) -> RunData:
     """The run directory read whole for the report, compare and history.
 
     Total: a damaged directory (bad or deep lines, fields of the wrong type, cut
     gzip segments, missing files) still reads, the damage counted in
     ``bad_lines`` and the summary's ``records``; what cannot be read at all is
-    one ``ConfigError`` naming the directory, never another exception."""
+    one ``ConfigError`` naming the directory, never another exception.
+    ``summary``: the run's summary.json as its end wrote it (the report child):
+    the run is not judged again, requests.jsonl is read for the columns only."""
     path = Path(run_dir)
     try:
-        return _load_run(path)
+        return _load_run(path) if summary is None else _load_run(path, summary)
     except SoakError:
         raise
     except (MemoryError, RecursionError, Exception) as exc:  # a damage no reader foresaw: one line
         raise ConfigError(f"cannot read the run: {type(exc).__name__}: {exc}"[:300], path=path) from exc
 
 
-def _load_run(path: Path) -> RunData:
+def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
     if not path.is_dir():
         raise ConfigError("not a run directory", path=path)
     markers = ("events.jsonl", "samples.jsonl", "requests.jsonl", "summary.json")
@@ -180,13 +184,17 @@ def _load_run(path: Path) -> RunData:
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
     log_lines: list[dict[str, Any]] = []
-    # One pass over requests.jsonl: the summary's figures and the report's columns.
+    # One pass over requests.jsonl: the judge's figures and the report's columns.
     columns = RequestColumnsBuilder()
-    digest = digest_requests(path / REQUESTS, recorded_criteria(path), on_request=columns.add,
-                             span=load_span(path))
-    summary = dict(summarize(path, requests=digest))
+    request_stats: dict[str, int] = {}
+    if judged is None:
+        summary = dict(rejudge(path, on_request=columns.add, request_stats=request_stats)[1].raw)
+    else:
+        for record in RunDir(path).requests(stats=request_stats, fields=REQUEST_TYPES):
+            columns.add(record)
+        summary = dict(judged)
     requests = columns.build()
-    unreadable_requests = digest.stats.get("bad_lines", 0) + digest.stats.get("torn_lines", 0)
+    unreadable_requests = request_stats.get("bad_lines", 0) + request_stats.get("torn_lines", 0)
     if unreadable_requests:
         bad[REQUESTS] = unreadable_requests
     started, ended = summary.get("started_at"), summary.get("ended_at")

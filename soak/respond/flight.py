@@ -17,8 +17,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from soak.proc.facts import MARKER_VARIABLE
+
 TRACE_BUFFER_SIZE = 2000
-ownership_variable = "SOAK_TARGET_ID"
+ownership_variable = MARKER_VARIABLE  # the one name, soak.proc.facts
 
 
 @dataclass(frozen=True)

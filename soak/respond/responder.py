@@ -4,7 +4,7 @@ Order (each step bounded, a failing step noted and never blocking the next):
 1. the evidence bundle in ``incidents/N/`` (``soak.respond.evidence``);
 2. SIGKILL to every process that belongs to the target: the tree as recorded
    over the run and freshly walked, plus the GPU source's compute processes that
-   provably belong to it (``soak.respond.tree``);
+   provably belong to it (``soak.proc``);
 3. a bounded wait until the GPUs list no target process and their memory is
    back within tolerance (``soak.respond.gpu``).
 
@@ -39,10 +39,13 @@ from soak.respond.flight import (
 )
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
 from soak.errors import TargetMismatch
-from soak.respond.belonging import Pin, ProcReader, ProcTable, Proof, Reason, TargetIdentity, decide, read_table
-from soak.respond.identity import Identity
-from soak.respond.shm import ShmLedger
-from soak.respond.tree import KillResult, ProcInfo, ProcessTree, find_listener, kill_processes, merge, same_process
+from soak.proc.belonging import Proof, Reason, TargetIdentity, decide
+from soak.proc.facts import Member, Pin, ProcTable
+from soak.proc.kill import KillResult, kill_processes
+from soak.proc.read import ProcReader, find_listener, running
+from soak.proc.shm import ShmLedger
+from soak.proc.snapshots import ProcSnapshots
+from soak.proc.tree import ProcessTree, merge
 from soak.samples import GpuSample, Sample
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -54,7 +57,7 @@ class _TargetLike(Protocol):
     base_url: str
     root_pid: int | None
     # The root process as checked at start (None: not checked, e.g. attached without a PID).
-    identity: Identity | None
+    identity: Pin | None
     log_path: Path | None
     flight_recorder_pipe_stem: str | None
 
@@ -77,6 +80,7 @@ class Responder:
         flight_recorder_paths: FlightRecorderPaths | None = None,
         redactor: Redactor | None = None,
         on_write_error: Callable[[BaseException], None] | None = None,
+        proc: ProcSnapshots | None = None,
     ) -> None:
         self._redactor = redactor
         self._on_write_error = on_write_error
@@ -88,8 +92,10 @@ class Responder:
         self._recent_samples = recent_samples
         self._marker = (ownership_variable, ownership_token) if ownership_token else None
         self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
-        self.tree = ProcessTree()
-        # /dev/shm segments the tree held, removed after its SIGKILL (soak/respond/shm.py)
+        # The /proc reader this process's users share (the process probe's too, through wiring).
+        self._proc = proc if proc is not None else ProcSnapshots()
+        self.tree = ProcessTree(reader=self._proc)
+        # /dev/shm segments the tree held, removed after its SIGKILL (soak/proc/shm.py)
         self.shm = ShmLedger()
         self._collected_dumps: dict[str, float] = {}
         self._gpu_baselines: dict[int, float] = {}
@@ -104,7 +110,7 @@ class Responder:
     def root_pid(self) -> int | None:
         pid = self._target.root_pid
         identity = self._target.identity
-        if pid is not None and identity is not None and identity.pid == pid and not identity.alive():
+        if pid is not None and identity is not None and identity.pid == pid and not running(identity):
             # The process checked at start is gone; its number may be a stranger's now.
             self._root_lost = f"root pid {pid} is no longer the process checked at start (gone or reused): not adopted"
             return None
@@ -114,7 +120,7 @@ class Responder:
                 pid = find_listener(port)
         return pid
 
-    def track(self) -> tuple[ProcInfo, ...]:
+    def track(self) -> tuple[Member, ...]:
         """One snapshot of the target's tree and of the /dev/shm segments it holds (blocking /proc reads)."""
         alive = self.tree.snapshot(self.root_pid())
         self.shm.record(info.pid for info in alive)
@@ -138,7 +144,7 @@ class Responder:
         port = _loopback_port(self._target.base_url) if self._config.find_root_by_port else None
         return TargetIdentity(Proof.ATTACHED_URL, port=port, members=members if port is not None else frozenset())
 
-    def check_kill_target(self, reader: ProcReader = read_table) -> None:
+    def check_kill_target(self, reader: ProcReader | None = None) -> None:
         """An attached server given by URL alone: the listener on its port must be
         the server, not a forwarder (a proxy, a tunnel) in front of it. The check
         holds one HTTP request open through the port, so a forwarder has its
@@ -148,7 +154,7 @@ class Responder:
         if identity.proof is not Proof.ATTACHED_URL or identity.port is None:
             return
         with _held_request(identity.port):
-            table = reader()
+            table = (reader or self._proc.full)()
         for listener in table.listeners(identity.port):
             verdict = decide(listener.pid, listener.create_time, table, identity)
             if verdict.reason is Reason.FORWARDER:
@@ -202,7 +208,7 @@ class Responder:
         if not self.shm.segments():
             return None
         members = self.tree.known()
-        if any(same_process(info) is not None for info in members):
+        if any(running(info.pin) for info in members):
             return None
         pids = {pid for seg in self.shm.segments() for pid in seg.pids} | {info.pid for info in members}
         if any(same_process_pid(pid) for pid in pids):
@@ -260,7 +266,7 @@ class Responder:
         root_pid = self.root_pid()
         if root_pid is not None and root_pid != self._target.root_pid:
             notes.append(f"root pid {root_pid} found listening on the target's port")
-        await asyncio.to_thread(self.tree.snapshot, root_pid)
+        await asyncio.to_thread(lambda: self.tree.snapshot(root_pid, fresh=True))
         if root_pid is not None and self.tree.root is None:
             notes.append(f"root pid {root_pid} is protected or gone: not adopted")
         if self._root_lost:
@@ -289,7 +295,8 @@ class Responder:
         self._save(bundle, header)
 
         # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
-        fresh = await asyncio.to_thread(self.tree.snapshot, self.root_pid())
+        now_pid = self.root_pid()
+        fresh = await asyncio.to_thread(lambda: self.tree.snapshot(now_pid, fresh=True))
         to_kill = merge(self.tree.known(), fresh)
         await asyncio.to_thread(self.shm.record, [info.pid for info in to_kill])
         killed_at = self._clock.now()
@@ -297,7 +304,7 @@ class Responder:
             identity = self.identity()
             result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, target=identity,
                                                                 timeout_s=cfg.kill_timeout,
-                                                                reader=_reader_for(identity))
+                                                                reader=_reader_for(identity, self._proc.full))
         except Exception as exc:  # the kill could not finish: record it, go on to the GPU wait
             notes.append(f"kill failed: {type(exc).__name__}: {exc}")
             result = None
@@ -326,7 +333,7 @@ class Responder:
         release: GpuRelease = await wait_gpus_free(
             self._read_gpus,
             target_pids=target_pids,
-            pids_gone=lambda: all(same_process(i) is None for i in to_kill),
+            pids_gone=lambda: not any(running(i.pin) for i in to_kill),
             clock=self._clock,
             timeout_s=cfg.gpu_release_timeout,
             poll_s=cfg.gpu_poll_interval,
@@ -407,7 +414,7 @@ class Responder:
         bundle: ev.Bundle,
         decision: Decision,
         detected_at: float,
-        members: Sequence[ProcInfo],
+        members: Sequence[Member],
         gpu_sample: GpuSample | None,
         gpu_error: str | None,
     ) -> None:
@@ -481,7 +488,7 @@ class Responder:
                         ok, note = False, str(exc)
                     results[pid] = None if ok else note
 
-            await asyncio.gather(*(one(m.pid) for m in members if same_process(m) is not None))
+            await asyncio.gather(*(one(m.pid) for m in members if running(m.pin)))
             failed = {pid: note for pid, note in results.items() if note}
             bundle.record(
                 "py_spy",
@@ -561,7 +568,7 @@ def same_process_pid(pid: int) -> bool:
         return False
 
 
-def _reader_for(identity: TargetIdentity) -> ProcReader:
+def _reader_for(identity: TargetIdentity, read_table: ProcReader) -> ProcReader:
     """For a server found by its port, each reading is taken with a request held
     open through that port: a forwarder then shows its upstream connection even
     when no stream of the run is in flight."""
@@ -615,7 +622,7 @@ def _diagnosis_line(path: Path) -> str | None:
     return str(line)[:500] if line else None
 
 
-def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[ProcInfo],
+def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[Member],
              release: GpuRelease, gpu_free_s: float | None, result: KillResult | None) -> str:
     text = f"{kind.value} ({rule}): detected {detected_at - onset_at:.1f}s after onset; SIGKILL to {len(killed)} processes"
     if result is not None and result.survivors:

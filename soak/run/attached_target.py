@@ -10,7 +10,9 @@ from typing import Callable
 
 from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
-from soak.respond import identity as ident
+from soak.proc import identity as ident
+from soak.proc.facts import Pin
+from soak.proc.read import pin_of, protected_pids
 from soak.run.readiness import wait_ready
 
 
@@ -42,18 +44,16 @@ class AttachedTarget:
         self._poll_interval_s = poll_interval_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._clock = clock or SystemClock()
-        self.identity: ident.Identity | None = None
+        self.identity: Pin | None = None
 
     def returncode(self) -> int | None:
         return None
 
     async def start(self) -> None:
         if self.root_pid is not None:
-            import psutil
-
-            if not psutil.pid_exists(self.root_pid):
+            if pin_of(self.root_pid) is None:
                 raise TargetNotReady(f"attached target: no process with PID {self.root_pid}")
-            if self.root_pid in ident.protected():
+            if self.root_pid in protected_pids():
                 await asyncio.to_thread(ident.verify_attached, self.root_pid, self.base_url)  # raises
         self.base_url, self.models = await wait_ready(
             url=lambda: self.base_url,

@@ -22,8 +22,8 @@ workers below it would reparent and live on (vllm#55510). A subreaper would
 collect those orphans only while the subreaper is alive, and the harness is the
 one that died. The guardian records the tree from outside and needs nothing of
 the server's cooperation. It keeps the record and kills through the responder's
-own ``soak.respond.tree`` (psutil), so it never signals PID 0 or 1, itself, or
-any of its own ancestors.
+own ``soak.proc`` (one light /proc pass per walk), so it never signals PID 0 or
+1, itself, or any of its own ancestors.
 """
 
 from __future__ import annotations
@@ -39,9 +39,12 @@ import time
 from pathlib import Path
 from typing import IO
 
-from soak.respond.belonging import Proof, TargetIdentity
-from soak.respond.cgroup import Cgroup
-from soak.respond.tree import ProcessTree, kill_processes  # the one record and kill path of the target's tree
+from soak.proc.belonging import Proof, TargetIdentity
+from soak.proc.cgroup import Cgroup
+from soak.proc.kill import kill_processes  # the one kill path of the target's tree
+from soak.proc.read import pin_of
+from soak.proc.snapshots import ProcSnapshots
+from soak.proc.tree import ProcessTree  # the one record of the target's tree
 from soak.run.signals import INTERRUPT_SIGNALS
 
 
@@ -49,7 +52,7 @@ def kill_all(tree: ProcessTree, marker: tuple[str, str] | None, cgroup: Cgroup |
     """SIGSTOP then SIGKILL every recorded process still alive, the children
     forked meanwhile, every process carrying the ownership marker, and every
     member of the target's cgroup (one that scrubbed its environment)."""
-    tree.snapshot(None)
+    tree.snapshot(None, fresh=True)
     if marker is not None:
         tree.find_marked(marker)
     if cgroup is not None:
@@ -66,8 +69,9 @@ def kill_all(tree: ProcessTree, marker: tuple[str, str] | None, cgroup: Cgroup |
 
 
 def serve(stream: IO[bytes], *, parent: int, interval: float, marker: tuple[str, str] | None,
-          log: IO[str] | None = None) -> int:
-    tree = ProcessTree()
+          log: IO[str] | None = None, reader: ProcSnapshots | None = None) -> int:
+    # Its own process, so its own reader: a walk every ``interval`` reads /proc afresh.
+    tree = ProcessTree(reader=reader if reader is not None else ProcSnapshots(max_age_s=0))
     cgroup: Cgroup | None = None
     buf = b""
     fd = stream.fileno()
@@ -146,13 +150,9 @@ class Guardian:
                 log.close()
 
     def watch(self, pid: int) -> None:
-        import psutil
-
-        try:
-            create_time = psutil.Process(pid).create_time()
-        except psutil.Error:
-            return
-        self._send({"watch": pid, "create_time": create_time})
+        pin = pin_of(pid)
+        if pin is not None:
+            self._send({"watch": pid, "create_time": pin.create_time})
 
     def watch_cgroup(self, cgroup: Cgroup) -> None:
         """The launched server's cgroup: its members die with the harness too."""

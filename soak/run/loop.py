@@ -49,18 +49,18 @@ from soak.net import OutboundSession
 from soak.net import session as outbound_session
 from soak.probes.gpu import GpuFreshness
 from soak.probes.scheduler import Probe, ProbeScheduler
-from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
+from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout
 from soak.redact import Redactor
 from soak.respond.responder import Responder
+from soak.run.ending import ReportOptions, RunOutcome, fault_line, finish, start_report
 from soak.run.heap import HeapTuning
 from soak.run.signals import handled as handled_signals
 from soak.run.signals import interrupt_reason
 from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
-from soak.store.store import REQUESTS, RunStore
+from soak.store.store import RunStore
 from soak.store.counters import CounterDelta
-from soak.store.summary import RequestDigest, digest_requests, disk_incidents, load_span, summarize
 from soak.versions import VllmProfile
 from soak.workload import Workload
 
@@ -71,15 +71,6 @@ if TYPE_CHECKING:  # imported where used: the run's end and its options pull the
 
 # The responder's "last minutes" come from here; bounded whatever the run's length.
 RECENT_SAMPLES_MAX = 20_000
-HARNESS_ERROR = "harness_error.txt"
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    exit_code: int
-    verdict: Verdict
-    reason: str
-    summary: Mapping[str, Any]
 
 
 class GpuSourceFactory(Protocol):
@@ -118,15 +109,6 @@ class RunParts:
     gpu_source: GpuSourceFactory
     probes: ProbesFactory
     responder: ResponderFactory
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """The report rendered at the end, in a child process (``soak.report.child``)."""
-
-    command: Sequence[str] | None = None  # None: ``python -m soak report``
-    timeout_s: float | None = None  # None: the child's default
-    html: bool = True  # False: summary.json and junit.xml only (``soak run --no-html``)
 
 
 class SoakRun:
@@ -210,7 +192,6 @@ class SoakRun:
         self._outcome: RunOutcome | None = None
         # The failure criteria, judged live on every detector tick (soak.criteria).
         self.tally = RequestTally.for_config(config.criteria)
-        self._requests: RequestDigest | None = None  # requests.jsonl as read at the end
         self._criteria_reported: set[str] = set()
         self._incident_idle = asyncio.Event()
         self._incident_idle.set()
@@ -410,36 +391,17 @@ class SoakRun:
             for sig in installed:
                 loop.remove_signal_handler(sig)
         try:
-            outcome = await self._finish(problem)
+            outcome = await finish(self, problem)
         except Exception as exc:  # the end itself failed: still one line, exit 4
             self._traceback = self._traceback or traceback.format_exc()
             self._set_fault(exc, "ending the run")
             await self._stop_parts_quietly()
-            raise HarnessFault(self._fault_line()) from exc
+            raise HarnessFault(fault_line(self)) from exc
         if isinstance(problem, (EnvironmentProblem, UsageError)):
             raise problem
         if outcome.exit_code == 4:
-            raise HarnessFault(self._fault_line()) from self._fault
+            raise HarnessFault(fault_line(self)) from self._fault
         return outcome
-
-    def _fault_line(self) -> str:
-        exc = self._fault
-        what = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
-        where = f" while {self._fault_where}" if self._fault_where else ""
-        saved = self.run_dir / HARNESS_ERROR
-        tail = f"; traceback in {saved}" if saved.exists() else ""
-        return f"harness fault{where}: {what}; the server was stopped{tail}"
-
-    def _save_traceback(self) -> None:
-        exc = self._fault
-        if exc is None:
-            return
-        text = self._traceback or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        header = f"soak harness fault while {self._fault_where}: {type(exc).__name__}: {exc}\n\n"
-        try:
-            self.store.write_text(HARNESS_ERROR, header + text)
-        except OSError:
-            pass  # not writable: the one line on stderr is all there is
 
     async def _stop_parts_quietly(self) -> None:
         try:
@@ -524,7 +486,7 @@ class SoakRun:
         await self.client.start()
         self._start_probes()
         # The report's process imports its renderer now, off the harness, so the run's end only renders.
-        self._report_child = await self._start_report()
+        self._report_child = await start_report(self._report, self.run_dir)
         self.generator = LoadGenerator(
             workload=workload,
             client=self.client,
@@ -772,87 +734,6 @@ class SoakRun:
         self.tally.restart(paused, self.clock.monotonic())  # a new server life: its own start-up allowance
         self.generator.resume()
 
-    # -- the end ---------------------------------------------------------------
-    async def _finish(self, problem: BaseException | None) -> RunOutcome:
-        if self._outcome is not None:
-            return self._outcome
-        report = self._report_child or await self._start_report()
-        try:
-            return await self._end(problem, report)
-        finally:
-            if report is not None:
-                await report.aclose()
-
-    async def _end(self, problem: BaseException | None, report: ReportChild | None) -> RunOutcome:
-        await self._stop_parts()
-        # What the verdict rests on is read back from disk: an incident whose
-        # response finished after the load (its record never reached the sinks)
-        # still fails the run, and the criteria see every recorded request.
-        try:
-            incidents = max(self._incidents, len(disk_incidents(self.run_dir)))
-        except OSError:  # an unreadable run directory: what the run saw live
-            incidents = self._incidents
-        # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
-        cut_short = self._interrupted or self._fault is not None or problem is not None
-        criteria = self._final_criteria(cut_short=cut_short)
-        failed = self._failed or incidents > 0 or not criteria.passed
-        if isinstance(problem, EnvironmentProblem):
-            exit_code, verdict = 3, Verdict.ABORTED
-        elif isinstance(problem, UsageError):
-            exit_code, verdict = 2, Verdict.ABORTED
-        elif failed and not self._interrupted:
-            exit_code, verdict = 1, Verdict.FAIL  # an incident or a failed criterion outranks a harness fault
-        elif self._fault is not None or problem is not None:
-            exit_code, verdict = 4, Verdict.ABORTED
-        elif self._interrupted:
-            exit_code, verdict = 130, (Verdict.FAIL if failed else Verdict.ABORTED)
-        else:
-            exit_code, verdict = 0, Verdict.PASS
-        breached: list[str] = []
-        if exit_code in (0, 1, 4) and not failed:  # a failed criterion or an incident on disk is exit 1, above 99
-            breached = self._thresholds_breached()
-            if self._threshold_breach is not None and self._threshold_breach.name not in breached:
-                breached.insert(0, self._threshold_breach.name)
-        if breached:  # CONTRACTS: 1 (an incident) outranks 99 (a threshold), which outranks a harness fault
-            exit_code, verdict = 99, Verdict.FAIL
-            if not (self._stop_reason or "").startswith("threshold"):
-                self._stop_reason = "thresholds breached: " + "; ".join(breached)
-        reason = self._stop_reason or "finished"
-        if self._fault is not None:
-            self._save_traceback()
-            if not reason.startswith("harness fault"):
-                reason = f"{reason}; harness fault while {self._fault_where}: {type(self._fault).__name__}: {self._fault}"
-        if not isinstance(problem, (EnvironmentProblem, UsageError)) and not criteria.passed \
-                and not reason.startswith("criterion"):
-            reason = "; ".join(criteria.reasons) + f" (load stopped: {reason})"
-        self._observe_wall()
-        self.event("run_ended", verdict=verdict.value, reason=reason, exit_code=exit_code, load_cut_short=cut_short,
-                   incidents=incidents, restarts=self.restarts,
-                   criteria_failed=[r.name for r in criteria.failed])
-        try:
-            summary = summarize(self.run_dir, requests=self._requests)
-        except Exception as exc:  # a damaged record still ends the run in order
-            self.fault(exc, where="summarizing the run")
-            summary = {"verdict": verdict.value, "stop_reason": reason}
-        try:
-            self.store.write_summary(summary)
-        except OSError as exc:
-            self.fault(exc, where="writing summary.json")
-            if exit_code in (0, 130):
-                exit_code, verdict = 4, Verdict.ABORTED
-        await self._push(summary, exit_code=exit_code)
-        if report is not None:
-            await self._render(report)
-        self.sinks.close()
-        if self.redactor is not None:
-            try:
-                # The last pass: nothing the run wrote keeps a known secret.
-                await asyncio.to_thread(self.redactor.scrub_tree, self.run_dir)
-            except OSError:
-                pass
-        self._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
-        return self._outcome
-
     # -- build, thresholds, push (docs/nightly.md) ------------------------------
     async def _record_build(self, facts: TargetFacts) -> None:
         """The ``build`` event: /version (bounded, best effort) and the launch digest."""
@@ -878,67 +759,6 @@ class SoakRun:
         self._stop_reason = f"threshold breached (abort_on_fail): {result.reason}"
         self.event("threshold_breached", threshold=result.name, observed=result.observed, reason=result.reason)
         self.generator.stop(self._stop_reason)
-
-    def _thresholds_breached(self) -> list[str]:
-        """Names of the thresholds the recorded run breaches (the same reading as summary.json's)."""
-        if not self.config.thresholds:
-            return []
-        from soak.thresholds.rundir import run_thresholds
-
-        try:
-            results = run_thresholds(self.run_dir, summarize(self.run_dir, requests=self._requests),
-                                     section=self.config.model_dump(mode="json")["thresholds"])
-        except Exception as exc:  # judged again by `soak report`; never lose the run over it
-            self.event("thresholds_failed", error=f"{type(exc).__name__}: {exc}")
-            return []
-        return [r.name for r in results or () if r.breached]
-
-    async def _push(self, summary: Mapping[str, Any], *, exit_code: int) -> None:
-        if self.config.pushgateway.url is None:
-            return
-        from soak.export.push import push_run
-
-        try:
-            pushed = await asyncio.to_thread(push_run, self.config.pushgateway, summary, exit_code=exit_code)
-        except Exception as exc:  # the night is recorded; a missed push is said, not fatal
-            self.event("push_failed", url=self.config.pushgateway.url, error=f"{type(exc).__name__}: {exc}")
-            import sys
-
-            print(f"soak run: push to {self.config.pushgateway.url} failed: {exc}", file=sys.stderr)
-            return
-        self.event("pushed", url=self.config.pushgateway.url, **pushed)
-
-    def _final_criteria(self, *, cut_short: bool = False) -> CriteriaDecision:
-        try:
-            # Read once: summary.json (and the thresholds) reuse this digest.
-            self._requests = digest_requests(self.run_dir / REQUESTS, self.config.criteria,
-                                             span=load_span(self.run_dir, cut_short=cut_short))
-            tally = self._requests.tally
-        except OSError:
-            tally = self.tally  # the file is gone: what the run saw live
-            tally.cut_short = cut_short
-        return judge(self.config.criteria, tally, final=True)
-
-    async def _start_report(self) -> ReportChild | None:
-        if self._report is None:
-            return None
-        from soak.report.child import DEFAULT_TIMEOUT_S, ReportChild
-
-        child = ReportChild(self.run_dir, command=self._report.command,
-                            timeout_s=self._report.timeout_s or DEFAULT_TIMEOUT_S, html=self._report.html)
-        await child.start()
-        return child
-
-    async def _render(self, child: ReportChild) -> None:
-        """Render in the child; whatever happens there, the run's exit status stays
-        the run's (the record is complete; `soak report DIR` can render again)."""
-        outcome = await child.render()
-        if outcome.ok:
-            files = ["junit.xml", "report.html"] if self._report is None or self._report.html else ["junit.xml"]
-            self.event("report_written", elapsed_s=round(outcome.elapsed_s, 3), files=files)
-        else:
-            self.event("report_failed", error=outcome.error, returncode=outcome.returncode,
-                       elapsed_s=round(outcome.elapsed_s, 3))
 
     async def _stop_parts(self) -> None:
         """Every part stopped, each on its own: one that fails (a harness fault)

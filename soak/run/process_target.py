@@ -19,29 +19,15 @@ from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence
 from soak.clock import Clock, SystemClock
 from soak.errors import TargetNotReady
 from soak.redact import LineRedactor, Redactor
-from soak.respond import identity as ident
-from soak.respond.cgroup import Cgroup
-from soak.respond.cgroup import create as make_cgroup
-from soak.respond.cgroup import remove_empty_leftovers
-from soak.respond.belonging import (
-    MARKER_VARIABLE,
-    OWNER_VARIABLE,
-    Pin,
-    Proof,
-    TargetIdentity,
-    decide,
-    owner_stamp,
-    read_table,
-)
-from soak.respond.tree import (
-    KillResult,
-    ProcessTree,
-    clean_leftovers,
-    group_stragglers,
-    kill_processes,
-    same_process,
-    signal_if_allowed,
-)
+from soak.proc import identity as ident
+from soak.proc.belonging import Proof, TargetIdentity, decide
+from soak.proc.cgroup import Cgroup
+from soak.proc.cgroup import create as make_cgroup
+from soak.proc.cgroup import remove_empty_leftovers
+from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, owner_stamp
+from soak.proc.kill import KillResult, clean_leftovers, group_stragglers, kill_processes, signal_if_allowed
+from soak.proc.read import pin_of, read_table, running
+from soak.proc.tree import ProcessTree
 from soak.run.readiness import SERVER_LOG, wait_ready
 
 if TYPE_CHECKING:
@@ -78,14 +64,14 @@ class ProcessTarget:
         self._guardian = guardian
         self._on_log_error = on_log_error
         self._pump: threading.Thread | None = None
-        self.identity: ident.Identity | None = None
+        self.identity: Pin | None = None
         self._command = list(command)
         self._restart_command = restart_command
         self._what = what
         self._env = dict(env or {})
         if MARKER_VARIABLE in self._env:
             # Beside the marker, who set it: a later run tells a leftover (its harness
-            # gone) from another live run's server by this (soak.respond.belonging).
+            # gone) from another live run's server by this (soak.proc.belonging).
             self._env[OWNER_VARIABLE] = _harness_stamp()
         # Processes of dead harnesses cleaned before the first start (reported by the run).
         self.leftovers: list[dict] = []
@@ -102,14 +88,14 @@ class ProcessTarget:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._clock = clock or SystemClock()
         self._proc: asyncio.subprocess.Process | None = None
-        # Every process of the server seen since its start (soak.respond.tree): a
+        # Every process of the server seen since its start (soak.proc.tree): a
         # worker whose parent died is reparented, and only this record still knows it.
         self._tree = ProcessTree()
         # A daemonizing command's server, adopted by the run's marker once it
         # serves the URL (the command itself exited 0).
-        self._adopted: ident.Identity | None = None
+        self._adopted: Pin | None = None
         self._daemonized = False
-        # The server's own cgroup, where one can be made (soak.respond.cgroup); per start.
+        # The server's own cgroup, where one can be made (soak.proc.cgroup); per start.
         self.cgroup: Cgroup | None = None
         self._log: IO[bytes] | None = None
         self.starts = 0
@@ -201,7 +187,7 @@ class ProcessTarget:
                 self._guardian.watch_cgroup(self.cgroup)
         self._tree = ProcessTree()
         self._adopted, self._daemonized = None, False
-        self.identity = ident.Identity.of(self._proc.pid)
+        self.identity = pin_of(self._proc.pid)
         self.starts += 1
         try:
             self.base_url, self.models = await wait_ready(
@@ -238,7 +224,7 @@ class ProcessTarget:
         return TargetIdentity(
             Proof.LAUNCHED,
             marker=self._env.get(MARKER_VARIABLE),
-            root=Pin(identity.pid, identity.create_time) if identity is not None else None,
+            root=identity,
             members=self._tree.pins(),
             session=self._proc.pid if self._proc is not None and self._adopted is None else None,
             cgroup=self.cgroup.name if self.cgroup is not None else None,
@@ -253,7 +239,7 @@ class ProcessTarget:
         if self.cgroup is not None:
             self._tree.adopt(self.cgroup.pids(), via="cgroup")
         return tuple(info for info in self._tree.known()
-                     if info.via in ("marker", "cgroup") and same_process(info) is not None)
+                     if info.via in ("marker", "cgroup") and running(info.pin))
 
     def _adopt_daemon(self) -> None:
         """The daemon that answered becomes the root: the listener on the URL's
@@ -272,7 +258,7 @@ class ProcessTarget:
             )
         # The oldest of the marked listeners leads (a server with SO_REUSEPORT workers).
         root = min(ours, key=lambda o: o.create_time)
-        self._adopted = ident.Identity(root.pid, root.create_time)
+        self._adopted = root.pin
         self.identity = self._adopted
         self._write_log(f"--- soak: the command daemonized; following its server pid {root.pid} by the run's marker\n"
                         .encode())
@@ -356,13 +342,13 @@ class ProcessTarget:
                 pass
         # Whatever of the record is left, reparented workers included, and whatever
         # carries the run's marker (a process that left the session: setsid, a
-        # daemon); the one kill path, soak.respond.tree, asks belonging.decide.
+        # daemon); the one kill path, soak.proc.kill, asks belonging.decide.
         if self._adopted is not None and await asyncio.to_thread(self._terminate_adopted):
             deadline = self._clock.monotonic() + self._stop_timeout_s
-            while self._adopted.alive() and self._clock.monotonic() < deadline:
+            while running(self._adopted) and self._clock.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         members = await asyncio.to_thread(self._tree.snapshot, self._own_pid(proc))
-        if self._adopted is not None and self._adopted.alive():
+        if self._adopted is not None and running(self._adopted):
             members = (*members, *await asyncio.to_thread(self._tree.snapshot, self._adopted.pid))
         marked = await asyncio.to_thread(self._marked)
         if members or marked:
@@ -410,10 +396,9 @@ def _runnable(program: str, path: str | None, cwd: Path | None) -> bool:
 
 
 def _harness_stamp() -> str:
-    import psutil
-
-    me = psutil.Process()
-    return owner_stamp(me.pid, me.create_time())
+    me = pin_of(os.getpid())
+    # Unreadable (a /proc without us): no stamp, and a later run never takes our server for a leftover.
+    return owner_stamp(me.pid, me.create_time) if me is not None else ""
 
 
 def _leftover_notes(result: KillResult) -> list[dict]:

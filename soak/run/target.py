@@ -24,7 +24,7 @@ import yaml
 
 from soak.clock import Clock
 from soak.redact import Redactor
-from soak.respond import identity as ident
+from soak.proc.facts import Pin
 from soak.run.attached_target import AttachedTarget
 from soak.run.process_target import ProcessTarget
 from soak.target.config import AttachedTarget as AttachedTargetConfig
@@ -38,7 +38,7 @@ class Target(Protocol):
     base_url: str
     root_pid: int | None
     # The root process as checked when it started (None: not known, e.g. attached without a PID).
-    identity: ident.Identity | None
+    identity: Pin | None
     log_path: Path | None
     flight_recorder_pipe_stem: str | None
     models: tuple[str, ...]

@@ -217,8 +217,12 @@ def build_soak_run(
 
     from soak.detect.detector import Detector
     from soak.probes.build import build_gpu_source, build_probes
+    from soak.proc.snapshots import ProcSnapshots
 
     is_sim = layout.kind is TargetKind.SIMULATOR
+    # One /proc reader for the harness: the process probe and the responder's tree
+    # walk share its passes (each walked /proc on its own schedule before).
+    proc = ProcSnapshots()
 
     async def gpu_source(base_url: str, *, session: OutboundSession) -> GpuSourceLike | None:
         source = build_gpu_source(config.probes, base_url=base_url, session=session, clock=clock,
@@ -241,6 +245,7 @@ def build_soak_run(
             log_from_start=log_from_start,
             progress=progress,
             version_profile=facts.version_profile,
+            proc=proc,
         )
 
     def responder(facts: TargetFacts, *, gpu_source: GpuSourceLike | None,
@@ -257,6 +262,7 @@ def build_soak_run(
             flight_recorder_paths=fr_paths,
             redactor=redactor,
             on_write_error=on_write_error,
+            proc=proc,
         )
 
     async def calibrate(workload: Workload, facts: TargetFacts) -> None:

@@ -15,8 +15,9 @@ import os
 import sys
 from typing import Any
 
-from soak.respond.tree import ProcessTree as ProcessRecord
-from soak.respond.tree import kill_processes
+from soak.proc.belonging import Proof, TargetIdentity
+from soak.proc.kill import kill_processes
+from soak.proc.tree import ProcessTree as ProcessRecord
 from soak.sim.config import SimConfig
 from soak.sim.gpus import Activity
 from soak.sim.logs import SimLog
@@ -169,7 +170,9 @@ class ProcessTree:
                     proc.kill()  # the engine core alone: its hung workers stay behind, reparented
             else:
                 members = await asyncio.to_thread(self._record.snapshot, proc.pid)
-                await asyncio.to_thread(kill_processes, members, timeout_s=5.0)
+                # Our own children, proven by the record (the call had no target and raised TypeError).
+                ours = TargetIdentity(Proof.LAUNCHED, members=self._record.pins())
+                await asyncio.to_thread(kill_processes, members, target=ours, timeout_s=5.0)
         if proc is not None and proc.returncode is None:
             try:
                 if proc.stdin is not None:

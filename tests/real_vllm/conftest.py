@@ -102,7 +102,7 @@ class Stopper:
         return thread
 
     def _run(self) -> None:
-        from soak.respond.shm import shm_paths_of
+        from soak.proc.shm import shm_paths_of
 
         rng = random.Random(self.seed)
         deadline = time.time() + 1500

@@ -12,7 +12,7 @@ from soak.flightrec.dumps import summarize_dumps
 from soak.report.junit import build_junit
 from soak.records import IncidentRecord
 from soak.respond.responder import _diagnosis_line
-from soak.store.summary import summarize
+from soak.judge import summarize
 
 GATED = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder" / "real" / "gloo_pp4_gated"
 

@@ -6,6 +6,8 @@ worker in its own session, a helper orphaned by its parent).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import os
 import pickle
@@ -16,9 +18,13 @@ import pytest
 
 from respond_helpers import Decision, FakeTarget, ListedGpus, is_alive
 from soak.clock import SystemClock
-from soak.respond import Responder, ResponseConfig, ownership_env
-from soak.respond.belonging import Pin, Proof, TargetIdentity
-from soak.respond.tree import ProcessTree, kill_processes, protected_pids
+from soak.proc.belonging import Pin, Proof, TargetIdentity
+from soak.proc.kill import kill_processes
+from soak.proc.read import protected_pids
+from soak.proc.tree import ProcessTree
+from soak.respond.config import ResponseConfig
+from soak.respond.flight import ownership_env
+from soak.respond.responder import Responder
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, LogSample
 
 
@@ -226,7 +232,7 @@ def test_a_reused_pid_is_not_killed(start_decoy):
     tree.snapshot(decoy)
     real = tree.known()[0]
     # The same PID with another start time is another process now.
-    stale = type(real)(**{**real.__dict__, "create_time": real.create_time - 3600})
+    stale = replace(real, facts=replace(real.facts, create_time=real.create_time - 3600))
     target = TargetIdentity(Proof.ATTACHED_PID, root=Pin(real.pid, real.create_time))
     result = kill_processes([stale], target=target, timeout_s=1.0)
     assert result.killed == () and is_alive(decoy)
@@ -292,7 +298,7 @@ def test_a_reaped_leaders_group_stragglers_are_found_one_by_one(tmp_path):
     import sys
     import time
 
-    from soak.respond.tree import group_stragglers, kill_processes
+    from soak.proc.kill import group_stragglers, kill_processes
 
     pid_file = tmp_path / "straggler.pid"
     code = ("import os, subprocess, sys; "

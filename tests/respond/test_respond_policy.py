@@ -10,7 +10,9 @@ import pytest
 
 from soak.config import load_run_config
 from soak.errors import ConfigError
-from soak.respond import Action, ResponseConfig, default_flight_recorder_paths, flight_recorder_env, next_action
+from soak.respond.config import ResponseConfig
+from soak.respond.flight import default_flight_recorder_paths, flight_recorder_env
+from soak.respond.policy import Action, next_action
 from soak.respond.flight import request_dumps
 from soak.respond.gpu import learn_baselines, still_held
 from soak.samples import GpuReading, GpuSample, GpuSource

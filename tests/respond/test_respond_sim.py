@@ -16,7 +16,8 @@ import urllib.request
 from respond_helpers import Decision, FakeTarget, is_alive, wait_for
 import soak.probes.gpu as gpu_probes
 from soak.clock import SystemClock
-from soak.respond import Responder, ResponseConfig
+from soak.respond.config import ResponseConfig
+from soak.respond.responder import Responder
 
 
 def post_json(url: str, body: dict) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from soak.respond.shm import ShmLedger, shm_paths_of
+from soak.proc.shm import ShmLedger, shm_paths_of
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
 
@@ -126,7 +126,8 @@ def _responder(tmp_path, root_pid: int):
     from respond_helpers import FakeTarget
 
     from soak.clock import SystemClock
-    from soak.respond import Responder, ResponseConfig
+    from soak.respond.config import ResponseConfig
+    from soak.respond.responder import Responder
 
     config = ResponseConfig.model_validate({"evidence": {"py_spy": False, "flight_recorder": False, "budget": 3},
                                             "tree_snapshot_interval": 0.1, "kill_timeout": 5, "gpu_release_timeout": 1})

@@ -14,7 +14,7 @@ import pytest
 
 from soakrun_helpers import events, pid_alive, read_lines, scrape, small_config, soak_cmd, wait_for, write_config
 
-from soak.store.summary import summarize
+from soak.judge import summarize
 
 CONTRACT_FIELDS = ("verdict", "started_at", "ended_at", "duration_s", "requests", "tokens", "prefix_cache_hit_ratio", "incidents")
 

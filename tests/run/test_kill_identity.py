@@ -100,7 +100,7 @@ def test_a_daemonized_server_that_never_answers_is_refused_and_killed(tmp_path, 
 
 
 def _cgroups_writable() -> bool:
-    from soak.respond.cgroup import create
+    from soak.proc.cgroup import create
 
     cgroup = create("probe-" + str(os.getpid()))
     if cgroup is None:
@@ -234,7 +234,7 @@ def _next_night(tmp_path: Path, target: dict, port: int) -> subprocess.Completed
 
 
 def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(tmp_path, procs):
-    from soak.respond.belonging import OWNER_VARIABLE, owner_stamp
+    from soak.proc.facts import OWNER_VARIABLE, owner_stamp
     from soak.respond.flight import ownership_variable
 
     port = free_port()
@@ -262,7 +262,7 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
     assert _gone(leftover.values())
     assert _reported(tmp_path / "night2") >= {leftover["root"], leftover["worker0"]} or _parallel()
     assert pid_alive(alive_run.pid)
-    from soak.respond.cgroup import _parent
+    from soak.proc.cgroup import _parent
 
     parent = _parent()
     if parent is not None and parent.exists():

@@ -9,7 +9,7 @@ import sys
 
 from soakrun_helpers import events, pid_alive, small_config, soak_cmd, write_config
 
-from soak.store.summary import summarize
+from soak.judge import summarize
 from ports import free_port  # per-worker ports: tests/ports.py
 
 

@@ -208,7 +208,7 @@ def test_a_deadlock_in_the_last_seconds_is_in_the_summary(tmp_path, harness) -> 
 
 def test_the_summary_takes_incidents_from_disk_when_their_event_is_missing(tmp_path) -> None:
     """The run loop died between the response and its event: the record on disk still counts."""
-    from soak.store.summary import summarize
+    from soak.judge import summarize
 
     run_dir = tmp_path / "run"
     (run_dir / "incidents" / "1").mkdir(parents=True)

@@ -159,7 +159,7 @@ def test_the_summary_judges_by_the_recorded_criteria_even_when_config_yaml_does_
     own criteria come from its criteria_config event, never silently the defaults."""
     import json
 
-    from soak.store.summary import summarize
+    from soak.judge import summarize
 
     run = tmp_path / "run"
     run.mkdir()
@@ -174,6 +174,10 @@ def test_the_summary_judges_by_the_recorded_criteria_even_when_config_yaml_does_
     summary = summarize(run)
     assert summary["criteria"]["failed"] == ["no_success"] and "note" not in summary["criteria"]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events if e["type"] != "criteria_config"))
+    summary = summarize(run)
+    # config.yaml read as every reader reads it (a bare *** quoted): it has no criteria, so the defaults, said by no note
+    assert summary["criteria"]["failed"] == ["error_rate"] and "note" not in summary["criteria"]
+    (run / "config.yaml").write_text("workload: [unclosed\n")  # unreadable whatever the quoting
     summary = summarize(run)
     assert summary["criteria"]["failed"] == ["error_rate"]
     assert "config.yaml unreadable" in summary["criteria"]["note"]

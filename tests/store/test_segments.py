@@ -21,7 +21,7 @@ from soak.detect.replay import read_samples
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, HealthSample, RequestRecord, ServerSample
 from soak.store.segments import RollingJsonlWriter, read_sample_records, sample_files
 from soak.store.store import RunStore
-from soak.store.summary import summarize
+from soak.judge import summarize
 
 T0 = 1_764_000_000.0
 

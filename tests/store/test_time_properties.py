@@ -16,7 +16,8 @@ from soak.clock import WALL_STEP_TOLERANCE_S, ManualClock, RunClock, WallStepWat
 from soak.history.model import intervals_of
 from soak.samples import RequestRecord
 from soak.store.store import RunStore
-from soak.store.summary import run_span, summarize
+from soak.judge import summarize
+from soak.judge.figures import run_span
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -239,7 +239,8 @@ def test_a_run_cut_off_is_judged_on_the_time_it_has() -> None:
 def test_a_load_the_harness_cut_short_owes_only_the_time_it_had(tmp_path) -> None:
     """Ctrl-C or the harness's own fault 3 s in, nothing finished yet: not the
     server's failure (the allowance applies); the same load run to its end is."""
-    from soak.store.summary import load_span, summarize
+    from soak.judge import summarize
+    from soak.store.summary import load_span
 
     cfg = CriteriaConfig()
     cut = RequestTally.of(cfg, [], span=LoadSpan(ORIGIN, ORIGIN + 3, cut_short=True))
@@ -378,7 +379,8 @@ def test_a_long_restart_is_not_a_gap_in_the_work() -> None:
 
 
 def test_summarize_reads_the_restarts_from_the_events(tmp_path) -> None:
-    from soak.store.summary import load_span, summarize
+    from soak.judge import summarize
+    from soak.store.summary import load_span
 
     run = tmp_path / "run"
     run.mkdir()

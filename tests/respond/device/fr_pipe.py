@@ -25,7 +25,9 @@ from pathlib import Path
 from soak.clock import SystemClock
 from soak.records import Decision, IncidentKind
 from soak.probes.gpu import NvmlGpuSource
-from soak.respond import Responder, ResponseConfig, default_flight_recorder_paths, flight_recorder_env
+from soak.respond.config import ResponseConfig
+from soak.respond.flight import default_flight_recorder_paths, flight_recorder_env
+from soak.respond.responder import Responder
 
 
 @dataclass

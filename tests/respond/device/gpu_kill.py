@@ -32,7 +32,8 @@ import psutil
 from soak.clock import SystemClock
 from soak.records import Decision, IncidentKind
 from soak.probes.gpu import NvmlGpuSource
-from soak.respond import Responder, ResponseConfig
+from soak.respond.config import ResponseConfig
+from soak.respond.responder import Responder
 
 FOREIGN = (
     "import torch, signal, time, sys\n"

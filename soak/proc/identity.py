@@ -17,56 +17,15 @@ of ``/proc/net/tcp*`` and each process's fds), never a name or a title.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import psutil
 
 from soak.errors import TargetMismatch
+from soak.proc.facts import Pin
+from soak.proc.read import describe, listeners, local_addresses, pin_of, protected_pids
 
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
-_SAME_START_S = 0.05
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A process pinned by its start time: the same PID with another start time
-    is someone else."""
-
-    pid: int
-    create_time: float
-
-    def alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return abs(proc.create_time() - self.create_time) <= _SAME_START_S and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    @classmethod
-    def of(cls, pid: int) -> "Identity | None":
-        try:
-            return cls(pid, psutil.Process(pid).create_time())
-        except psutil.Error:
-            return None
-
-
-def describe(pid: int | None) -> str:
-    """``pid 123 (python3 -m http.server 8000)`` for a one-line message."""
-    if pid is None:
-        return "an unknown process (its owner is not visible to this user)"
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            name = proc.name()
-            try:
-                args = [a for a in proc.cmdline() if a]
-            except psutil.Error:
-                args = []
-        text = " ".join(args)[:160] or name
-        return f"pid {pid} ({text})"
-    except psutil.Error:
-        return f"pid {pid} (gone)"
 
 
 def url_port(base_url: str) -> int | None:
@@ -90,10 +49,7 @@ def is_local(base_url: str) -> bool:
         return False
     if host in _LOOPBACK_NAMES or host.startswith("127.") or host == "::1":
         return True
-    try:
-        addresses = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
-    except (psutil.Error, OSError):
-        addresses = set()
+    addresses = local_addresses()
     if host in addresses:
         return True
     try:
@@ -103,21 +59,6 @@ def is_local(base_url: str) -> bool:
         return False
 
 
-def listeners(port: int) -> list[int | None]:
-    """The PIDs owning a LISTEN socket on TCP ``port`` (any address); None for a
-    socket whose owner this user cannot see. Empty: nothing listens."""
-    try:
-        conns = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError):
-        return []
-    out: list[int | None] = []
-    for conn in conns:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            if conn.pid not in out:
-                out.append(conn.pid)
-    return out
-
-
 def port_taken(port: int, host: str = "127.0.0.1") -> bool:
     """Something accepts connections on ``host:port`` (also a listener we cannot see)."""
     try:
@@ -125,12 +66,6 @@ def port_taken(port: int, host: str = "127.0.0.1") -> bool:
             return True
     except OSError:
         return False
-
-
-def protected() -> frozenset[int]:
-    from soak.respond.tree import protected_pids
-
-    return protected_pids()
 
 
 def in_tree(pid: int, root: int) -> bool:
@@ -143,15 +78,15 @@ def in_tree(pid: int, root: int) -> bool:
         return False
 
 
-def verify_attached(pid: int, base_url: str) -> Identity:
+def verify_attached(pid: int, base_url: str) -> Pin:
     """The attached ``pid`` serves ``base_url``; else ``TargetMismatch`` naming
     what listens there and what was given."""
     given = describe(pid)
-    if pid in protected():
+    if pid in protected_pids():
         raise TargetMismatch(
             f"target.pid {pid} is the harness itself or one of its parents ({given}): refusing to attach to it"
         )
-    ident = Identity.of(pid)
+    ident = pin_of(pid)
     if ident is None:
         raise TargetMismatch(f"target.pid {pid}: no such process")
     if not is_local(base_url):

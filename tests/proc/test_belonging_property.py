@@ -1,4 +1,4 @@
-"""Property: ``soak.respond.belonging.decide`` never allows the harness, its
+"""Property: ``soak.proc.belonging.decide`` never allows the harness, its
 ancestors, a forwarder, a reused PID, or any process without proof of belonging
 to the target; and always allows the proven target's tree.
 
@@ -17,7 +17,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from soak.respond.belonging import (
+from soak.proc.belonging import (
     Pin,
     ProcFacts,
     ProcTable,

@@ -6,7 +6,7 @@ or 1, the harness or any of its ancestors, a forwarder in front of the server,
 or a process whose only claim is a name, a title or a reused number.
 
 ``decide(pid, create_time, table, target)`` is pure: ``table`` is a snapshot of
-the process facts (read from /proc by an injected ``ProcReader`` at the edge),
+the process facts (read from /proc by an injected ``ProcReader``, ``soak.proc.read``, at the edge),
 ``target`` says what proves membership for this target:
 
 - ``LAUNCHED``: the run's ownership marker in the process's environment (every
@@ -32,112 +32,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable
 
 from soak.metric_names import parse_process_title
-from soak.respond.cgroup import cgroup_of, cgroup_owner
-from soak.respond.flight import ownership_variable as MARKER_VARIABLE
+from soak.proc.cgroup import cgroup_owner
+from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable, owner_stamp
 
-# Beside the marker: the harness that set it (PID@start time), so a later run can
-# tell a leftover (its harness gone) from another live run's server.
-OWNER_VARIABLE = "SOAK_TARGET_OWNER"
-# psutil derives create_time from the boot time and /proc/PID/stat; the same
-# process always reads within this of itself.
-SAME_START_S = 0.05
 _VLLM_ARG = re.compile(r"(^|[/.])vllm($|[/.])|^vllm\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Pin:
-    """A process by PID and start time."""
-
-    pid: int
-    create_time: float
-
-    def matches(self, pid: int, create_time: float) -> bool:
-        return pid == self.pid and abs(create_time - self.create_time) <= SAME_START_S
-
-
-@dataclass(frozen=True)
-class ProcFacts:
-    """What /proc says about one process, as far as this user may read it."""
-
-    pid: int
-    ppid: int
-    create_time: float
-    cmdline: tuple[str, ...] = ()
-    name: str = ""
-    sid: int | None = None
-    # The ownership marker's variables in its environment (None: absent or unreadable).
-    marker: str | None = None
-    owner: str | None = None
-    # TCP ports it listens on, and the ports of local listeners it has connections to.
-    listens: frozenset[int] = frozenset()
-    dials: frozenset[int] = frozenset()
-    # Its cgroup v2 name (None: no v2 hierarchy or not readable).
-    cgroup: str | None = None
-    # Its PID namespace (the link /proc/PID/ns/pid names; None: not readable). An owner
-    # stamp ``PID@START`` means that PID only inside the namespace it was written in.
-    pid_ns: str | None = None
-
-    @property
-    def pin(self) -> Pin:
-        return Pin(self.pid, self.create_time)
-
-
-@dataclass(frozen=True)
-class ProcTable:
-    """One snapshot of the box: every visible process, and who reads it (``me``)."""
-
-    me: int
-    procs: Mapping[int, ProcFacts]
-    # Ports whose listener this user cannot see (another user's process).
-    unseen_listeners: frozenset[int] = frozenset()
-
-    def ancestors(self, pid: int) -> tuple[int, ...]:
-        out: list[int] = []
-        seen = {pid}
-        cur = self.procs.get(pid)
-        while cur is not None and cur.ppid not in seen and cur.ppid > 0:
-            out.append(cur.ppid)
-            seen.add(cur.ppid)
-            cur = self.procs.get(cur.ppid)
-        return tuple(out)
-
-    def parent_of(self, facts: ProcFacts) -> ProcFacts | None:
-        """The parent, when it is truly the parent (not a newer process holding the number)."""
-        parent = self.procs.get(facts.ppid)
-        if parent is None or parent.pid == facts.pid or parent.create_time > facts.create_time + SAME_START_S:
-            return None
-        return parent
-
-    def lineage(self, facts: ProcFacts) -> Iterable[ProcFacts]:
-        """The process itself, then each true ancestor."""
-        seen: set[int] = set()
-        cur: ProcFacts | None = facts
-        while cur is not None and cur.pid not in seen:
-            seen.add(cur.pid)
-            yield cur
-            cur = self.parent_of(cur)
-
-    def descendants(self, pid: int) -> frozenset[int]:
-        root = self.procs.get(pid)
-        if root is None:
-            return frozenset()
-        out = {pid}
-        changed = True
-        while changed:
-            changed = False
-            for facts in self.procs.values():
-                if facts.pid not in out:
-                    parent = self.parent_of(facts)
-                    if parent is not None and parent.pid in out:
-                        out.add(facts.pid)
-                        changed = True
-        return frozenset(out)
-
-    def listeners(self, port: int) -> tuple[ProcFacts, ...]:
-        return tuple(f for f in self.procs.values() if port in f.listens)
 
 
 class Proof(str, Enum):
@@ -159,7 +60,7 @@ class TargetIdentity:
     port: int | None = None
     # LAUNCHED: the session the launched root leads (started with setsid()).
     session: int | None = None
-    # LAUNCHED: the cgroup made for it (soak.respond.cgroup), where one could be made.
+    # LAUNCHED: the cgroup made for it (soak.proc.cgroup), where one could be made.
     cgroup: str | None = None
 
     def with_members(self, pins: Iterable[Pin]) -> "TargetIdentity":
@@ -229,10 +130,6 @@ def owner_alive(owner: str | None, table: ProcTable) -> bool | None:
         return None
     facts = table.procs.get(pin.pid)
     return facts is not None and pin.matches(facts.pid, facts.create_time)
-
-
-def owner_stamp(pid: int, create_time: float) -> str:
-    return f"{pid}@{create_time:.3f}"
 
 
 def decide(pid: int, create_time: float | None, table: ProcTable, target: TargetIdentity) -> KillDecision:
@@ -330,78 +227,7 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
     return no(Reason.NO_PROOF, f"pid {pid} ({' '.join(facts.cmdline)[:120] or facts.name}) is not proven the target's")
 
 
-class ProcReader(Protocol):
-    def __call__(self) -> ProcTable: ...
-
-
-def read_table(*, with_env: bool = True) -> ProcTable:
-    """The box now, from /proc (psutil): the default ``ProcReader``."""
-    import os
-
-    import psutil
-
-    listens: dict[int, set[int]] = {}
-    dials: dict[int, set[int]] = {}
-    unseen: set[int] = set()
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        conns = []
-    listening_ports: set[int] = set()
-    for conn in conns:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr:
-            listening_ports.add(conn.laddr.port)
-            if conn.pid is None:
-                unseen.add(conn.laddr.port)
-            else:
-                listens.setdefault(conn.pid, set()).add(conn.laddr.port)
-    local = _local_addresses()
-    for conn in conns:
-        if (conn.status == psutil.CONN_ESTABLISHED and conn.pid is not None and conn.raddr
-                and conn.raddr.port in listening_ports and _is_local(conn.raddr.ip, local)):
-            dials.setdefault(conn.pid, set()).add(conn.raddr.port)
-    procs: dict[int, ProcFacts] = {}
-    attrs = ["pid", "ppid", "create_time", "name", "cmdline"] + (["environ"] if with_env else [])
-    for proc in psutil.process_iter(attrs, ad_value=None):
-        info = proc.info
-        if info.get("create_time") is None or info.get("ppid") is None:
-            continue
-        env = info.get("environ") or {}
-        cmdline = tuple(info.get("cmdline") or ())
-        while cmdline and not cmdline[-1]:
-            cmdline = cmdline[:-1]
-        try:
-            sid = os.getsid(info["pid"])
-        except OSError:
-            sid = None
-        cgroup = cgroup_of(info["pid"])
-        try:
-            pid_ns = os.readlink(f"/proc/{info['pid']}/ns/pid")
-        except OSError:
-            pid_ns = None
-        procs[info["pid"]] = ProcFacts(
-            pid=info["pid"], ppid=info["ppid"], create_time=info["create_time"], cmdline=cmdline[:16],
-            name=info.get("name") or "", sid=sid, marker=env.get(MARKER_VARIABLE), owner=env.get(OWNER_VARIABLE),
-            listens=frozenset(listens.get(info["pid"], ())), dials=frozenset(dials.get(info["pid"], ())),
-            cgroup=cgroup, pid_ns=pid_ns,
-        )
-    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen - set().union(*listens.values())))
-
-
-def _local_addresses() -> set[str]:
-    import psutil
-
-    try:
-        return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
-    except (psutil.Error, OSError):
-        return set()
-
-
-def _is_local(ip: str, local: set[str]) -> bool:
-    return ip.startswith("127.") or ip == "::1" or ip.startswith("::ffff:127.") or ip in local
-
-
 __all__ = [
-    "KillDecision", "MARKER_VARIABLE", "OWNER_VARIABLE", "Pin", "ProcFacts", "ProcReader", "ProcTable", "Proof",
-    "Reason", "TargetIdentity", "decide", "forwards_to", "is_vllm", "owner_alive", "owner_stamp", "read_table",
+    "KillDecision", "MARKER_VARIABLE", "OWNER_VARIABLE", "Pin", "ProcFacts", "ProcTable", "Proof", "Reason",
+    "TargetIdentity", "decide", "forwards_to", "is_vllm", "owner_alive", "owner_stamp",
 ]

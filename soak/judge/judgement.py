@@ -1,0 +1,134 @@
+"""The judge: what the run recorded and how it ended, in; a ``Judgement`` out. Pure.
+
+``judge(recorded, ending)`` decides the failure criteria once on the recorded
+requests, evaluates the thresholds once on the recorded figures and window
+columns, and runs the exit-code ladder (``soak.judge.ladder``). The record on
+disk decides the verdict: an incident or a failed criterion is ``fail`` whatever
+the run believed at its end. ``summary_json(recorded, judgement)`` is its
+serialized form, summary.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from soak.criteria.constraints import CriteriaDecision
+from soak.criteria.constraints import judge as judge_criteria
+from soak.judge.ending import Ending, EndingSource
+from soak.judge.figures import figures
+from soak.judge.ladder import outcome_of
+from soak.judge.recorded import NOWHEN, Recorded
+from soak.records import Verdict
+from soak.thresholds.evaluate import ThresholdResult, evaluate_run, evaluate_windows, thresholds_entry
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict  # summary.json's
+    exit_code: int | None  # None: the run was cut off
+    end_verdict: Verdict  # the ladder's, as run_ended records it (an exit-3 run is aborted even with an incident)
+    reasons: tuple[str, ...]  # verdict_reasons
+    stop_reason: str | None
+    criteria: CriteriaDecision
+    criteria_note: str | None
+    thresholds: tuple[ThresholdResult, ...] | None  # None: the run configured none
+    thresholds_entry: Mapping[str, Any] | None
+    breached: tuple[str, ...]  # the thresholds the ladder counted (a live abort_on_fail stop first)
+    incidents: tuple[Mapping[str, Any], ...]
+    failed: bool  # an incident, a failed criterion or a failed response
+
+    def criteria_json(self) -> dict[str, Any]:
+        return {**self.criteria.to_json(), **({"note": self.criteria_note} if self.criteria_note else {})}
+
+
+def _thresholds(recorded: Recorded) -> tuple[tuple[ThresholdResult, ...] | None, dict[str, Any] | None]:
+    if recorded.thresholds is None:
+        return None, None
+    if recorded.thresholds_error is not None:
+        return (), {"passed": False, "breached": [], "results": [], "error": recorded.thresholds_error}
+    # The load's figures: a run that never recorded load_stopped is judged up to its last request.
+    load = replace(recorded, events=replace(recorded.events, run_ended=None, ended=NOWHEN))
+    results = evaluate_run(recorded.thresholds, figures(load))
+    if recorded.windowed:
+        events = recorded.events
+        started = events.load_events.get("started")
+        start = started.get("ts") if started is not None else None
+        end = events.load_stopped[0]
+        rows = recorded.window_requests or ()
+        if end is None:  # cut off: up to the last thing recorded
+            end = max((r["ended_at"] for r in rows if isinstance(r.get("ended_at"), (int, float))), default=None)
+        results += evaluate_windows(recorded.thresholds, rows, recorded.samples.series or (), start=start, end=end)
+    entry = thresholds_entry(results)
+    for event in recorded.events.threshold_breaches:  # a live abort_on_fail stop
+        entry["aborted_by"] = {k: event.get(k) for k in ("ts", "threshold", "observed", "reason")}
+        entry["passed"] = False
+        if event.get("threshold") not in entry["breached"]:
+            entry["breached"].insert(0, event.get("threshold"))
+    return tuple(results), entry
+
+
+def _stop_reason(ending: Ending, *, breached: tuple[str, ...], exit_code: int,
+                 criteria: CriteriaDecision) -> str:
+    """The reason the run loop records in run_ended: why the load stopped, with
+    what the end found (a breach, a harness fault, a failed criterion)."""
+    reason = ending.stop_reason
+    if exit_code == 99 and not (reason or "").startswith("threshold"):
+        reason = "thresholds breached: " + "; ".join(breached)
+    reason = reason or "finished"
+    if ending.harness_fault is not None and not reason.startswith("harness fault"):
+        reason = f"{reason}; harness fault {ending.harness_fault}"
+    if ending.problem is None and not criteria.passed and not reason.startswith("criterion"):
+        reason = "; ".join(criteria.reasons) + f" (load stopped: {reason})"
+    return reason
+
+
+def judge(recorded: Recorded, ending: Ending) -> Judgement:
+    criteria = judge_criteria(recorded.criteria, recorded.requests.tally, final=True)
+    incidents = recorded.incidents
+    failed = ending.failed_live or ending.incidents_seen > 0 or bool(incidents) or not criteria.passed
+    results, entry = _thresholds(recorded)
+    breached = [r.name for r in results or () if r.breached]
+    for name in (ending.threshold_aborted, *(e.get("threshold") for e in recorded.events.threshold_breaches)):
+        if isinstance(name, str) and name not in breached:
+            breached.insert(0, name)
+    if ending.source is EndingSource.CUT_OFF:
+        exit_code, end_verdict, stop_reason = None, Verdict.ABORTED, None
+    else:
+        exit_code, end_verdict = outcome_of(problem=ending.problem, failed=failed, breached=bool(breached),
+                                            fault=ending.harness_fault is not None, interrupted=ending.interrupted)
+        stop_reason = ending.stop_reason if ending.source is EndingSource.RECORDED else \
+            _stop_reason(ending, breached=tuple(breached), exit_code=exit_code, criteria=criteria)
+    # Whatever the loop believed at its end: the record on disk decides.
+    verdict = Verdict.FAIL if incidents or not criteria.passed else end_verdict
+    reasons = [f"incident {i.get('number', '?')}: {i.get('kind', '?')} (rule {i.get('rule', '?')})" for i in incidents]
+    reasons += criteria.reasons
+    return Judgement(verdict=verdict, exit_code=exit_code, end_verdict=end_verdict, reasons=tuple(reasons),
+                     stop_reason=stop_reason, criteria=criteria, criteria_note=recorded.criteria_note,
+                     thresholds=results, thresholds_entry=entry, breached=tuple(breached),
+                     incidents=incidents, failed=failed)
+
+
+def run_ended_fields(judgement: Judgement, ending: Ending) -> dict[str, Any]:
+    """The ``run_ended`` event's fields (its ts and mono are the writer's)."""
+    return {"verdict": judgement.end_verdict.value, "reason": judgement.stop_reason,
+            "exit_code": judgement.exit_code, "load_cut_short": ending.load_cut_short,
+            "incidents": max(ending.incidents_seen, len(judgement.incidents)), "restarts": ending.restarts,
+            "criteria_failed": [r.name for r in judgement.criteria.failed], **ending.run_ended_fields()}
+
+
+def summary_json(recorded: Recorded, judgement: Judgement) -> dict[str, Any]:
+    """summary.json: the figures of the record and what the judgement decided."""
+    summary = figures(recorded)
+    summary.update({
+        "verdict": judgement.verdict.value,
+        "stop_reason": judgement.stop_reason,
+        "exit_code": judgement.exit_code,
+        "verdict_reasons": list(judgement.reasons),
+        "criteria": judgement.criteria_json(),
+        "thresholds": judgement.thresholds_entry,
+    })
+    return summary
+
+
+__all__ = ["Judgement", "judge", "run_ended_fields", "summary_json"]

@@ -1,0 +1,199 @@
+"""Reading /proc (through psutil): the edge of soak.proc, the only module here that
+lists every process.
+
+- ``read_table(full=...)`` is one pass over /proc: a ``ProcTable``. The light pass
+  (``full=False``: ppid, start time, zombie) is what a tree walk and a liveness
+  check need; the full one adds the command line, session, environment marker,
+  cgroup, namespace and TCP sockets that ``belonging.decide`` judges by.
+- ``tcp_sockets`` / ``listeners`` are the one scan of listening sockets.
+- The per-process reads (``facts_of``, ``pin_of``, ``running``) touch one PID's
+  files, never the whole of /proc.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import psutil
+
+from soak.proc.cgroup import cgroup_of
+from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable
+
+
+class ProcReader(Protocol):
+    def __call__(self) -> ProcTable: ...
+
+
+def tcp_sockets() -> list[Any]:
+    """Every TCP socket of the box (psutil's view of /proc/net/tcp* and each process's fds)."""
+    try:
+        return psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+
+
+def listeners(port: int, conns: list[Any] | None = None) -> list[int | None]:
+    """The PIDs owning a LISTEN socket on TCP ``port`` (any address); None for a
+    socket whose owner this user cannot see. Empty: nothing listens."""
+    out: list[int | None] = []
+    for conn in tcp_sockets() if conns is None else conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid not in out:
+            out.append(conn.pid)
+    return out
+
+
+def find_listener(port: int) -> int | None:
+    """The PID listening on TCP ``port`` (any local address), or None."""
+    return next((pid for pid in listeners(port) if pid), None)
+
+
+def local_addresses() -> set[str]:
+    try:
+        return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    except (psutil.Error, OSError):
+        return set()
+
+
+def _is_local(ip: str, local: set[str]) -> bool:
+    return ip.startswith("127.") or ip == "::1" or ip.startswith("::ffff:127.") or ip in local
+
+
+def _sockets_by_pid() -> tuple[dict[int, set[int]], dict[int, set[int]], set[int]]:
+    """Ports each PID listens on, local listener ports each PID is connected to, and
+    the listening ports whose owner this user cannot see."""
+    conns = tcp_sockets()
+    listens: dict[int, set[int]] = {}
+    dials: dict[int, set[int]] = {}
+    unseen: set[int] = set()
+    listening_ports: set[int] = set()
+    for conn in conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr:
+            listening_ports.add(conn.laddr.port)
+            if conn.pid is None:
+                unseen.add(conn.laddr.port)
+            else:
+                listens.setdefault(conn.pid, set()).add(conn.laddr.port)
+    local = local_addresses()
+    for conn in conns:
+        if (conn.status == psutil.CONN_ESTABLISHED and conn.pid is not None and conn.raddr
+                and conn.raddr.port in listening_ports and _is_local(conn.raddr.ip, local)):
+            dials.setdefault(conn.pid, set()).add(conn.raddr.port)
+    return listens, dials, unseen - set().union(*listens.values())
+
+
+def _safe(fn, pid: int) -> int | None:
+    try:
+        return fn(pid)
+    except OSError:
+        return None
+
+
+def _trimmed(cmdline: Any) -> tuple[str, ...]:
+    # setproctitle pads the title with empty arguments
+    args = tuple(cmdline or ())
+    while args and not args[-1]:
+        args = args[:-1]
+    return args[:16]
+
+
+def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
+    """The box now: one pass over /proc. The default ``ProcReader`` (full)."""
+    if not full:
+        procs = {}
+        for proc in psutil.process_iter(["ppid", "create_time", "status"], ad_value=None):
+            info = proc.info
+            if info.get("create_time") is None or info.get("ppid") is None:
+                continue
+            procs[proc.pid] = ProcFacts(pid=proc.pid, ppid=info["ppid"], create_time=info["create_time"],
+                                        zombie=info.get("status") == psutil.STATUS_ZOMBIE)
+        return ProcTable(me=os.getpid(), procs=procs)
+    listens, dials, unseen = _sockets_by_pid()
+    procs = {}
+    attrs = ["pid", "ppid", "create_time", "name", "cmdline", "status"] + (["environ"] if with_env else [])
+    for proc in psutil.process_iter(attrs, ad_value=None):
+        info = proc.info
+        if info.get("create_time") is None or info.get("ppid") is None:
+            continue
+        pid = info["pid"]
+        env = info.get("environ") or {}
+        try:
+            pid_ns = os.readlink(f"/proc/{pid}/ns/pid")
+        except OSError:
+            pid_ns = None
+        procs[pid] = ProcFacts(
+            pid=pid, ppid=info["ppid"], create_time=info["create_time"], cmdline=_trimmed(info.get("cmdline")),
+            name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
+            owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
+            dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=pid_ns,
+            zombie=info.get("status") == psutil.STATUS_ZOMBIE,
+        )
+    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen))
+
+
+def facts_of(pid: int) -> ProcFacts | None:
+    """One process's ppid, start time, name, command line, group and session (its
+    own files only); None when it is gone or unreadable."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            create_time = proc.create_time()
+            ppid = proc.ppid()
+            name = proc.name()
+            try:
+                cmdline = _trimmed(proc.cmdline())
+            except psutil.AccessDenied:
+                cmdline = ()
+    except psutil.Error:
+        return None
+    return ProcFacts(pid=pid, ppid=ppid, create_time=create_time, cmdline=cmdline, name=name,
+                     sid=_safe(os.getsid, pid), pgid=_safe(os.getpgid, pid))
+
+
+def live_process(pin: Pin) -> psutil.Process | None:
+    """The live process ``pin`` names, or None (gone, a zombie, or the PID reused)."""
+    try:
+        proc = psutil.Process(pin.pid)
+        if not pin.matches(pin.pid, proc.create_time()) or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def running(pin: Pin) -> bool:
+    return live_process(pin) is not None
+
+
+def pin_of(pid: int) -> Pin | None:
+    """``pid`` pinned by its start time now; None when there is no such process."""
+    try:
+        return Pin(pid, psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def protected_pids() -> frozenset[int]:
+    """PIDs no signal may ever reach: 0, 1, the harness and its ancestors."""
+    me = psutil.Process()
+    pids = {0, 1, me.pid}
+    try:
+        pids.update(p.pid for p in me.parents())
+    except psutil.Error:
+        pass
+    return frozenset(pids)
+
+
+def describe(pid: int | None) -> str:
+    """``pid 123 (python3 -m http.server 8000)`` for a one-line message."""
+    if pid is None:
+        return "an unknown process (its owner is not visible to this user)"
+    facts = facts_of(pid)
+    if facts is None:
+        return f"pid {pid} (gone)"
+    text = " ".join(a for a in facts.cmdline if a)[:160] or facts.name
+    return f"pid {pid} ({text})"
+
+
+__all__ = ["ProcReader", "describe", "facts_of", "find_listener", "listeners", "live_process", "local_addresses",
+           "pin_of", "protected_pids", "read_table", "running", "tcp_sockets"]

@@ -1,0 +1,212 @@
+"""The end of a run and its outcome.
+
+Order, whatever ended the run (duration, request cap, incident, Ctrl-C/SIGTERM,
+an error): the parts stopped, then what the run knew at its end (an ``Ending``)
+goes to the judge once (``soak.judge.entry.conclude``): it reads the run directory
+once, decides the verdict and the exit code, has ``run_ended`` written, and
+gives summary.json, which is written here, pushed (Pushgateway) and rendered by
+the report child from that file (the child judges nothing again). The sinks
+close last, after the redactor's final pass.
+
+These functions take the ``SoakRun`` whose end they are (``soak.run.loop``); they
+read its live facts (fault, interrupt, stop reason, incidents, restarts, the live
+threshold breach) and its parts (sinks, store, clock, config).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from soak.criteria.constraints import judge as judge_criteria
+from soak.errors import EnvironmentProblem, UsageError
+from soak.judge import Ending, Problem, conclude, outcome_of
+from soak.records import Verdict
+
+if TYPE_CHECKING:
+    from soak.report.child import ReportChild
+    from soak.run.loop import SoakRun
+
+HARNESS_ERROR = "harness_error.txt"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    exit_code: int
+    verdict: Verdict
+    reason: str
+    summary: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """The report rendered at the end, in a child process (``soak.report.child``)."""
+
+    command: Sequence[str] | None = None  # None: ``python -m soak report``
+    timeout_s: float | None = None  # None: the child's default
+    html: bool = True  # False: summary.json and junit.xml only (``soak run --no-html``)
+
+
+async def finish(run: SoakRun, problem: BaseException | None) -> RunOutcome:
+    """The run's end, once: a second call returns the first outcome."""
+    if run._outcome is not None:
+        return run._outcome
+    report = run._report_child or await start_report(run._report, run.run_dir)
+    try:
+        return await _end(run, problem, report)
+    finally:
+        if report is not None:
+            await report.aclose()
+
+
+def ending_of(run: SoakRun, problem: BaseException | None) -> Ending:
+    """What the run knew at its end that no file holds yet."""
+    fault = run._fault
+    if isinstance(problem, EnvironmentProblem):
+        kind: Problem | None = Problem.ENVIRONMENT
+    elif isinstance(problem, UsageError):
+        kind = Problem.USAGE
+    else:
+        kind = None
+        if fault is None and problem is not None:
+            fault = problem
+    breach = run._threshold_breach
+    return Ending.live(
+        problem=kind, interrupted=run._interrupted,
+        harness_fault=f"while {run._fault_where}: {type(fault).__name__}: {fault}" if fault is not None else None,
+        failed_live=run._failed, stop_reason=run._stop_reason,
+        # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
+        load_cut_short=run._interrupted or fault is not None or problem is not None,
+        incidents_seen=run._incidents, restarts=run.restarts,
+        threshold_aborted=breach.name if breach is not None else None)
+
+
+async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild | None) -> RunOutcome:
+    await run._stop_parts()
+    ending = ending_of(run, problem)
+    if run._fault is not None:
+        save_traceback(run)
+    run._observe_wall()
+    written: dict[str, Any] = {}
+
+    def record_end(fields: dict[str, Any]) -> Mapping[str, Any]:
+        ts = run.clock.now()
+        run.event("run_ended", ts=ts, **fields)
+        written.update({"ts": ts, "type": "run_ended", "mono": run.store.mono(ts), **fields})
+        return written
+
+    try:
+        judgement, summary = conclude(run.run_dir, ending, record_end=record_end)
+        exit_code, verdict, reason = judgement.exit_code, judgement.end_verdict, judgement.stop_reason
+    except Exception as exc:  # a record the judge cannot read still ends the run in order
+        run.fault(exc, where="summarizing the run")
+        if not written:
+            record_end(_unjudged_end(run, ending, exc))
+        exit_code, verdict, reason = written["exit_code"], Verdict(written["verdict"]), written["reason"]
+        summary = {"verdict": verdict.value, "stop_reason": reason}
+    assert exit_code is not None and reason is not None  # a live ending always has both
+    try:
+        run.store.write_summary(summary)
+    except OSError as exc:
+        run.fault(exc, where="writing summary.json")
+        if exit_code in (0, 130):
+            exit_code, verdict = 4, Verdict.ABORTED
+    await push(run, summary, exit_code=exit_code)
+    if report is not None:
+        await render(run, report)
+    run.sinks.close()
+    if run.redactor is not None:
+        try:
+            # The last pass: nothing the run wrote keeps a known secret.
+            await asyncio.to_thread(run.redactor.scrub_tree, run.run_dir)
+        except OSError:
+            pass
+    run._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
+    return run._outcome
+
+
+def _unjudged_end(run: SoakRun, ending: Ending, exc: BaseException) -> dict[str, Any]:
+    """run_ended's fields when the run directory could not be judged: a harness
+    fault, laddered on what the run saw live (its own tally of the requests)."""
+    fault = f"while summarizing the run: {type(exc).__name__}: {exc}"
+    ending = replace(ending, harness_fault=ending.harness_fault or fault)
+    tally = run.tally
+    tally.cut_short = ending.load_cut_short
+    criteria = judge_criteria(run.config.criteria, tally, final=True)
+    failed = ending.failed_live or ending.incidents_seen > 0 or not criteria.passed
+    exit_code, verdict = outcome_of(problem=ending.problem, failed=failed,
+                                    breached=ending.threshold_aborted is not None, fault=True,
+                                    interrupted=ending.interrupted)
+    return {"verdict": verdict.value, "reason": f"{ending.stop_reason or 'finished'}; harness fault {fault}",
+            "exit_code": exit_code, "load_cut_short": ending.load_cut_short, "incidents": ending.incidents_seen,
+            "restarts": ending.restarts, "criteria_failed": [r.name for r in criteria.failed],
+            **ending.run_ended_fields()}
+
+
+def fault_line(run: SoakRun) -> str:
+    exc = run._fault
+    what = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
+    where = f" while {run._fault_where}" if run._fault_where else ""
+    saved = run.run_dir / HARNESS_ERROR
+    tail = f"; traceback in {saved}" if saved.exists() else ""
+    return f"harness fault{where}: {what}; the server was stopped{tail}"
+
+
+def save_traceback(run: SoakRun) -> None:
+    exc = run._fault
+    if exc is None:
+        return
+    text = run._traceback or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    header = f"soak harness fault while {run._fault_where}: {type(exc).__name__}: {exc}\n\n"
+    try:
+        run.store.write_text(HARNESS_ERROR, header + text)
+    except OSError:
+        pass  # not writable: the one line on stderr is all there is
+
+
+async def push(run: SoakRun, summary: Mapping[str, Any], *, exit_code: int) -> None:
+    config = run.config.pushgateway
+    if config.url is None:
+        return
+    from soak.export.push import push_run
+
+    try:
+        pushed = await asyncio.to_thread(push_run, config, summary, exit_code=exit_code)
+    except Exception as exc:  # the night is recorded; a missed push is said, not fatal
+        run.event("push_failed", url=config.url, error=f"{type(exc).__name__}: {exc}")
+        print(f"soak run: push to {config.url} failed: {exc}", file=sys.stderr)
+        return
+    run.event("pushed", url=config.url, **pushed)
+
+
+async def start_report(options: ReportOptions | None, run_dir: Path) -> ReportChild | None:
+    """The report's child process, started (it imports its renderer while the run goes on)."""
+    if options is None:
+        return None
+    from soak.report.child import DEFAULT_TIMEOUT_S, ReportChild
+
+    child = ReportChild(run_dir, command=options.command, timeout_s=options.timeout_s or DEFAULT_TIMEOUT_S,
+                        html=options.html)
+    await child.start()
+    return child
+
+
+async def render(run: SoakRun, child: ReportChild) -> None:
+    """Render in the child, from the summary.json just written; whatever happens
+    there, the run's exit status stays the run's (the record is complete; `soak
+    report DIR` can render again)."""
+    outcome = await child.render()
+    if outcome.ok:
+        files = ["junit.xml", "report.html"] if run._report is None or run._report.html else ["junit.xml"]
+        run.event("report_written", elapsed_s=round(outcome.elapsed_s, 3), files=files)
+    else:
+        run.event("report_failed", error=outcome.error, returncode=outcome.returncode,
+                  elapsed_s=round(outcome.elapsed_s, 3))
+
+
+__all__ = ["HARNESS_ERROR", "ReportOptions", "RunOutcome", "ending_of", "fault_line", "finish", "render",
+           "save_traceback", "start_report"]
