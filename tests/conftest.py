@@ -211,7 +211,7 @@ def sim_process(tmp_path):
 
 class SimApp:
     def __init__(self, app, test_server) -> None:
-        from soak.sim.app import SIM_KEY
+        from soak.sim.server import SIM_KEY
 
         self.app = app
         self.test_server = test_server

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from soak.export.dashboard import DATASOURCE, GRID_WIDTH, Panel, Target, _panel_json
+from soak.export.grafana import DATASOURCE, GRID_WIDTH, Panel, Target, panel_json
 
 BOX = 'box=~"$box"'
 SEL = f'{{{BOX},build=~"$build"}}'
@@ -116,7 +116,7 @@ def build_nights_dashboard() -> dict[str, Any]:
         for panel in row:
             if x + panel.width > GRID_WIDTH:
                 x, y, line_height = 0, y + line_height, 0
-            model = _panel_json(panel, panel_id, x, y)
+            model = panel_json(panel, panel_id, x, y)
             if panel.type == "timeseries":
                 model["fieldConfig"]["defaults"]["custom"] = dict(_STEPS_LINE["custom"])
             grid.append(model)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from soak.criteria.rules import CriteriaDecision
-from soak.criteria.rules import judge as judge_criteria
+from soak.criteria.constraints import CriteriaDecision
+from soak.criteria.constraints import judge as judge_criteria
 from soak.judge.ending import Ending, EndingSource
 from soak.judge.figures import figures
 from soak.judge.ladder import outcome_of

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from soak.criteria.rules import judge as judge_criteria
+from soak.criteria.constraints import judge as judge_criteria
 from soak.errors import EnvironmentProblem, UsageError
 from soak.judge import Ending, Problem, conclude, outcome_of
 from soak.records import Verdict

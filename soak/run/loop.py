@@ -31,7 +31,7 @@ import aiohttp
 from soak.bounds import fetch
 from soak.clock import Clock, SystemClock, WallStepWatch, raw_wall, run_clock
 from soak.config import RunConfig
-from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
+from soak.criteria import CriteriaDecision, CriterionState, RequestTally, judge
 from soak.detect.detector import Detector
 from soak.errors import (
     ConfigError,

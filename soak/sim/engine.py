@@ -4,7 +4,7 @@
 their speculative tokens, then prefill chunks, then newly admitted requests,
 all inside ``max_num_batched_tokens``), commits its effects and returns the
 step's duration and per-request deltas. Nothing here sleeps, reads a clock or
-does I/O; an async driver (``soak.sim.app``) sleeps ``duration / time_scale``
+does I/O; an async driver (``soak.sim.server``) sleeps ``duration / time_scale``
 between steps, and a trace generator can call ``step`` in a tight loop.
 
 Step time: ``pp_size * (stage_time + stage_time_per_token * tokens)``; with

@@ -46,7 +46,7 @@ from soak.sim.config import (
 from soak.sim.gpus import Activity
 
 if TYPE_CHECKING:
-    from soak.sim.app import SimServer
+    from soak.sim.server import SimServer
 
 _FAULT_ADAPTER: TypeAdapter = TypeAdapter(FaultConfig)
 

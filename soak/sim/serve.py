@@ -20,7 +20,8 @@ async def _serve(config: SimConfig, *, host: str, port: int, port_file: Path | N
     from aiohttp import web
 
     from soak.errors import PortInUse
-    from soak.sim.app import SIM_KEY, create_app
+    from soak.sim.app import create_app
+    from soak.sim.server import SIM_KEY
     from soak.sim.logs import SimLog
 
     log = SimLog(pid=os.getpid(), ansi=config.profile.ansi_log_prefix)

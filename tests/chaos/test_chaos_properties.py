@@ -708,7 +708,7 @@ def test_the_request_judge_never_passes_records_without_work(behaviours, tmp_pat
     no-evidence rule) over the load's span. A judged pass must be backed by the
     fake's truth as a night's is (``work_violations``), and by the records."""
     from soak.criteria.config import CriteriaConfig
-    from soak.criteria.rules import CriterionState, RequestTally, judge
+    from soak.criteria import CriterionState, RequestTally, judge
     from soak.load.client import StreamingClient
     from soak.load.config import TimeoutsConfig
     from soak.load.progress import ProgressTracker

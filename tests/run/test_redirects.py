@@ -126,7 +126,7 @@ async def _every_call(base: str) -> list[tuple[str, str]]:
     from soak.probes.metrics import MetricsProbe
     from soak.probes.target import HealthProbe
     from soak.respond.evidence import fetch_metrics
-    from soak.run.target import wait_ready
+    from soak.run.readiness import wait_ready
     from soak.workload.counters import TargetCounter
 
     clock = SystemClock()

@@ -399,7 +399,7 @@ def test_readiness_is_ready_refused_or_says_why_after_its_first_poll(behaving_se
 
     from soak.clock import SystemClock
     from soak.errors import TargetNotReady
-    from soak.run.target import wait_ready
+    from soak.run.readiness import wait_ready
 
     url, behaviour = behaving_server
     behaviour.update(health=health, models=models, hits=0, body=body)

@@ -172,7 +172,7 @@ def test_stopping_a_dead_launched_server_never_signals_the_stranger_holding_its_
     import pytest
 
     from soak.errors import TargetNotReady
-    from soak.run.target import ProcessTarget
+    from soak.run.process_target import ProcessTarget
 
     target = ProcessTarget(command=[sys.executable, "-c", "import sys; sys.exit(7)"], what="the launched server",
                            run_dir=tmp_path, base_url=f"http://127.0.0.1:{free_port()}", startup_timeout_s=30,

@@ -91,7 +91,7 @@ async def test_after_requests_trigger_and_all_idle_deadlock(sim_app):
 
 
 def test_mtbf_onsets_are_deterministic_by_seed():
-    from soak.sim.app import SimServer
+    from soak.sim.server import SimServer
 
     def due(seed):
         cfg = SimConfig(seed=seed, faults=[{"kind": "crash", "mtbf": "30m"}, {"kind": "slow", "mtbf": "10m"}])
