@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from soak.detect import Detector, DetectorConfig  # noqa: E402
 from soak.records import Topology  # noqa: E402
-from soak.detect.replay import read_samples, replay  # noqa: E402
+from soak.detect.replay import replay  # noqa: E402
+from soak.store.rundir import read_samples  # noqa: E402
 
 
 def _load_make():

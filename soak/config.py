@@ -22,7 +22,7 @@ from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
 from soak.respond.config import ResponseConfig
 from soak.target.config import SimulatorTarget, TargetConfig, redact_target
-from soak.thresholds.config import ThresholdsConfig
+from soak.thresholds.config import ThresholdsConfig, threshold_problem
 from soak.workload.config import SyntheticAgenticConfig, WorkloadConfig
 
 
@@ -90,12 +90,9 @@ def check_run_config(config: RunConfig, path: str | Path) -> None:
         fail("load.timeouts.stall", "must not exceed load.timeouts.total")
     if timeouts.first_token > timeouts.total:
         fail("load.timeouts.first_token", "must not exceed load.timeouts.total")
-    from soak.thresholds.evaluate import ThresholdConfigError, compile_thresholds
-
-    try:
-        compile_thresholds(config.thresholds)
-    except ThresholdConfigError as exc:
-        fail(exc.field, exc.message)
+    problem = threshold_problem(config.thresholds)
+    if problem is not None:
+        fail(*problem)
 
 
 def redacted_config(config: RunConfig) -> dict[str, Any]:

@@ -197,3 +197,20 @@ class RequestRecord:
         if isinstance(data.get("anomaly_notes"), list):
             data["anomaly_notes"] = tuple(data["anomaly_notes"])
         return cls(**data)
+
+
+# Outcomes of a request that never reached a server willing to stream it (no
+# HTTP status recorded): the server processed none of its prompt.
+REJECTED_BEFORE_STREAM = frozenset({"refused", "reset", "timeout_connect", "error", "malformed_stream", "http_status"})
+
+
+def server_accepted(record: Mapping[str, Any]) -> bool:
+    """Whether the server took the request in (its prompt is in the server's
+    counters): a 2xx status; with no status recorded, any outcome but one that
+    says the server refused, reset or failed it before answering. The one
+    place client token totals are made comparable with the server's."""
+    status = record.get("http_status")
+    if isinstance(status, int) and not isinstance(status, bool):
+        return 200 <= status < 300
+    outcome = record.get("outcome")
+    return not (isinstance(outcome, str) and outcome in REJECTED_BEFORE_STREAM)

@@ -3,53 +3,18 @@
 The run loop calls ``assess(now)`` every ``interval`` seconds while samples
 arrive, and at once after a sample that ``observe`` says settles a rule;
 ``replay`` does the same under the samples' own timestamps, so a trace of 66
-simulated minutes replays in seconds.
+simulated minutes replays in seconds. The samples come from
+``soak.store.rundir.read_samples`` (a run directory or one samples file).
 """
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from soak.detect.detector import Detector
 from soak.records import Decision, DetectorState
-from soak.errors import ConfigError
-from soak.jsonl import SKIP, JsonlLineError, parse_line, raw_lines
-from soak.samples import Sample, sample_from_json
-
-
-def read_samples(path: str | Path) -> Iterator[Sample]:
-    """Samples from a run directory (its rolled ``samples-NNN.jsonl.gz`` segments,
-    then ``samples.jsonl``), or from one ``samples.jsonl`` / ``.jsonl.gz`` file,
-    read under ``soak.jsonl``'s rule: a torn last line is skipped; any other line
-    that is not a sample record is an error naming its file and line."""
-    path = Path(path)
-    if path.is_dir():
-        # The run directory's one reader (store is above detect: imported only when a directory is replayed).
-        from soak.store.rundir import RunDir
-
-        lines: Iterable[tuple[Path, int, bytes]] = RunDir(path).sample_lines()
-    else:
-        lines = _file_lines(path)
-    for source, number, raw in lines:
-        try:
-            obj = parse_line(raw, path=source, number=number)
-            if obj is SKIP:
-                continue
-            yield sample_from_json(obj)
-        except JsonlLineError as exc:
-            raise ConfigError(exc.message, path=source, line=number) from exc
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ConfigError(f"not a sample record: {exc}", path=source, line=number) from exc
-
-
-def _file_lines(path: Path) -> Iterator[tuple[Path, int, bytes]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        for number, raw in raw_lines(fh):
-            yield path, number, raw
+from soak.samples import Sample
 
 
 @dataclass

@@ -28,7 +28,7 @@ from soak.clock import Clock, SystemClock
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
-from soak.store.summary import server_accepted
+from soak.samples import server_accepted
 from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord, RunInfo
 from soak.samples import (
     ClientSample,

@@ -18,7 +18,7 @@ from soak.durations import format_duration
 from soak.percentiles import percentile
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
 from soak.samples import GpuReading, GpuSample, RequestRecord, Sample, ServerSample
-from soak.store.summary import CounterDelta
+from soak.counters import CounterDelta
 
 if TYPE_CHECKING:  # rich is imported when a terminal view starts
     from rich.console import Console

@@ -173,7 +173,7 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
 }
 
 
-# What the end of a run (soak/export/push.py: soak_night_*) and `soak history --pushgateway`
+# What the end of a run (soak/report/push.py: soak_night_*) and `soak history --pushgateway`
 # (soak_build_*) push to a Pushgateway: gauges in a registry of their own, never the
 # exporter's. The "soak nights" dashboard reads these.
 PUSHED_METRICS: dict[str, HarnessMetric] = {

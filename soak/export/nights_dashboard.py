@@ -1,5 +1,5 @@
 """The "soak nights" Grafana dashboard: the nightly's memory, from what runs and
-``soak history`` push to the Pushgateway (soak/export/push.py).
+``soak history`` push to the Pushgateway (soak/report/push.py).
 
 ``build_nights_dashboard()`` returns the model that
 ``dashboards/grafana/dashboards/soak-nights.json`` holds; the lint test checks

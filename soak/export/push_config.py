@@ -1,5 +1,5 @@
 """The ``pushgateway:`` section: push the night's result to a Prometheus Pushgateway
-at the end of a run (soak/export/push.py; docs/nightly.md).
+at the end of a run (soak/report/push.py; docs/nightly.md).
 
     pushgateway:
       url: http://127.0.0.1:9091

@@ -68,7 +68,7 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
     for path in written.values():
         print(f"wrote {path}")
     if pushgateway:
-        from soak.export.push import push_history
+        from soak.report.push import push_history
 
         push_history(h, url=pushgateway, job=job, grouping=grouping)
         print(f"pushed {len(h.builds)} builds to {pushgateway} (job {job})")

@@ -12,13 +12,13 @@ Counting rules:
   failure is still a failure); ``ok`` is outcome ``ok``, ``failed`` the rest.
 - ``tokens``: prompt tokens (as the server reported them in usage, else as
   planned) and generated tokens over every request the server accepted
-  (``server_accepted``: a request it refused, reset or answered with an HTTP
+  (``soak.samples.server_accepted``: a request it refused, reset or answered with an HTTP
   error before streaming brings no prompt tokens), warm-up included: what the
   server processed, comparable with its own counters.
 - ``latency`` and ``throughput``: warm-up requests excluded.
 - ``prefix_cache_hit_ratio``: the server's counters over the run,
   increase(prefix_cache_hits) / increase(prefix_cache_queries), each as
-  Prometheus' ``increase()`` reads a counter (``soak.store.counters``: a reset or
+  Prometheus' ``increase()`` reads a counter (``soak.counters``: a reset or
   any decrease splits the span and the new reading counts from zero). Never
   hits / prompt_tokens. ``server_metrics.counter_resets`` counts the splits per
   counter; more than the target's restarts explain mark the server figures
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from soak.judge.recorded import NOWHEN, Moment, Recorded
-from soak.store.counters import CounterDelta
+from soak.counters import CounterDelta
 
 
 @dataclass(frozen=True)

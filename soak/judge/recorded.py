@@ -21,7 +21,7 @@ from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan
 from soak.jsonl import typed_fields
 from soak.percentiles import percentiles
-from soak.store.counters import CounterDelta
+from soak.counters import CounterDelta
 from soak.store.rundir import RunDir
 from soak.store.summary import (
     EVENT_TYPES, INCIDENT_FIELDS, REQUEST_TYPES, SERVER_KEYS, MetricsCoverage, RequestDigest, disk_incidents,

@@ -83,9 +83,9 @@ def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> 
 
 def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Per-second rate of a counter in each bin, interpolated at the bin edges;
-    increases as Prometheus reads a counter (soak.store.counters: after a drop the
+    increases as Prometheus reads a counter (soak.counters: after a drop the
     new value counts from zero). NaN outside the sampled span."""
-    from soak.store.counters import counter_value, increases
+    from soak.counters import counter_value, increases
 
     ts = np.asarray(ts, dtype=float)
     values = np.asarray(values, dtype=float)

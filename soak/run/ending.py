@@ -172,7 +172,7 @@ async def push(run: SoakRun, summary: Mapping[str, Any], *, exit_code: int) -> N
     config = run.config.pushgateway
     if config.url is None:
         return
-    from soak.export.push import push_run
+    from soak.report.push import push_run
 
     try:
         pushed = await asyncio.to_thread(push_run, config, summary, exit_code=exit_code)

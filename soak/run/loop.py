@@ -60,7 +60,7 @@ from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import RunStore
-from soak.store.counters import CounterDelta
+from soak.counters import CounterDelta
 from soak.versions import VllmProfile
 from soak.workload import Workload
 

@@ -10,13 +10,16 @@ first, then the open ``samples.jsonl``.
 
 from __future__ import annotations
 
+import gzip
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Collection, Iterator, Mapping
+from typing import Any, Collection, Iterable, Iterator, Mapping
 
 from soak.bounds import LIMITS, BoundExceeded, read_file
 from soak.configbase import parse_recorded_yaml
-from soak.jsonl import FieldCheck, read_json, read_records
+from soak.errors import ConfigError
+from soak.jsonl import SKIP, FieldCheck, JsonlLineError, parse_line, raw_lines, read_json, read_records
+from soak.samples import Sample, sample_from_json
 from soak.store.segments import iter_sample_lines, read_sample_records, sample_files
 from soak.store.store import CONFIG, EVENTS, PLAN, REQUESTS, SUMMARY
 from soak.summary_file import RunSummary
@@ -135,4 +138,34 @@ class RunDir:
         return sorted(found, key=lambda p: int(p.name))
 
 
-__all__ = ["INCIDENTS", "MARKERS", "MARKERS_TEXT", "RunDir", "is_run_dir"]
+
+def read_samples(path: str | Path) -> Iterator[Sample]:
+    """Samples from a run directory (its rolled ``samples-NNN.jsonl.gz`` segments,
+    then ``samples.jsonl``), or from one ``samples.jsonl`` / ``.jsonl.gz`` file,
+    read under ``soak.jsonl``'s rule: a torn last line is skipped; any other line
+    that is not a sample record is an error naming its file and line."""
+    path = Path(path)
+    if path.is_dir():
+        lines: Iterable[tuple[Path, int, bytes]] = RunDir(path).sample_lines()
+    else:
+        lines = _file_lines(path)
+    for source, number, raw in lines:
+        try:
+            obj = parse_line(raw, path=source, number=number)
+            if obj is SKIP:
+                continue
+            yield sample_from_json(obj)
+        except JsonlLineError as exc:
+            raise ConfigError(exc.message, path=source, line=number) from exc
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"not a sample record: {exc}", path=source, line=number) from exc
+
+
+def _file_lines(path: Path) -> Iterator[tuple[Path, int, bytes]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        for number, raw in raw_lines(fh):
+            yield path, number, raw
+
+
+__all__ = ["INCIDENTS", "MARKERS", "MARKERS_TEXT", "RunDir", "is_run_dir", "read_samples"]

@@ -24,7 +24,8 @@ from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, record_time
 from soak.criteria.rules import generated_tokens as work_tokens
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
-from soak.store.counters import CounterDelta
+from soak.counters import CounterDelta
+from soak.samples import server_accepted
 from soak.store.rundir import RunDir
 from soak.store.store import EVENTS
 
@@ -105,23 +106,6 @@ class RequestDigest:
     @property
     def cut(self) -> Mapping[str, int]:
         return self.tally.cut
-
-
-# Outcomes of a request that never reached a server willing to stream it (no
-# HTTP status recorded): the server processed none of its prompt.
-REJECTED_BEFORE_STREAM = frozenset({"refused", "reset", "timeout_connect", "error", "malformed_stream", "http_status"})
-
-
-def server_accepted(record: Mapping[str, Any]) -> bool:
-    """Whether the server took the request in (its prompt is in the server's
-    counters): a 2xx status; with no status recorded, any outcome but one that
-    says the server refused, reset or failed it before answering. The one
-    place client token totals are made comparable with the server's."""
-    status = record.get("http_status")
-    if isinstance(status, int) and not isinstance(status, bool):
-        return 200 <= status < 300
-    outcome = record.get("outcome")
-    return not (isinstance(outcome, str) and outcome in REJECTED_BEFORE_STREAM)
 
 
 def _count(value: Any) -> int | float:

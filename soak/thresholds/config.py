@@ -53,3 +53,16 @@ class ThresholdRule(StrictModel):
 
 MetricName = Annotated[str, AfterValidator(_known_metric)]
 ThresholdsConfig = dict[MetricName, ThresholdRule]
+
+
+def threshold_problem(section: ThresholdsConfig) -> tuple[str, str] | None:
+    """(field, message) of the first threshold that does not compile (an
+    expression the metric cannot take), else None: checked with the rest of the
+    config, before anything runs."""
+    from soak.thresholds.evaluate import ThresholdConfigError, compile_thresholds
+
+    try:
+        compile_thresholds(section)
+    except ThresholdConfigError as exc:
+        return exc.field, exc.message
+    return None

@@ -158,8 +158,8 @@ def window_values(requests: Iterable[Mapping[str, Any]], server: Sequence[tuple[
 
 
 def _hit_ratio(server: Sequence[tuple[float, Mapping[str, Any]]]) -> float | None:
-    # Counters read as Prometheus' increase() reads them (soak.store.counters, the one place).
-    from soak.store.counters import CounterDelta
+    # Counters read as Prometheus' increase() reads them (soak.counters, the one place).
+    from soak.counters import CounterDelta
 
     hits, queries = CounterDelta(), CounterDelta()
     for _ts, values in server:

@@ -23,7 +23,7 @@ SOAK = Path(soak.__file__).parent
 
 # Floor by floor, bottom up: the data's one-way flow (config -> workload -> load
 # -> probes -> detect -> respond -> store/export -> thresholds -> judge ->
-# report/history -> run). A pattern names a module or a package (``soak.load``
+# report -> history -> run). A pattern names a module or a package (``soak.load``
 # is the package and everything in it); the first pattern that matches decides.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("soak", "soak.proc", "soak.tokens", "soak.flightrec")),
@@ -38,9 +38,11 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("record", ("soak.store", "soak.export")),
     ("thresholds", ("soak.thresholds",)),
     ("judge", ("soak.judge",)),
-    ("render", ("soak.report", "soak.history")),
+    ("report", ("soak.report",)),  # one run read, judged and rendered; the night pushed
+    ("history", ("soak.history",)),  # many runs, each read as the report reads one
     ("wiring", ("soak.run", "soak.sim", "soak.rigs")),
-    ("cli", ("soak.cli", "soak.__main__")),
+    ("cli", ("soak.cli",)),
+    ("main", ("soak.__main__",)),
 )
 LEAF_MODULES = "soak.*"  # any other top-level module: a shared leaf
 
@@ -129,8 +131,11 @@ def test_every_exception_is_still_needed() -> None:
 
 @pytest.mark.parametrize("importer, imported", [
     ("soak.store.summary", "soak.thresholds.evaluate"),  # the back-edge issue 33 removed
+    ("soak.store.rundir", "soak.judge.entry"),
     ("soak.probes.gpu", "soak.detect.rules"),
-    ("soak.export.live", "soak.store.counters"),  # siblings on one floor
+    ("soak.export.live", "soak.store.summary"),  # siblings on one floor
+    ("soak.report.rundir", "soak.history.collect"),
+    ("soak.detect.replay", "soak.store.rundir"),
     ("soak.records", "soak.run.loop"),
 ])
 def test_a_planted_back_edge_is_caught(importer: str, imported: str) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from soak.detect import Detector, DetectorConfig
 from soak.records import DetectorState, IncidentKind, Topology
-from soak.detect.replay import read_samples, replay
+from soak.detect.replay import replay
+from soak.store.rundir import read_samples
 from soak.errors import ConfigError
 from soak.samples import ClientSample, LogSample, ProcessSample, ServerSample
 

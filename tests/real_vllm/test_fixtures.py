@@ -184,7 +184,8 @@ def test_a_real_hang_that_began_between_turns_is_caught_by_the_progress_rules():
     # Before the fix only vLLM's own RPC timeout caught it, 300 s later.
     from soak.detect import Detector, DetectorConfig
     from soak.records import Topology
-    from soak.detect.replay import read_samples, replay
+    from soak.detect.replay import replay
+    from soak.store.rundir import read_samples
 
     stop_at = 1796295701.195
     detector = Detector(DetectorConfig(), topology=Topology.pipeline(2))

@@ -268,7 +268,7 @@ def test_every_reader_of_summary_json_takes_any_value_in_any_field(base, changes
     history's record and the figures by name still come out (the typed record)."""
     import xml.etree.ElementTree as ET
 
-    from soak.export.push import night_families
+    from soak.report.push import night_families
     from soak.history.model import run_record
     from soak.report.junit import build_junit
     from soak.summary_file import RunSummary

@@ -116,7 +116,7 @@ class _Turn:
 
 async def _every_call(base: str) -> list[tuple[str, str]]:
     """Each outbound call of the harness once against ``base``: (call, what it recorded)."""
-    from soak.export.push import push_run
+    from soak.report.push import push_run
     from soak.export.push_config import PushgatewayConfig
     from soak.history.build import fetch_vllm_version
     from soak.load.client import StreamingClient

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soak.samples import RequestRecord
-from soak.store.counters import CounterDelta, counter_increase, increases
+from soak.counters import CounterDelta, counter_increase, increases
 from soak.judge import summarize
-from soak.store.summary import server_accepted
+from soak.samples import server_accepted
 from soak.thresholds.metrics import window_values
 from soak.versions import CachedTokensReader, profile_for
 

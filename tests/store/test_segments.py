@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from soak.clock import ManualClock
-from soak.detect.replay import read_samples
+from soak.store.rundir import read_samples
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, HealthSample, RequestRecord, ServerSample
 from soak.store.segments import RollingJsonlWriter, read_sample_records, sample_files
 from soak.store.store import RunStore
