@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Mapping
 
+from soak.jsonl import is_timestamp
 from soak.records import Verdict
 
 
@@ -25,6 +26,12 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def _timestamp(value: Any) -> float | None:
+    """Unix seconds a date can be made of (soak.jsonl.is_timestamp); a label
+    outside that reads as absent, so no reader formats a date that cannot be."""
+    return float(value) if is_timestamp(value) else None
 
 
 def _int(value: Any) -> int | None:
@@ -124,7 +131,7 @@ class IncidentEntry:
         pids = obj.get("killed_pids")
         return cls(
             number=_int(obj.get("number")), kind=_str(obj.get("kind")), rule=_str(obj.get("rule")),
-            onset_at=_number(obj.get("onset_at")), detected_at=_number(obj.get("detected_at")),
+            onset_at=_timestamp(obj.get("onset_at")), detected_at=_timestamp(obj.get("detected_at")),
             killed_pids=tuple(p for p in pids if _int(p) is not None) if isinstance(pids, list) else (),
             gpus_released=_bool(obj.get("gpus_released")), evidence=_str(obj.get("evidence")),
             summary=_str(obj.get("summary")), gpu_free_s=_number(obj.get("gpu_free_s")),
@@ -322,7 +329,7 @@ class RunSummary:
             verdict=Verdict(verdict) if verdict in {v.value for v in Verdict} else None,
             cut_off=_bool(obj.get("cut_off")),
             run_id=_str(obj.get("run_id")), target=_str(obj.get("target")), model=_str(obj.get("model")),
-            started_at=_number(obj.get("started_at")), ended_at=_number(obj.get("ended_at")),
+            started_at=_timestamp(obj.get("started_at")), ended_at=_timestamp(obj.get("ended_at")),
             duration_s=_number(obj.get("duration_s")), planned_duration_s=_number(obj.get("planned_duration_s")),
             warmup_s=_number(obj.get("warmup_s")),
             stop_reason=_str(obj.get("stop_reason")), exit_code=_int(obj.get("exit_code")),
