@@ -57,7 +57,7 @@ from soak.run.signals import handled as handled_signals
 from soak.run.signals import interrupt_reason
 from soak.run.sinks import FanOut
 from soak.run.target import Target
-from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
+from soak.samples import CutCause, GpuSample, RequestRecord, Sample, ServerSample
 from soak.store.store import REQUESTS, RunStore
 from soak.store.counters import CounterDelta
 from soak.store.summary import RequestDigest, digest_requests, disk_incidents, load_span, summarize
@@ -274,7 +274,7 @@ class SoakRun:
             self.generator.stop(reason)
             if self.client is not None:
                 # The harness cut them, not the server: apart from failures.
-                self.client.abort_in_flight(reason, cut_by="interrupt")
+                self.client.abort_in_flight(reason, cut_by=CutCause.INTERRUPT)
         elif (self._main_task is not None and not self._main_task.done()
               and self._main_task is not asyncio.current_task()):
             self._fault_cancel = True
@@ -349,7 +349,7 @@ class SoakRun:
         if self.generator is not None:
             self.generator.stop(reason)
             if self.client is not None:
-                self.client.abort_in_flight(reason, cut_by="interrupt")
+                self.client.abort_in_flight(reason, cut_by=CutCause.INTERRUPT)
             if self._restart_task is not None:
                 # Waiting for a relaunched server (minutes for a large model) is not
                 # stopping now; the end stops whatever it had started.
@@ -729,7 +729,7 @@ class SoakRun:
         number = self._incidents
         self.generator.pause()
         paused = self.clock.monotonic()  # work is not owed while the target is down (soak.criteria)
-        cut = self.client.abort_in_flight(f"incident {number}", cut_by="incident")
+        cut = self.client.abort_in_flight(f"incident {number}", cut_by=CutCause.INCIDENT)
         self.event("incident_started", number=number, rule=decision.rule, kind=decision.kind.value,
                    aborted_requests=cut)
         record = await self.responder.handle(decision, number)
