@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
 from soak.clock import Clock, run_clock
 from soak.config import RunConfig, redacted_config
 from soak.errors import ArgumentError, HarnessFault, PortInUse
+from soak.events import EventType
 from soak.export.live import LiveView
 from soak.load.progress import ProgressTracker
 from soak.net import OutboundSession
@@ -190,7 +191,7 @@ def build_soak_run(
 
     def target_waiting(reason: str) -> None:
         if "run" in late:  # the one line a never-ready target gives, at its first failed poll
-            late["run"].event("target_waiting", message=reason)
+            late["run"].event(EventType.TARGET_WAITING, message=reason)
 
     target = build_target(
         target_config,
