@@ -9,6 +9,7 @@ from JSON matches its member.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any, Protocol
 
 
 class EventType(str, Enum):
@@ -61,3 +62,9 @@ class EventType(str, Enum):
 
     def __str__(self) -> str:  # the value wherever it is formatted (Prometheus labels, f-strings)
         return self.value
+
+
+class Emit(Protocol):
+    """How a part says an event: the type and its fields (the run adds ``ts``)."""
+
+    def __call__(self, type: EventType, **fields: Any) -> None: ...

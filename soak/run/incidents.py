@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Awaitable, Callable, Iterable, Protocol
 
 from soak.clock import Clock
 from soak.criteria.rules import RequestTally
 from soak.errors import SoakError, TargetNotReady
-from soak.events import EventType
+from soak.events import Emit, EventType
 from soak.records import Decision, IncidentRecord
 from soak.respond.config import ResponseConfig
 from soak.respond.policy import Action, NextAction, next_action
 from soak.samples import CutCause
 
-
-class Emit(Protocol):
-    def __call__(self, type: EventType, **fields: Any) -> None: ...
 
 
 class Load(Protocol):

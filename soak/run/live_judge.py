@@ -5,12 +5,12 @@ is judged at the end, from the record."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping
 
 from soak.clock import Clock
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
-from soak.events import EventType
+from soak.events import Emit, EventType
 from soak.run.incidents import LoadStop
 from soak.samples import RequestRecord
 
@@ -19,9 +19,6 @@ if TYPE_CHECKING:  # the thresholds load only when a run has an abort_on_fail on
 
 _SAID = {CriterionState.FAIL: EventType.CRITERION_FAIL, CriterionState.AT_RISK: EventType.CRITERION_AT_RISK}
 
-
-class Emit(Protocol):
-    def __call__(self, type: EventType, **fields: Any) -> None: ...
 
 
 class LiveJudge:

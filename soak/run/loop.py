@@ -5,9 +5,9 @@ acting, everything recorded; then a bounded drain, a clean box and a verdict.
 config, who the run is (``RunIdentity``), the target's layout and its parts
 (``soak.run.parts.RunParts``), the store and sinks, and its options. Once the
 target answers, its facts are read once (``soak.run.target_facts``) and handed
-to the factories; an incident goes to the incident cycle
-(``soak.run.incidents``); the criteria and thresholds are judged live by
-``soak.run.live_judge``.
+to the factories. Samples and records come in through ``soak.run.fanin``; the
+probes live in ``soak.run.probing``; the criteria and thresholds are judged
+live by ``soak.run.live_judge``; an incident goes to ``soak.run.incidents``.
 
 Order of the end, whatever ended the run (duration, request cap, incident,
 Ctrl-C/SIGTERM, an error): stop sending, drain (cut short on interrupt), stop
@@ -22,7 +22,6 @@ import asyncio
 import threading
 import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
@@ -34,25 +33,20 @@ from soak.events import EventType
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
-from soak.net import OutboundSession
-from soak.net import session as outbound_session
-from soak.probes.gpu import GpuFreshness
-from soak.probes.scheduler import ProbeScheduler
-from soak.records import GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
+from soak.records import RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout, Verdict
 from soak.respond.responder import Responder
-from soak.run.freshness import MetricsFreshness
+from soak.run import signals
+from soak.run.fanin import FanIn
 from soak.run.heap import HeapTuning
 from soak.run.incidents import CycleParts, IncidentCycle, LoadStop, TargetLives
 from soak.run.live_judge import LiveJudge
 from soak.run.parts import RunIdentity, RunParts
-from soak.run.signals import handled as handled_signals
-from soak.run.signals import interrupt_reason
+from soak.run.probing import Probing
 from soak.run.sinks import FanOut
 from soak.run.target import Target
 from soak.run.target_facts import VERSION_TIMEOUT_S, check_fit, read_target_facts, say_fit
-from soak.samples import CutCause, GpuSample, RequestRecord, Sample, ServerSample
+from soak.samples import CutCause
 from soak.store.store import REQUESTS, RunStore
-from soak.store.counters import CounterDelta
 from soak.store.summary import RequestDigest, digest_requests, disk_incidents, load_span, summarize
 from soak.workload import Workload
 
@@ -60,8 +54,6 @@ if TYPE_CHECKING:  # imported where used: the run's end and its options pull the
     from soak.report.child import ReportChild
     from soak.thresholds.evaluate import ThresholdResult
 
-# The responder's "last minutes" come from here; bounded whatever the run's length.
-RECENT_SAMPLES_MAX = 20_000
 HARNESS_ERROR = "harness_error.txt"
 
 
@@ -127,30 +119,23 @@ class SoakRun:
 
         self.workload: Workload | None = None
         self.facts: TargetFacts | None = None  # once the target answered
-        self.tracker = ProgressTracker()
         self.client: StreamingClient | None = None
         self.generator: LoadGenerator | None = None
         self.detector = parts.detector
         self.responder: Responder | None = None
-        self.gpu_source: GpuSourceLike | None = None
-        self.probe_session: OutboundSession | None = None
-        self._scheduler: ProbeScheduler | None = None
-        self._cached_reader: Any = None  # soak.versions.CachedTokensReader, once the server's version is known
-        self._server_life = CounterDelta()  # a split of the server's prompt counter: it restarted
-        self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
-        self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
-        from soak.store.summary import SERVER_KEYS
-
-        self._metrics_freshness = MetricsFreshness(metrics_interval_s=config.probes.metrics_interval,
-                                                   server_keys=SERVER_KEYS)
         self._stop = LoadStop()
         # The failure criteria, judged live on every detector tick (soak.criteria).
         self.tally = RequestTally.for_config(config.criteria)
         self._live = LiveJudge(config.criteria, tally=self.tally, stop=self._stop, clock=self.clock, emit=self.event)
+        self._fan_in = FanIn(sinks=self.sinks, detector=self.detector, tally=self.tally, live=self._live,
+                             clock=self.clock, emit=self.event,
+                             samples_window_s=config.response.evidence.samples_window,
+                             gpu_window_s=config.detector.pp_tail_stall.window,
+                             metrics_interval_s=config.probes.metrics_interval)
+        self.tracker = ProgressTracker()
+        self._probing = Probing(gpu_source=parts.gpu_source, probes=parts.probes, progress=self.tracker,
+                                on_sample=self._fan_in.on_sample, emit=self.event)
         self._cycle: IncidentCycle | None = None  # once the load runs
-        # Set by a sample that settles a rule at once: the watch loop judges then,
-        # not up to a detector interval later.
-        self._judge_now = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         self._main_task: asyncio.Task[RunOutcome] | None = None
         self._main_loop: asyncio.AbstractEventLoop | None = None
@@ -229,51 +214,21 @@ class SoakRun:
     def _stop_for_fault(self, reason: str) -> None:
         if self._stop.reason is None or not self._stop.reason.startswith("harness fault"):
             self._stop.reason = reason
-        if self.generator is not None:
-            self.generator.stop(reason)
-            if self.client is not None:
-                # The harness cut them, not the server: apart from failures.
-                self.client.abort_in_flight(reason, cut_by=CutCause.INTERRUPT)
-        elif (self._main_task is not None and not self._main_task.done()
-              and self._main_task is not asyncio.current_task()):
-            self._fault_cancel = True
-            self._main_task.cancel()
+        if not self._cut_load(reason):
+            if (self._main_task is not None and not self._main_task.done()
+                    and self._main_task is not asyncio.current_task()):
+                self._fault_cancel = True
+                self._main_task.cancel()
 
-    # -- fan-in ----------------------------------------------------------------
-    def _on_sample(self, sample: Sample) -> None:
-        recent = self._recent
-        recent.append(sample)
-        # Keep only the responder's window (by time; the count bound is a backstop).
-        horizon = sample.ts - self.config.response.evidence.samples_window
-        while recent and recent[0].ts < horizon:
-            recent.popleft()
-        if self.detector.observe(sample):
-            self._judge_now.set()
-        self.sinks.on_sample(sample)
-        if isinstance(sample, GpuSample):
-            change = self._gpu_freshness.observe(sample)
-            if change is not None:
-                self.event(change.pop("type"), **change)
-        if isinstance(sample, ServerSample):
-            said = self._metrics_freshness.observe(sample)
-            if said is not None:
-                self.event(said[0], **said[1])
-            if sample.ok and self._server_life.add(sample.values.get("prompt_tokens")) \
-                    and self._cached_reader is not None:
-                self._cached_reader.restarted()  # its counters restarted: a new server life (an attached one too)
-            if sample.ok:
-                self._live.add_server(sample.ts, sample.values)
-
-    def _on_record(self, record: RequestRecord) -> None:
-        # Live, a record ends now on the run's monotonic clock, as the load's span does.
-        self.tally.add(record, at=self.clock.monotonic())
-        self.sinks.on_request(record)
-        self._live.add_request(record)
-
-    def recent_samples(self) -> list[Sample]:
-        window = self.config.response.evidence.samples_window
-        since = self.clock.now() - window
-        return [s for s in self._recent if s.ts >= since]
+    def _cut_load(self, reason: str) -> bool:
+        """Stop sending and cut what is in flight (the harness cut them, not the
+        server: apart from failures); False before the load exists."""
+        if self.generator is None:
+            return False
+        self.generator.stop(reason)
+        if self.client is not None:
+            self.client.abort_in_flight(reason, cut_by=CutCause.INTERRUPT)
+        return True
 
     def event(self, type: EventType, **fields: Any) -> None:
         self.sinks.on_event(type, {"ts": self.clock.now(), **fields})
@@ -285,30 +240,11 @@ class SoakRun:
             return
         self._stop.interrupted = True
         self._stop.reason = reason
-        if self.generator is not None:
-            self.generator.stop(reason)
-            if self.client is not None:
-                self.client.abort_in_flight(reason, cut_by=CutCause.INTERRUPT)
+        if self._cut_load(reason):
             if self._cycle is not None:
                 self._cycle.cancel_restart()
         elif self._main_task is not None:
             self._main_task.cancel()  # still starting: cut the start-up short
-
-    def _install(self) -> list[int]:
-        if not self._options.install_signal_handlers:
-            return []
-        loop = asyncio.get_running_loop()
-        installed = []
-        # Every one of them (SIGHUP too: a closed terminal) ends the run as an
-        # interrupt; a default action would kill the harness with nothing written.
-        # One inherited as ignored (nohup) stays ignored.
-        for sig in handled_signals():
-            try:
-                loop.add_signal_handler(sig, self.interrupt, interrupt_reason(sig))
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-        return installed
 
     # -- the run ---------------------------------------------------------------
     async def run(self) -> RunOutcome:
@@ -318,7 +254,7 @@ class SoakRun:
         stopped and the record closed, the traceback in harness_error.txt."""
         self._main_task = asyncio.current_task()
         self._main_loop = asyncio.get_running_loop()
-        installed = self._install()
+        installed = signals.install(self.interrupt) if self._options.install_signal_handlers else []
         problem: BaseException | None = None
         try:
             await self._run()
@@ -343,9 +279,7 @@ class SoakRun:
             self._set_fault(exc, "running the soak")
             self._stop.reason = f"harness fault: {type(exc).__name__}: {exc}"
         finally:
-            loop = asyncio.get_running_loop()
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            signals.uninstall(installed)
         try:
             outcome = await self._finish(problem)
         except Exception as exc:  # the end itself failed: still one line, exit 4
@@ -391,19 +325,18 @@ class SoakRun:
         await parts.calibrate(workload, facts)
         plan = workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
                              block_size=layout.block_size)
-        plan_json = plan.to_json()
-        self.store.write_plan(plan_json)
+        self.store.write_plan(plan.to_json())
         say_fit(check_fit(plan, facts.max_model_len), self.event)
 
-        await self._open_gpu_source()
-        self.responder = parts.responder(facts, gpu_source=self.gpu_source, recent_samples=self.recent_samples,
+        gpu_source = await self._probing.open_gpu_source(self.target.base_url)
+        self.responder = parts.responder(facts, gpu_source=gpu_source, recent_samples=self._fan_in.recent_samples,
                                          on_write_error=self._evidence_write_failed)
         await self.responder.start()
         self.sinks.on_start(RunInfo(
             run_id=self.run_id, run_dir=self.run_dir, started_at=self.clock.now(), duration_s=config.duration,
             warmup_s=config.warmup, target_kind=layout.kind, base_url=facts.base_url, model=facts.model,
             root_pid=self.target.root_pid, config=self._redacted_config, gpu_count=layout.topology.gpu_count,
-            plan=plan_json,
+            plan=plan.to_json(),
         ))
         self.client = StreamingClient(base_url=facts.base_url, timeouts=config.load.timeouts, tracker=self.tracker,
                                       max_connections=config.load.concurrency, api_key=self._options.api_key,
@@ -411,12 +344,12 @@ class SoakRun:
         self.client.mono_origin = self.store.mono_origin
         self.client.usage_cached_tokens = self._cached_tokens_reader(facts)
         await self.client.start()
-        self._start_probes(log_from_start=True)
+        self._probing.start(facts, log_from_start=True)
         # The report's process imports its renderer now, off the harness, so the run's end only renders.
         self._report_child = await self._start_report()
         self.generator = self._stop.load = LoadGenerator(
             workload=workload, client=self.client, config=config.load, duration_s=config.duration,
-            warmup_s=config.warmup, on_record=self._on_record, seed=config.seed, clock=self.clock,
+            warmup_s=config.warmup, on_record=self._fan_in.on_record, seed=config.seed, clock=self.clock,
         )
         if self._stop.interrupted:  # a signal landed during start-up's last await
             return
@@ -433,7 +366,7 @@ class SoakRun:
         if self.target.base_url:
             # The URL is known before start (launched, attached): check the GPU
             # source now, so a box without NVML exits 3 before a server is started.
-            await self._open_gpu_source()
+            await self._probing.open_gpu_source(self.target.base_url)
         self.event(EventType.TARGET_STARTING, target=self.layout.kind.value)
         try:
             await self.target.start()
@@ -445,8 +378,8 @@ class SoakRun:
         self.event(EventType.TARGET_READY, base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
         facts = self.facts = await read_target_facts(
-            self.layout, base_url=self.target.base_url, models=tuple(self.target.models), session=self._session(),
-            api_key=self._options.api_key, emit=self.event,
+            self.layout, base_url=self.target.base_url, models=tuple(self.target.models),
+            session=self._probing.session, api_key=self._options.api_key, emit=self.event,
             version_timeout_s=max(self.config.probes.timeout, VERSION_TIMEOUT_S))
         from soak.history.build import build_identity
 
@@ -460,7 +393,8 @@ class SoakRun:
         self._cycle = IncidentCycle(
             CycleParts(load=generator, client=self.client, responder=self.responder, detector=self.detector,
                        tally=self.tally, on_incident=self.sinks.on_incident,
-                       lives=TargetLives(end=self._close_probes, relaunch=self.target.restart, begin=self._new_life)),
+                       lives=TargetLives(end=self._probing.close_probes, relaunch=self.target.restart,
+                                         begin=self._new_life)),
             response=config.response, can_restart=self.layout.kind is not TargetKind.ATTACHED, stop=self._stop,
             clock=self.clock, emit=self.event)
         self._live.watch_thresholds(config.thresholds)
@@ -481,6 +415,17 @@ class SoakRun:
         if self._stop.reason is None:
             self._stop.reason = result.stop_reason
 
+    async def _scrape_metrics(self) -> None:
+        await self._probing.scrape_metrics()
+
+    def _new_life(self) -> int | None:
+        """A restarted target: its details flag learned again, its probes on the new root PID."""
+        if self._fan_in.cached_reader is not None:
+            self._fan_in.cached_reader.restarted()
+        assert self.facts is not None
+        self._probing.start(self.facts, log_from_start=False)
+        return self.target.root_pid
+
     def _observe_wall(self) -> None:
         """A step of the wall clock (soak.clock.wall_step) becomes an event; no figure moves."""
         step = self._wall_watch.observe(raw_wall(self.clock), self.clock.elapsed())
@@ -490,63 +435,24 @@ class SoakRun:
     def _evidence_write_failed(self, exc: BaseException) -> None:
         self.fault(exc, where="writing incident evidence")
 
-    def _session(self) -> OutboundSession:
-        """The run's session for its own reads of the server (and the probes')."""
-        if self.probe_session is None:
-            self.probe_session = outbound_session()  # a 3xx is a failed read naming its Location, never followed
-        return self.probe_session
-
     def _cached_tokens_reader(self, facts: TargetFacts) -> Callable[[Mapping[str, Any]], int | None]:
         """How a usage object's cached tokens read on this server (a missing field
         is 0 on vLLM 0.11.x when --enable-prompt-tokens-details is known on)."""
         from soak.versions import CachedTokensReader
 
-        self._cached_reader = CachedTokensReader(profile=facts.version_profile,
-                                                 details_enabled=facts.layout.prompt_tokens_details)
-        return self._cached_reader
-
-    async def _open_gpu_source(self) -> None:
-        session = self._session()
-        if self.gpu_source is None:
-            self.gpu_source = await self._parts.gpu_source(self.target.base_url, session=session)
-
-    def _start_probes(self, *, log_from_start: bool) -> None:
-        assert self.facts is not None
-        probes = self._parts.probes(self.facts, session=self._session(), gpu_source=self.gpu_source,
-                                    progress=self.tracker, log_from_start=log_from_start)
-        self._scheduler = ProbeScheduler(list(probes), emit=self._on_sample)
-        self._scheduler.start()
-
-    async def _close_probes(self) -> None:
-        if self._scheduler is not None:
-            await self._scheduler.close()
-
-    def _new_life(self) -> int | None:
-        """A restarted target: its details flag learned again, its probes on the new root PID."""
-        if self._cached_reader is not None:
-            self._cached_reader.restarted()
-        self._start_probes(log_from_start=False)
-        return self.target.root_pid
-
-    async def _scrape_metrics(self) -> None:
-        probes = self._scheduler.probes if self._scheduler is not None else ()
-        for probe in probes:
-            if probe.name == "metrics":
-                try:
-                    for sample in await asyncio.wait_for(probe.collect(), 10.0):
-                        self._on_sample(sample)
-                except Exception as exc:  # a missed bracket only widens the server-side deltas
-                    self.event(EventType.METRICS_SCRAPE_FAILED, error=f"{type(exc).__name__}: {exc}")
+        reader = self._fan_in.cached_reader = CachedTokensReader(profile=facts.version_profile,
+                                                                 details_enabled=facts.layout.prompt_tokens_details)
+        return reader
 
     async def _watch(self) -> None:
         assert self._cycle is not None
-        interval = self.config.detector.interval
+        judge_now, interval = self._fan_in.judge_now, self.config.detector.interval
         while True:
             try:
-                await asyncio.wait_for(self._judge_now.wait(), interval)
+                await asyncio.wait_for(judge_now.wait(), interval)
             except asyncio.TimeoutError:
                 pass
-            self._judge_now.clear()
+            judge_now.clear()
             self._observe_wall()
             self._live.criteria()
             assessment = self.detector.assess(self.clock.now())
@@ -709,29 +615,16 @@ class SoakRun:
                 self._set_fault(exc, f"stopping {what}")
 
         if self._watch_task is not None:
-            if self._cycle is not None and not self._cycle.idle.is_set() and not self._watch_task.done():
-                # A response under way finishes and reaches the sinks (bounded
-                # like the responder's own close): its record belongs in the run.
-                cfg = self.config.response
-                bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 10.0
-                idle = asyncio.ensure_future(self._cycle.idle.wait())
-                await asyncio.wait({idle, self._watch_task}, timeout=bound)
-                idle.cancel()
+            await self._let_a_response_finish()
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
-        if self._scheduler is not None:
-            await step("the probes", self._scheduler.close)
+        await step("the probes", self._probing.close_probes)
         if self.responder is not None:
             await step("the responder", self.responder.aclose)
         if self.client is not None:
             await step("the client", self.client.aclose)
-        if self.gpu_source is not None:
-            try:
-                await self.gpu_source.aclose()
-            except Exception:
-                pass
-        if self.probe_session is not None:
-            await step("the probe session", self.probe_session.close)
+        await self._probing.close_gpu_source()
+        await step("the probe session", self._probing.close_session)
         started = time.monotonic()
         await step("the target", self.target.aclose)
         if self._guardian is not None:
@@ -744,6 +637,18 @@ class SoakRun:
                 released = {"error": f"{type(exc).__name__}: {exc}"}
             if released:
                 self.event(EventType.SHM_RELEASED, **released)
+
+    async def _let_a_response_finish(self) -> None:
+        """A response under way finishes and reaches the sinks (bounded like the
+        responder's own close): its record belongs in the run."""
+        assert self._watch_task is not None
+        if self._cycle is None or self._cycle.idle.is_set() or self._watch_task.done():
+            return
+        cfg = self.config.response
+        bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 10.0
+        idle = asyncio.ensure_future(self._cycle.idle.wait())
+        await asyncio.wait({idle, self._watch_task}, timeout=bound)
+        idle.cancel()
 
     async def aclose(self) -> None:
         """Idempotent: ends the run's parts if ``run()`` did not get to."""

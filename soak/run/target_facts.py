@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
 from soak.bounds import fetch
 from soak.errors import WorkloadDoesNotFit
-from soak.events import EventType
+from soak.events import Emit, EventType
 from soak.history.build import reported_version
 from soak.net import OutboundSession, RedirectRefused
 from soak.records import TargetFacts, TargetLayout
@@ -29,9 +29,6 @@ from soak.workload import Plan
 VERSION_TIMEOUT_S = 5.0
 MODELS_TIMEOUT_S = 10.0
 
-
-class Emit(Protocol):
-    def __call__(self, type: EventType, **fields: Any) -> None: ...
 
 
 @dataclass(frozen=True)
