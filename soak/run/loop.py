@@ -19,7 +19,6 @@ close the sinks. ``aclose()`` is idempotent.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from soak.records import RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout
 from soak.respond.responder import Responder
 from soak.run import signals
 from soak.run.fanin import FanIn
+from soak.run.faults import Faults
 from soak.run.heap import HeapTuning
 from soak.run.incidents import CycleParts, IncidentCycle, LoadStop, TargetLives
 from soak.run.live_judge import LiveJudge
@@ -105,17 +105,12 @@ class SoakRun:
         self._report = options.report
         self._report_child: ReportChild | None = None
         # The harness's own failure (a write that failed, a bug): ends the run, exit 4.
-        self._fault: BaseException | None = None
-        self._fault_lock = threading.Lock()
-        self._fault_where = ""
+        self._faults = Faults(record=store, on_fault=self._stop_for_fault)
         self._fault_cancel = False
-        self._traceback: str | None = None
-        self._sink_errors: set[tuple[str, str]] = set()
         # Labels on the monotonic time line; the raw wall clock is only watched (soak.clock).
         self.clock = run_clock(clock or SystemClock())
         self._wall_watch = WallStepWatch()
-        self.sinks = FanOut([store, *sinks], on_error=self._sink_error)
-        self._observe_wall()
+        self.sinks = FanOut([store, *sinks], on_error=self._faults.sink_error)
 
         self.workload: Workload | None = None
         self.facts: TargetFacts | None = None  # once the target answered
@@ -138,10 +133,10 @@ class SoakRun:
         self._cycle: IncidentCycle | None = None  # once the load runs
         self._watch_task: asyncio.Task[None] | None = None
         self._main_task: asyncio.Task[RunOutcome] | None = None
-        self._main_loop: asyncio.AbstractEventLoop | None = None
         self._requests: RequestDigest | None = None  # requests.jsonl as read at the end
         self._closed = False
         self._outcome: RunOutcome | None = None
+        self._observe_wall()  # the wall clock's first reading
 
     # -- what the end of the run reads of the load and its incidents ---------------
     @property
@@ -172,44 +167,30 @@ class SoakRun:
     def _threshold_breach(self) -> ThresholdResult | None:
         return self._live.breach
 
+    @property
+    def _fault(self) -> BaseException | None:
+        return self._faults.exc
+
+    @property
+    def _fault_where(self) -> str:
+        return self._faults.where
+
+    @property
+    def _traceback(self) -> str | None:
+        return self._faults.traceback
+
+    @_traceback.setter
+    def _traceback(self, text: str | None) -> None:
+        self._faults.traceback = text
+
     # -- the harness's own failures ------------------------------------------------
-    def _sink_error(self, sink: object, method: str, exc: BaseException) -> None:
-        """A sink raised. The run store failing means the record is being lost (a
-        full disk, a read-only mount): that ends the run as a harness fault. The
-        live view or the exporter failing costs a line once, not the run."""
-        if sink is self.store:
-            self.fault(exc, where=f"writing the run directory ({method})")
-            return
-        key = (type(sink).__name__, method)
-        if key not in self._sink_errors:
-            self._sink_errors.add(key)
-            import sys
-
-            print(f"soak: {type(sink).__name__}.{method} failed: {type(exc).__name__}: {exc} (the run goes on)",
-                  file=sys.stderr)
-
     def fault(self, exc: BaseException, *, where: str) -> None:
         """The harness failed on its own (called from any thread): stop the load,
         end in order (server stopped, what was written kept), exit 4."""
-        with self._fault_lock:
-            if self._fault is not None:
-                return
-            self._fault = exc
-            self._fault_where = where
-        reason = f"harness fault while {where}: {type(exc).__name__}: {exc}"
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            self._stop_for_fault(reason)
-        elif self._main_loop is not None:
-            self._main_loop.call_soon_threadsafe(self._stop_for_fault, reason)
+        self._faults.fault(exc, where=where)
 
     def _set_fault(self, exc: BaseException, where: str) -> None:
-        with self._fault_lock:
-            if self._fault is None:
-                self._fault, self._fault_where = exc, where
+        self._faults.note(exc, where)
 
     def _stop_for_fault(self, reason: str) -> None:
         if self._stop.reason is None or not self._stop.reason.startswith("harness fault"):
@@ -253,7 +234,7 @@ class SoakRun:
         a harness fault raises ``HarnessFault`` (exit 4) once the server is
         stopped and the record closed, the traceback in harness_error.txt."""
         self._main_task = asyncio.current_task()
-        self._main_loop = asyncio.get_running_loop()
+        self._faults.loop = asyncio.get_running_loop()
         installed = signals.install(self.interrupt) if self._options.install_signal_handlers else []
         problem: BaseException | None = None
         try:
