@@ -179,10 +179,6 @@ class SoakRun:
     def _traceback(self) -> str | None:
         return self._faults.traceback
 
-    @_traceback.setter
-    def _traceback(self, text: str | None) -> None:
-        self._faults.traceback = text
-
     # -- the harness's own failures ------------------------------------------------
     def fault(self, exc: BaseException, *, where: str) -> None:
         """The harness failed on its own (called from any thread): stop the load,
@@ -256,7 +252,7 @@ class SoakRun:
             self._stop.reason = f"bad config: {exc}"
         except Exception as exc:
             problem = exc
-            self._traceback = traceback.format_exc()
+            self._faults.traceback = traceback.format_exc()
             self._set_fault(exc, "running the soak")
             self._stop.reason = f"harness fault: {type(exc).__name__}: {exc}"
         finally:
@@ -264,7 +260,7 @@ class SoakRun:
         try:
             outcome = await self._finish(problem)
         except Exception as exc:  # the end itself failed: still one line, exit 4
-            self._traceback = self._traceback or traceback.format_exc()
+            self._faults.traceback = self._faults.traceback or traceback.format_exc()
             self._set_fault(exc, "ending the run")
             await self._stop_parts_quietly()
             raise HarnessFault(self._fault_line()) from exc
