@@ -3,7 +3,7 @@ paused, the requests in flight cut, evidence, the kill), then either the end of
 the load or a restart of the target and the load resumed on the new life.
 
 ``IncidentCycle`` is handed every part it acts on (``CycleParts``) and the run's
-``LoadStop``; it reaches into nothing else. What happens after a response is a
+``LoadStop`` (``soak.run.stopping``); it reaches into nothing else. What happens after a response is a
 pure decision (``after_response``) on the restart policy's answer
 (``soak.respond.policy.next_action``).
 """
@@ -21,17 +21,9 @@ from soak.events import Emit, EventType
 from soak.records import Decision, IncidentRecord
 from soak.respond.config import ResponseConfig
 from soak.respond.policy import Action, NextAction, next_action
+from soak.run.stopping import Load, LoadStop
 from soak.samples import CutCause
 
-
-
-class Load(Protocol):
-    def stop(self, reason: str) -> None: ...
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-
-    @property
-    def stopping(self) -> bool: ...
 
 
 class Cutter(Protocol):
@@ -53,21 +45,6 @@ class TargetLives:
     end: Callable[[], Awaitable[None]]  # the probes of the old life closed
     relaunch: Callable[[], Awaitable[None]]  # the target restarted (raises what Target.restart raises)
     begin: Callable[[], int | None]  # the probes on the new life; its root PID
-
-
-class LoadStop:
-    """Why the load stops (the last word given), whether an interrupt stopped it,
-    and the load it stops once there is one."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.interrupted = False
-        self.load: Load | None = None
-
-    def stop(self, reason: str) -> None:
-        self.reason = reason
-        if self.load is not None:
-            self.load.stop(reason)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from soak.clock import Clock
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
 from soak.events import Emit, EventType
-from soak.run.incidents import LoadStop
+from soak.run.stopping import LoadStop
 from soak.samples import RequestRecord
 
 if TYPE_CHECKING:  # the thresholds load only when a run has an abort_on_fail one

@@ -38,11 +38,12 @@ from soak.run import signals
 from soak.run.fanin import FanIn
 from soak.run.faults import Faults
 from soak.run.heap import HeapTuning
-from soak.run.incidents import CycleParts, IncidentCycle, LoadStop, TargetLives
+from soak.run.incidents import CycleParts, IncidentCycle, TargetLives
 from soak.run.live_judge import LiveJudge
 from soak.run.parts import RunIdentity, RunParts
 from soak.run.probing import Probing
 from soak.run.sinks import FanOut
+from soak.run.stopping import LoadStop
 from soak.run.target import Target
 from soak.run.target_facts import VERSION_TIMEOUT_S, check_fit, read_target_facts, say_fit
 from soak.samples import CutCause

@@ -14,7 +14,8 @@ from soak.events import EventType
 from soak.records import Decision, IncidentKind, IncidentRecord
 from soak.respond.config import ResponseConfig
 from soak.respond.policy import Action, NextAction
-from soak.run.incidents import CycleParts, IncidentCycle, LoadStop, TargetLives, after_response
+from soak.run.incidents import CycleParts, IncidentCycle, TargetLives, after_response
+from soak.run.stopping import LoadStop
 from soak.samples import CutCause
 
 
