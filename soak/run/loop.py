@@ -303,7 +303,8 @@ class SoakRun:
         await parts.calibrate(workload, facts)
         plan = workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
                              block_size=layout.block_size)
-        self.store.write_plan(plan.to_json())
+        plan_json = plan.to_json()
+        self.store.write_plan(plan_json)
         say_fit(check_fit(plan, facts.max_model_len), self.event)
 
         gpu_source = await self._probing.open_gpu_source(self.target.base_url)
@@ -314,7 +315,7 @@ class SoakRun:
             run_id=self.run_id, run_dir=self.run_dir, started_at=self.clock.now(), duration_s=config.duration,
             warmup_s=config.warmup, target_kind=layout.kind, base_url=facts.base_url, model=facts.model,
             root_pid=self.target.root_pid, config=self._redacted_config, gpu_count=layout.topology.gpu_count,
-            plan=plan.to_json(),
+            plan=plan_json,
         ))
         self.client = StreamingClient(base_url=facts.base_url, timeouts=config.load.timeouts, tracker=self.tracker,
                                       max_connections=config.load.concurrency, api_key=self._options.api_key,
