@@ -134,20 +134,23 @@ class TargetLayout:
 
 @dataclass(frozen=True)
 class TargetFacts:
-    """What the run learned of the server once it answered: built by the run
-    loop at start-up (and again after a restart: a new root PID) and handed to
-    the parts that need a live target."""
+    """What the run learned of the server once it answered (``soak.run.target_facts``
+    reads it once, at start-up), handed to the parts that need a live target. The
+    root PID is not a fact of the server's answers: it changes with a restart, and
+    the target alone carries it."""
 
     layout: TargetLayout
     base_url: str
     # The model the requests name: the config's, else the first /v1/models lists.
     model: str | None
     models: tuple[str, ...]
-    root_pid: int | None
     # From /v1/models (None: not listed, the workload's fit is not checked).
     max_model_len: int | None
     # From GET /version (soak.versions.profile_for).
     version_profile: VllmProfile
+    # GET /version's own words as the build identity records them (the profile
+    # keeps only a version it can parse); the same one read.
+    reported_version: str | None = None
 
 
 # --- the detector's results ----------------------------------------------------------

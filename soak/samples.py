@@ -15,6 +15,17 @@ from typing import Any, ClassVar, Mapping, Union
 from soak.plain import plain
 
 
+class CutCause(str, Enum):
+    """What cut a request short (``RequestRecord.cut_by``): the harness, never the server."""
+
+    DRAIN = "drain"  # the end-of-run drain ran out
+    INCIDENT = "incident"  # the harness was about to kill or restart the target
+    INTERRUPT = "interrupt"  # Ctrl-C / SIGTERM to the harness, or its own fault
+
+    def __str__(self) -> str:  # the value wherever it is formatted (labels, f-strings)
+        return self.value
+
+
 class GpuSource(str, Enum):
     NVML = "nvml"
     DCGM = "dcgm"
@@ -174,10 +185,9 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     finish_reason: str | None = None
-    # Outcome "aborted" only: what cut it short, "drain" (the end-of-run drain ran
-    # out), "incident" (the harness was about to kill or restart the target) or
-    # "interrupt" (Ctrl-C / SIGTERM to the harness). Not the server's failure.
-    cut_by: str | None = None
+    # Outcome "aborted" only: what cut it short (a ``CutCause`` value; read back
+    # from JSON, the plain string). Not the server's failure.
+    cut_by: CutCause | str | None = None
     # Odd but survivable things in the stream (a usage count that is not a count,
     # a finish_reason that is not a string): how many, and the first few.
     anomalies: int = 0

@@ -39,8 +39,9 @@ from enum import Enum
 from typing import Any, Callable, Iterable, Mapping
 
 from soak.criteria.config import CriteriaConfig, WorkEvidenceCriterion
+from soak.samples import CutCause
 
-CUT_CAUSES = ("drain", "incident", "interrupt")
+_CUT_CAUSES = frozenset(cause.value for cause in CutCause)
 
 
 class CriterionState(str, Enum):
@@ -58,21 +59,21 @@ def _getter(record: Mapping[str, Any] | Any) -> Callable[..., Any]:
     return lambda key, default=None: getattr(record, key, default)
 
 
-def cut_cause(record: Mapping[str, Any] | Any) -> str | None:
+def cut_cause(record: Mapping[str, Any] | Any) -> CutCause | None:
     """``drain``, ``incident`` or ``interrupt`` for a request the harness cut; None otherwise.
     Records written before ``cut_by`` existed are placed by their error text."""
     get = _getter(record)
     if get("outcome") != "aborted":
         return None
     cause = get("cut_by")
-    if cause in CUT_CAUSES:
-        return cause
+    if cause in _CUT_CAUSES:
+        return CutCause(cause)
     text = str(get("error") or "").lower()
     if "incident" in text or "restart" in text:
-        return "incident"
+        return CutCause.INCIDENT
     if "interrupt" in text or "sigint" in text or "sigterm" in text:
-        return "interrupt"
-    return "drain"
+        return CutCause.INTERRUPT
+    return CutCause.DRAIN
 
 
 def _number(value: Any) -> float | None:
@@ -232,7 +233,7 @@ class RequestTally:
                  span: LoadSpan | None = None) -> None:
         self.ok = 0
         self.failed = 0
-        self.cut: dict[str, int] = {cause: 0 for cause in CUT_CAUSES}
+        self.cut: dict[str, int] = {cause.value: 0 for cause in CutCause}
         self.failed_by_outcome: dict[str, int] = {}
         self._window = window_s
         self._min_failures = min_failures

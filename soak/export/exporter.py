@@ -26,6 +26,7 @@ from prometheus_client.exposition import start_http_server
 
 from soak.clock import Clock, SystemClock
 from soak.errors import PortInUse
+from soak.events import EventType
 from soak.export.config import ExporterConfig
 from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
 from soak.samples import server_accepted
@@ -287,8 +288,8 @@ class Exporter:
             m["soak_last_incident_gpu_free_seconds"].set(incident.gpu_free_s)
 
     @_marks_change
-    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature
-        self._m["soak_events"].labels(type=type).inc()
+    def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature
+        self._m["soak_events"].labels(type=str(type)).inc()
 
     # internals -----------------------------------------------------------
     def _time_remaining(self) -> float:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from soak.clock import Clock
 from soak.durations import format_duration
+from soak.events import EventType
 from soak.percentiles import percentile
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
 from soak.samples import GpuReading, GpuSample, RequestRecord, Sample, ServerSample
@@ -41,8 +42,8 @@ class Phase(str, Enum):
 
 
 # Run events that move the view to another phase.
-_PHASE_OF_EVENT = {"restart_started": Phase.RESTARTING, "load_stopped": Phase.STOPPED, "draining": Phase.DRAINING,
-                   "restart_done": Phase.RUNNING}
+_PHASE_OF_EVENT = {EventType.RESTART_STARTED: Phase.RESTARTING, EventType.LOAD_STOPPED: Phase.STOPPED,
+                   EventType.DRAINING: Phase.DRAINING, EventType.RESTART_DONE: Phase.RUNNING}
 
 
 class ViewState:
@@ -174,22 +175,22 @@ class ViewState:
         return table
 
 
-def _warning(type: str, fields: Mapping[str, Any], start: float | None) -> tuple[str, str] | None:
+def _warning(type: EventType | str, fields: Mapping[str, Any], start: float | None) -> tuple[str, str] | None:
     """(topic, text) for an event the operator should see now; an empty text clears the topic."""
-    if type == "metrics_stale":
+    if type == EventType.METRICS_STALE:
         since = fields.get("since")
         when = f"+{since - start:.0f}s" if isinstance(since, (int, float)) and start is not None else "the start"
         return "metrics", (f"/metrics stale since {when} ({fields.get('error', 'no answer')}): server token totals "
                            "and the hit ratio cover only the time before")
-    if type == "metrics_fresh":
+    if type == EventType.METRICS_FRESH:
         return "metrics", ""
-    if type == "target_waiting":  # why the target is not ready yet: said at once, not after the timeout
+    if type == EventType.TARGET_WAITING:  # why the target is not ready yet: said at once, not after the timeout
         return "target", str(fields.get("message") or "the target is not ready yet")
-    if type == "target_ready":
+    if type == EventType.TARGET_READY:
         return "target", ""
-    if type in ("criterion_at_risk", "criterion_fail"):
+    if type in (EventType.CRITERION_AT_RISK, EventType.CRITERION_FAIL):
         reasons = fields.get("reasons") or []
-        state = "failed" if type == "criterion_fail" else "at risk"
+        state = "failed" if type == EventType.CRITERION_FAIL else "at risk"
         return f"criterion {fields.get('criterion')}", f"{fields.get('criterion')} {state}: {reasons[0] if reasons else ''}"
     return None
 
@@ -295,7 +296,7 @@ class LiveView:
         self.state.incidents += 1
         self._say(f"soak: incident {incident.number}: {incident.summary}")
 
-    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+    def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:
         warning = _warning(type, fields, self.state.info.started_at if self.state.info else None)
         if warning is not None:
             topic, text = warning
@@ -306,13 +307,13 @@ class LiveView:
                 self.state.alerts.pop(topic, None)
         if type in _PHASE_OF_EVENT:
             self.state.phase = _PHASE_OF_EVENT[type]
-        elif type == "gpu_source_stale":
+        elif type == EventType.GPU_SOURCE_STALE:
             self.state.gpu_stale = str(fields.get("message") or "GPU readings are stale")
             if self.mode == "plain":
                 self._print(f"soak: warning: {self.state.gpu_stale}")
-        elif type == "gpu_source_fresh":
+        elif type == EventType.GPU_SOURCE_FRESH:
             self.state.gpu_stale = None
-        elif type == "warning":
+        elif type == EventType.WARNING:
             self.state.warnings.append(str(fields.get("message")))
             if self.mode == "plain":
                 self._print(f"soak: warning: {fields.get('message')}")

@@ -5,8 +5,8 @@ The digest is over what changes the server's behaviour and nothing that changes
 per night: a launched target's model and flags (in a canonical order, with the
 address flags ``--host``/``--port`` and secrets left out) and its ``VLLM_*``,
 ``TORCH_*`` and ``NCCL_*`` environment; a simulated target's ``sim:`` section
-(its faults are its "bugs"); an attached target's model name. Pure: the run loop
-fetches the version and records the ``build`` event.
+(its faults are its "bugs"); an attached target's model name. Pure: the run reads
+``/version`` once (``soak.run.target_facts``) and records the ``build`` event.
 """
 
 from __future__ import annotations
@@ -94,25 +94,8 @@ def build_key(label: str | None, vllm_version: str | None, digest: str | None) -
     return f"vllm {vllm_version or '?'} · {digest or 'unknown'}"
 
 
-async def fetch_vllm_version(base_url: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> str | None:
-    """``GET /version``'s ``version`` (vLLM's own endpoint); None when the server
-    has none or does not answer in time. Bounded: one request, ``timeout_s``."""
-    import asyncio
-
-    import aiohttp
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    from soak.bounds import fetch
-
-    try:
-        from soak import net
-
-        async with net.session() as session:  # a 3xx is RedirectRefused: reads as no /version, never followed
-            response = await fetch(session, f"{base_url}/version", headers=headers, total_s=timeout_s)
-            if response.status != 200:
-                return None
-            body = response.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):  # a bound hit is a ValueError
-        return None
+def reported_version(body: Any) -> str | None:
+    """``GET /version``'s ``version`` as the build records it (vLLM's own
+    endpoint, read once by ``soak.run.target_facts``); None when the answer has none."""
     version = body.get("version") if isinstance(body, dict) else None
     return str(version)[:100] if isinstance(version, (str, int, float)) else None

@@ -35,11 +35,9 @@ from soak.load.config import TimeoutsConfig
 from soak.load.progress import ProgressTracker, StreamCut, StreamProgress, timeout_phase
 from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
 from soak.percentiles import percentile
-from soak.samples import RequestRecord
+from soak.samples import CutCause, RequestRecord
 
 _ERROR_BODY_LIMIT = 2048
-# Causes of a cut request (RequestRecord.cut_by).
-CUT_CAUSES = ("drain", "incident", "interrupt")
 _MAX_ANOMALY_NOTES = 3
 
 
@@ -112,7 +110,7 @@ class StreamingClient:
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._closed = False
-        self._cuts: dict[int, tuple[str, str]] = {}
+        self._cuts: dict[int, tuple[str, CutCause]] = {}
 
     async def start(self) -> None:
         if self._session is not None:
@@ -142,11 +140,13 @@ class StreamingClient:
         if self._session is not None:
             await self._session.close()
 
-    def abort_in_flight(self, reason: str, *, cut_by: str = "drain") -> int:
+    def abort_in_flight(self, reason: str, *, cut_by: CutCause = CutCause.DRAIN) -> int:
         """Cut every in-flight request short; each still yields its record
-        (outcome ``aborted``, ``cut_by`` one of CUT_CAUSES). Returns how many were cut."""
-        if cut_by not in CUT_CAUSES:
-            raise ValueError(f"unknown cut cause {cut_by!r}, known: {', '.join(CUT_CAUSES)}")
+        (outcome ``aborted``, ``cut_by`` its ``CutCause``). Returns how many were cut."""
+        try:
+            cut_by = CutCause(cut_by)
+        except ValueError:
+            raise ValueError(f"unknown cut cause {cut_by!r}, known: {', '.join(c.value for c in CutCause)}") from None
         count = 0
         for stream_id, stream in self._tracker.streams():
             task = self._tasks.get(stream_id)
@@ -184,7 +184,7 @@ class StreamingClient:
         self._tasks[stream_id] = task
         state = _Stream()
         error: TransportError | None = None
-        cut_by: str | None = None
+        cut_by: CutCause | None = None
         try:
             await self._stream(request, progress, state)
         except asyncio.CancelledError:
@@ -192,7 +192,7 @@ class StreamingClient:
                 self._cuts.pop(stream_id, None)
                 raise
             if progress.cut is StreamCut.ABORTED:
-                reason, cut_by = self._cuts.pop(stream_id, ("aborted by the harness", "drain"))
+                reason, cut_by = self._cuts.pop(stream_id, ("aborted by the harness", CutCause.DRAIN))
                 error = RequestAborted(reason)
             else:
                 error = RequestTimeout(progress.cut.value, clock.monotonic() - t0)
@@ -306,7 +306,7 @@ class StreamingClient:
         progress: StreamProgress,
         state: _Stream,
         error: TransportError | None,
-        cut_by: str | None = None,
+        cut_by: CutCause | None = None,
     ) -> RequestRecord:
         elapsed = self._clock.monotonic() - t0
         usage = state.usage or Usage()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from soak.clock import Clock, SystemClock
 from soak.load.client import StreamingClient
 from soak.load.config import LoadConfig
-from soak.samples import RequestRecord
+from soak.samples import CutCause, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class LoadGenerator:
         done, pending = await asyncio.wait(tasks, timeout=self._config.drain)
         aborted = 0
         if pending:
-            aborted = self._client.abort_in_flight("drain time ran out", cut_by="drain")
+            aborted = self._client.abort_in_flight("drain time ran out", cut_by=CutCause.DRAIN)
             # Closed-loop slots sleeping in think time hold no request: end them.
             done2, still = await asyncio.wait(pending, timeout=5.0)
             for task in still:

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soak.clock import Clock
 from soak.errors import GpuUnavailable, ProbeError, ProbeTimeout
+from soak.events import EventType
 from soak.metric_names import DCGM_FIELDS
 from soak.records import GpuSourceLike
 from soak.samples import GpuReading, GpuSample, GpuSource
@@ -222,14 +223,14 @@ class GpuFreshness:
             why = (f"last reading failed: {sample.error}" if sample.error
                    else "the source repeats its last readings (dcgm-exporter's collect interval, -c, is 30 s by default)")
             return {
-                "type": "gpu_source_stale", "source": sample.source.value, "age_s": round(age, 2),
+                "type": EventType.GPU_SOURCE_STALE, "source": sample.source.value, "age_s": round(age, 2),
                 "window_s": self.window_s,
                 "message": (f"GPU source {sample.source.value} is stale: readings {age:.1f}s old, older than the "
                             f"detector's {self.window_s:g}s window ({why}); GPU rules treat them as missing"),
             }
         if self.stale and age <= self.window_s:
             self.stale = False
-            return {"type": "gpu_source_fresh", "source": sample.source.value, "age_s": round(age, 2),
+            return {"type": EventType.GPU_SOURCE_FRESH, "source": sample.source.value, "age_s": round(age, 2),
                     "message": f"GPU source {sample.source.value} is fresh again"}
         return None
 

@@ -12,7 +12,7 @@ build keeps every build's last night beside the others.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway

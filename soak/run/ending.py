@@ -53,9 +53,9 @@ class ReportOptions:
 
 async def finish(run: SoakRun, problem: BaseException | None) -> RunOutcome:
     """The run's end, once: a second call returns the first outcome."""
-    if run._outcome is not None:
-        return run._outcome
-    report = run._report_child or await start_report(run._report, run.run_dir)
+    if run.outcome is not None:
+        return run.outcome
+    report = run.report_child or await start_report(run.options.report, run.run_dir)
     try:
         return await _end(run, problem, report)
     finally:
@@ -65,7 +65,7 @@ async def finish(run: SoakRun, problem: BaseException | None) -> RunOutcome:
 
 def ending_of(run: SoakRun, problem: BaseException | None) -> Ending:
     """What the run knew at its end that no file holds yet."""
-    fault = run._fault
+    fault = run.faults.exc
     if isinstance(problem, EnvironmentProblem):
         kind: Problem | None = Problem.ENVIRONMENT
     elif isinstance(problem, UsageError):
@@ -74,23 +74,24 @@ def ending_of(run: SoakRun, problem: BaseException | None) -> Ending:
         kind = None
         if fault is None and problem is not None:
             fault = problem
-    breach = run._threshold_breach
+    breach = run.live.breach
     return Ending.live(
-        problem=kind, interrupted=run._interrupted,
-        harness_fault=f"while {run._fault_where}: {type(fault).__name__}: {fault}" if fault is not None else None,
-        failed_live=run._failed, stop_reason=run._stop_reason,
+        problem=kind, interrupted=run.load_stop.interrupted,
+        harness_fault=f"while {run.faults.where}: {type(fault).__name__}: {fault}" if fault is not None else None,
+        failed_live=run.cycle is not None and run.cycle.failed, stop_reason=run.load_stop.reason,
         # Load the harness itself cut short (Ctrl-C, its own fault) owes no work it had no time for.
-        load_cut_short=run._interrupted or fault is not None or problem is not None,
-        incidents_seen=run._incidents, restarts=run.restarts,
+        load_cut_short=run.load_stop.interrupted or fault is not None or problem is not None,
+        incidents_seen=run.cycle.incidents if run.cycle is not None else 0,
+        restarts=run.cycle.restarts if run.cycle is not None else 0,
         threshold_aborted=breach.name if breach is not None else None)
 
 
 async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild | None) -> RunOutcome:
-    await run._stop_parts()
+    await run.stop_parts()
     ending = ending_of(run, problem)
-    if run._fault is not None:
+    if run.faults.exc is not None:
         save_traceback(run)
-    run._observe_wall()
+    run.observe_wall()
     written: dict[str, Any] = {}
 
     def record_end(fields: dict[str, Any]) -> Mapping[str, Any]:
@@ -125,8 +126,8 @@ async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild 
             await asyncio.to_thread(run.redactor.scrub_tree, run.run_dir)
         except OSError:
             pass
-    run._outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
-    return run._outcome
+    run.outcome = RunOutcome(exit_code=exit_code, verdict=verdict, reason=reason, summary=summary)
+    return run.outcome
 
 
 def _unjudged_end(run: SoakRun, ending: Ending, exc: BaseException) -> dict[str, Any]:
@@ -148,20 +149,20 @@ def _unjudged_end(run: SoakRun, ending: Ending, exc: BaseException) -> dict[str,
 
 
 def fault_line(run: SoakRun) -> str:
-    exc = run._fault
+    exc = run.faults.exc
     what = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
-    where = f" while {run._fault_where}" if run._fault_where else ""
+    where = f" while {run.faults.where}" if run.faults.where else ""
     saved = run.run_dir / HARNESS_ERROR
     tail = f"; traceback in {saved}" if saved.exists() else ""
     return f"harness fault{where}: {what}; the server was stopped{tail}"
 
 
 def save_traceback(run: SoakRun) -> None:
-    exc = run._fault
+    exc = run.faults.exc
     if exc is None:
         return
-    text = run._traceback or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    header = f"soak harness fault while {run._fault_where}: {type(exc).__name__}: {exc}\n\n"
+    text = run.faults.traceback or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    header = f"soak harness fault while {run.faults.where}: {type(exc).__name__}: {exc}\n\n"
     try:
         run.store.write_text(HARNESS_ERROR, header + text)
     except OSError:
@@ -201,7 +202,7 @@ async def render(run: SoakRun, child: ReportChild) -> None:
     report DIR` can render again)."""
     outcome = await child.render()
     if outcome.ok:
-        files = ["junit.xml", "report.html"] if run._report is None or run._report.html else ["junit.xml"]
+        files = ["junit.xml", "report.html"] if run.options.report is None or run.options.report.html else ["junit.xml"]
         run.event("report_written", elapsed_s=round(outcome.elapsed_s, 3), files=files)
     else:
         run.event("report_failed", error=outcome.error, returncode=outcome.returncode,

@@ -1,12 +1,13 @@
 """The soak loop: target up, load on, probes sampling, detector judging, responder
 acting, everything recorded; then a bounded drain, a clean box and a verdict.
 
-``SoakRun`` is told, never probed: keyword-only options, the target's layout
-(``soak.records.TargetLayout``) and its parts (``RunParts``: the workload, the
-detector, and factories for the parts that need a live target). Once the target
-answers, the loop reads its facts once (``TargetFacts``: URL, model,
-max_model_len, vLLM version profile, root PID) and hands that record to the
-factories, so no part reaches into the run object.
+``SoakRun`` conducts; its parts own their logic. It is told, never probed: the
+config, who the run is (``RunIdentity``), the target's layout and its parts
+(``soak.run.parts.RunParts``), the store and sinks, and its options. Once the
+target answers, its facts are read once (``soak.run.target_facts``) and handed
+to the factories. Samples and records come in through ``soak.run.fanin``; the
+probes live in ``soak.run.probing``; the criteria and thresholds are judged
+live by ``soak.run.live_judge``; an incident goes to ``soak.run.incidents``.
 
 Order of the end, whatever ended the run (duration, request cap, incident,
 Ctrl-C/SIGTERM, an error): stop sending, drain (cut short on interrupt), stop
@@ -18,97 +19,48 @@ close the sinks. ``aclose()`` is idempotent.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import traceback
-from collections import deque
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
-import aiohttp
-
-from soak.bounds import fetch
 from soak.clock import Clock, SystemClock, WallStepWatch, raw_wall, run_clock
 from soak.config import RunConfig
-from soak.criteria import CriteriaDecision, CriterionState, RequestTally, judge
-from soak.detect.detector import Detector
-from soak.errors import (
-    ConfigError,
-    EnvironmentProblem,
-    HarnessFault,
-    SoakError,
-    TargetNotReady,
-    UsageError,
-    WorkloadDoesNotFit,
-)
+from soak.criteria.rules import RequestTally
+from soak.errors import ConfigError, EnvironmentProblem, HarnessFault, UsageError
+from soak.events import EventType
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
-from soak.net import OutboundSession
-from soak.net import session as outbound_session
-from soak.probes.gpu import GpuFreshness
-from soak.probes.scheduler import Probe, ProbeScheduler
-from soak.records import Decision, GpuSourceLike, RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout
-from soak.redact import Redactor
+from soak.records import RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout
 from soak.respond.responder import Responder
+from soak.run import signals
+from soak.run.fanin import FanIn
+from soak.run.faults import Faults
 from soak.run.ending import ReportOptions, RunOutcome, fault_line, finish, start_report
 from soak.run.heap import HeapTuning
-from soak.run.signals import handled as handled_signals
-from soak.run.signals import interrupt_reason
+from soak.run.incidents import CycleParts, IncidentCycle, TargetLives
+from soak.run.live_judge import LiveJudge
+from soak.run.parts import RunIdentity, RunParts
+from soak.run.probing import Probing
 from soak.run.sinks import FanOut
+from soak.run.stopping import LoadStop
 from soak.run.target import Target
-from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
+from soak.run.target_facts import VERSION_TIMEOUT_S, check_fit, read_target_facts, say_fit
+from soak.samples import CutCause
 from soak.store.store import RunStore
-from soak.counters import CounterDelta
-from soak.versions import VllmProfile
 from soak.workload import Workload
 
-if TYPE_CHECKING:  # imported where used: the run's end and its options pull these in late
+if TYPE_CHECKING:  # the report child is started through soak.run.ending
     from soak.report.child import ReportChild
-    from soak.run.guardian import Guardian
-    from soak.thresholds.evaluate import ThresholdResult, WindowBook
-
-# The responder's "last minutes" come from here; bounded whatever the run's length.
-RECENT_SAMPLES_MAX = 20_000
-
-
-class GpuSourceFactory(Protocol):
-    """The configured GPU source for the server at ``base_url``, opened (None: no
-    GPU source). A missing NVML raises ``GpuUnavailable`` (exit 3)."""
-
-    def __call__(self, base_url: str, *, session: OutboundSession) -> Awaitable[GpuSourceLike | None]: ...
-
-
-class ProbesFactory(Protocol):
-    """The probes for the target as ``facts`` describe it (called again after a restart)."""
-
-    def __call__(self, facts: TargetFacts, *, session: OutboundSession, gpu_source: GpuSourceLike | None,
-                 progress: ProgressTracker, log_from_start: bool) -> Sequence[Probe]: ...
-
-
-class ResponderFactory(Protocol):
-    def __call__(self, facts: TargetFacts, *, gpu_source: GpuSourceLike | None,
-                 recent_samples: Callable[[], Sequence[Sample]],
-                 on_write_error: Callable[[BaseException], None]) -> Responder: ...
-
-
-class Calibrate(Protocol):
-    """Count the workload's text once, on the target ``facts`` describe."""
-
-    def __call__(self, workload: Workload, facts: TargetFacts) -> Awaitable[None]: ...
 
 
 @dataclass(frozen=True)
-class RunParts:
-    """The concrete part each stage gets (``soak.run.wiring`` picks them)."""
-
-    workload: Callable[[str | None], Workload]  # model -> workload
-    calibrate: Calibrate
-    detector: Detector
-    gpu_source: GpuSourceFactory
-    probes: ProbesFactory
-    responder: ResponderFactory
+class RunOptions:
+    api_key: str | None = None  # the target's, for the run's own reads and the load
+    report: ReportOptions | None = ReportOptions()  # None: no report at the end
+    install_signal_handlers: bool = True
+    heap: HeapTuning | None = None  # what soak.run.heap did, said in run_created
 
 
 class SoakRun:
@@ -118,241 +70,96 @@ class SoakRun:
     stages (``soak.run.wiring.build_soak_run`` picks both). The run's facts about
     the live target (``self.facts``) exist once the target answered."""
 
-    def __init__(
-        self,
-        *,
-        config: RunConfig,
-        run_id: str,
-        run_dir: Path,
-        target: Target,
-        layout: TargetLayout,
-        parts: RunParts,
-        store: RunStore,
-        redacted_config: Mapping[str, Any],
-        clock: Clock | None = None,
-        sinks: Sequence[RunSink] = (),
-        api_key: str | None = None,
-        report: ReportOptions | None = ReportOptions(),  # None: no report at the end
-        install_signal_handlers: bool = True,
-        config_path: Path | None = None,
-        redactor: Redactor | None = None,
-        guardian: Guardian | None = None,
-        heap: HeapTuning | None = None,
-    ) -> None:
-        self._config_path = config_path
-        self._heap = heap
-        self.redactor = redactor
-        self._guardian = guardian
-        # The harness's own failure (a write that failed, a bug): ends the run, exit 4.
-        self._fault: BaseException | None = None
-        self._fault_lock = threading.Lock()
-        self._sink_errors: set[tuple[str, str]] = set()
+    def __init__(self, *, config: RunConfig, redacted_config: Mapping[str, Any], identity: RunIdentity,
+                 target: Target, layout: TargetLayout, parts: RunParts, store: RunStore,
+                 sinks: Sequence[RunSink] = (), clock: Clock | None = None,
+                 options: RunOptions = RunOptions()) -> None:
         self.config = config
-        self.run_id = run_id
-        self.run_dir = Path(run_dir)
+        self._redacted_config = redacted_config
+        self.run_id, self.run_dir, self._config_path = identity.run_id, identity.run_dir, identity.config_path
         self.target = target
         self.layout = layout
         self._parts = parts
-        self.workload: Workload | None = None
-        self.facts: TargetFacts | None = None  # once the target answered
+        self.redactor, self._guardian = parts.redactor, parts.guardian
         self.store = store
+        self.options = options
+        self.report_child: ReportChild | None = None
+        # The harness's own failure (a write that failed, a bug): ends the run, exit 4.
+        self.faults = Faults(record=store, on_fault=self._stop_for_fault)
+        self._fault_cancel = False
         # Labels on the monotonic time line; the raw wall clock is only watched (soak.clock).
         self.clock = run_clock(clock or SystemClock())
         self._wall_watch = WallStepWatch()
-        self._observe_wall()
-        self._cached_reader: Any = None  # soak.versions.CachedTokensReader, once the server's version is known
-        self._server_life = CounterDelta()  # a split of the server's prompt counter: it restarted
-        self.sinks = FanOut([store, *sinks], on_error=self._sink_error)
-        self._redacted_config = redacted_config
-        self._api_key = api_key
-        self._install_signals = install_signal_handlers
-        self._report = report
-        self._report_child: ReportChild | None = None
+        self.sinks = FanOut([store, *sinks], on_error=self.faults.sink_error)
 
-        self.tracker = ProgressTracker()
+        self.workload: Workload | None = None
+        self.facts: TargetFacts | None = None  # once the target answered
         self.client: StreamingClient | None = None
         self.generator: LoadGenerator | None = None
         self.detector = parts.detector
         self.responder: Responder | None = None
-        self.gpu_source: GpuSourceLike | None = None
-        self._gpu_freshness = GpuFreshness(config.detector.pp_tail_stall.window)
-        self.probe_session: OutboundSession | None = None
-        self._scheduler: ProbeScheduler | None = None
-        self._recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES_MAX)
-        self._watch_task: asyncio.Task[None] | None = None
-        self._main_task: asyncio.Task[RunOutcome] | None = None
-        self._incidents = 0
-        self.restarts = 0
-        self._failed = False
-        self._stop_reason: str | None = None
-        self._interrupted = False
-        # A relaunch under way (on_hang: restart), so Ctrl-C need not wait for it.
-        self._restart_task: asyncio.Task[None] | None = None
-        self._closed = False
-        self._outcome: RunOutcome | None = None
+        self.load_stop = LoadStop()
         # The failure criteria, judged live on every detector tick (soak.criteria).
         self.tally = RequestTally.for_config(config.criteria)
-        self._criteria_reported: set[str] = set()
-        self._incident_idle = asyncio.Event()
-        self._incident_idle.set()
-        # Set by a sample that settles a rule at once: the watch loop judges then,
-        # not up to a detector interval later.
-        self._judge_now = asyncio.Event()
-        # /metrics freshness, for the "metrics_stale" warning (the summary says
-        # which span the server figures cover from samples.jsonl itself).
-        self._metrics_fresh_at: float | None = None
-        self._metrics_stale_since: float | None = None
-        self._main_loop: asyncio.AbstractEventLoop | None = None
-        self._fault_cancel = False
-        self._fault_where = ""
-        self._traceback: str | None = None
-        self._threshold_book: WindowBook | None = None  # when a threshold aborts the run
-        self._threshold_breach: ThresholdResult | None = None
+        self.live = LiveJudge(config.criteria, tally=self.tally, stop=self.load_stop, clock=self.clock, emit=self.event)
+        self._fan_in = FanIn(sinks=self.sinks, detector=self.detector, tally=self.tally, live=self.live,
+                             clock=self.clock, emit=self.event,
+                             samples_window_s=config.response.evidence.samples_window,
+                             gpu_window_s=config.detector.pp_tail_stall.window,
+                             metrics_interval_s=config.probes.metrics_interval)
+        self.tracker = ProgressTracker()
+        self._probing = Probing(gpu_source=parts.gpu_source, probes=parts.probes, progress=self.tracker,
+                                on_sample=self._fan_in.on_sample, emit=self.event)
+        self.cycle: IncidentCycle | None = None  # once the load runs
+        self._watch_task: asyncio.Task[None] | None = None
+        self._main_task: asyncio.Task[RunOutcome] | None = None
+        self._closed = False
+        self.outcome: RunOutcome | None = None
+        self.observe_wall()  # the wall clock's first reading
 
     # -- the harness's own failures ------------------------------------------------
-    def _sink_error(self, sink: object, method: str, exc: BaseException) -> None:
-        """A sink raised. The run store failing means the record is being lost (a
-        full disk, a read-only mount): that ends the run as a harness fault. The
-        live view or the exporter failing costs a line once, not the run."""
-        if sink is self.store:
-            self.fault(exc, where=f"writing the run directory ({method})")
-            return
-        key = (type(sink).__name__, method)
-        if key not in self._sink_errors:
-            self._sink_errors.add(key)
-            import sys
-
-            print(f"soak: {type(sink).__name__}.{method} failed: {type(exc).__name__}: {exc} (the run goes on)",
-                  file=sys.stderr)
-
     def fault(self, exc: BaseException, *, where: str) -> None:
         """The harness failed on its own (called from any thread): stop the load,
         end in order (server stopped, what was written kept), exit 4."""
-        with self._fault_lock:
-            if self._fault is not None:
-                return
-            self._fault = exc
-            self._fault_where = where
-        reason = f"harness fault while {where}: {type(exc).__name__}: {exc}"
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            self._stop_for_fault(reason)
-        elif self._main_loop is not None:
-            self._main_loop.call_soon_threadsafe(self._stop_for_fault, reason)
+        self.faults.fault(exc, where=where)
 
     def _set_fault(self, exc: BaseException, where: str) -> None:
-        with self._fault_lock:
-            if self._fault is None:
-                self._fault, self._fault_where = exc, where
+        self.faults.note(exc, where)
 
     def _stop_for_fault(self, reason: str) -> None:
-        if self._stop_reason is None or not self._stop_reason.startswith("harness fault"):
-            self._stop_reason = reason
-        if self.generator is not None:
-            self.generator.stop(reason)
-            if self.client is not None:
-                # The harness cut them, not the server: apart from failures.
-                self.client.abort_in_flight(reason, cut_by="interrupt")
-        elif (self._main_task is not None and not self._main_task.done()
-              and self._main_task is not asyncio.current_task()):
-            self._fault_cancel = True
-            self._main_task.cancel()
+        if self.load_stop.reason is None or not self.load_stop.reason.startswith("harness fault"):
+            self.load_stop.reason = reason
+        if not self._cut_load(reason):
+            if (self._main_task is not None and not self._main_task.done()
+                    and self._main_task is not asyncio.current_task()):
+                self._fault_cancel = True
+                self._main_task.cancel()
 
-    # -- fan-in ----------------------------------------------------------------
-    def _on_sample(self, sample: Sample) -> None:
-        recent = self._recent
-        recent.append(sample)
-        # Keep only the responder's window (by time; the count bound is a backstop).
-        horizon = sample.ts - self.config.response.evidence.samples_window
-        while recent and recent[0].ts < horizon:
-            recent.popleft()
-        if self.detector.observe(sample):
-            self._judge_now.set()
-        self.sinks.on_sample(sample)
-        if isinstance(sample, GpuSample):
-            change = self._gpu_freshness.observe(sample)
-            if change is not None:
-                self.event(change.pop("type"), **change)
-        if isinstance(sample, ServerSample):
-            self._metrics_freshness(sample)
-            if sample.ok and self._server_life.add(sample.values.get("prompt_tokens")) \
-                    and self._cached_reader is not None:
-                self._cached_reader.restarted()  # its counters restarted: a new server life (an attached one too)
-            if self._threshold_book is not None and sample.ok:
-                self._threshold_book.add_server(sample.ts, sample.values)
+    def _cut_load(self, reason: str) -> bool:
+        """Stop sending and cut what is in flight (the harness cut them, not the
+        server: apart from failures); False before the load exists."""
+        if self.generator is None:
+            return False
+        self.generator.stop(reason)
+        if self.client is not None:
+            self.client.abort_in_flight(reason, cut_by=CutCause.INTERRUPT)
+        return True
 
-    def _metrics_freshness(self, sample: ServerSample) -> None:
-        from soak.store.summary import SERVER_KEYS
-
-        fresh = sample.ok and any(k in sample.values for k in SERVER_KEYS)
-        if fresh:
-            if self._metrics_stale_since is not None:
-                self.event("metrics_fresh", stale_since=self._metrics_stale_since,
-                           stale_s=round(sample.ts - self._metrics_stale_since, 3))
-                self._metrics_stale_since = None
-            self._metrics_fresh_at = sample.ts
-            return
-        if self._metrics_stale_since is not None:
-            return
-        since = self._metrics_fresh_at
-        stale_after = max(5.0, 3.0 * self.config.probes.metrics_interval)
-        if since is None or sample.ts - since >= stale_after:
-            self._metrics_stale_since = since if since is not None else sample.ts
-            error = sample.error or "the scrape has none of the server counters"
-            self.event("metrics_stale", since=since, error=str(error)[:200],
-                       note="server token totals and the prefix-cache hit ratio cover only the time before")
-
-    def _on_record(self, record: RequestRecord) -> None:
-        # Live, a record ends now on the run's monotonic clock, as the load's span does.
-        self.tally.add(record, at=self.clock.monotonic())
-        self.sinks.on_request(record)
-        if self._threshold_book is not None:
-            self._threshold_book.add_request(record.to_json())
-
-    def recent_samples(self) -> list[Sample]:
-        window = self.config.response.evidence.samples_window
-        since = self.clock.now() - window
-        return [s for s in self._recent if s.ts >= since]
-
-    def event(self, type: str, **fields: Any) -> None:
+    def event(self, type: EventType, **fields: Any) -> None:
         self.sinks.on_event(type, {"ts": self.clock.now(), **fields})
 
     # -- control ---------------------------------------------------------------
     def interrupt(self, reason: str = "interrupted") -> None:
         """Ctrl-C, SIGTERM or SIGHUP: stop the load now (no drain wait), then end as usual."""
-        if self._interrupted:
+        if self.load_stop.interrupted:
             return
-        self._interrupted = True
-        self._stop_reason = reason
-        if self.generator is not None:
-            self.generator.stop(reason)
-            if self.client is not None:
-                self.client.abort_in_flight(reason, cut_by="interrupt")
-            if self._restart_task is not None:
-                # Waiting for a relaunched server (minutes for a large model) is not
-                # stopping now; the end stops whatever it had started.
-                self._restart_task.cancel()
+        self.load_stop.interrupted = True
+        self.load_stop.reason = reason
+        if self._cut_load(reason):
+            if self.cycle is not None:
+                self.cycle.cancel_restart()
         elif self._main_task is not None:
             self._main_task.cancel()  # still starting: cut the start-up short
-
-    def _install(self) -> list[int]:
-        if not self._install_signals:
-            return []
-        loop = asyncio.get_running_loop()
-        installed = []
-        # Every one of them (SIGHUP too: a closed terminal) ends the run as an
-        # interrupt; a default action would kill the harness with nothing written.
-        # One inherited as ignored (nohup) stays ignored.
-        for sig in handled_signals():
-            try:
-                loop.add_signal_handler(sig, self.interrupt, interrupt_reason(sig))
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-        return installed
 
     # -- the run ---------------------------------------------------------------
     async def run(self) -> RunOutcome:
@@ -361,406 +168,198 @@ class SoakRun:
         a harness fault raises ``HarnessFault`` (exit 4) once the server is
         stopped and the record closed, the traceback in harness_error.txt."""
         self._main_task = asyncio.current_task()
-        self._main_loop = asyncio.get_running_loop()
-        installed = self._install()
+        self.faults.loop = asyncio.get_running_loop()
+        installed = signals.install(self.interrupt) if self.options.install_signal_handlers else []
         problem: BaseException | None = None
         try:
             await self._run()
         except asyncio.CancelledError:
-            if not (self._interrupted or self._fault_cancel):
+            if not (self.load_stop.interrupted or self._fault_cancel):
                 raise
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()
         except EnvironmentProblem as exc:
             problem = exc
-            self._stop_reason = f"{type(exc).__name__}: {exc}"
+            self.load_stop.reason = f"{type(exc).__name__}: {exc}"
         except UsageError as exc:
             # A workload that fails only once counted against the live server.
             if isinstance(exc, ConfigError) and exc.path is None and self._config_path is not None:
                 exc = type(exc)(exc.message, path=self._config_path, field=exc.field, line=exc.line)
             problem = exc
-            self._stop_reason = f"bad config: {exc}"
+            self.load_stop.reason = f"bad config: {exc}"
         except Exception as exc:
             problem = exc
-            self._traceback = traceback.format_exc()
+            self.faults.traceback = traceback.format_exc()
             self._set_fault(exc, "running the soak")
-            self._stop_reason = f"harness fault: {type(exc).__name__}: {exc}"
+            self.load_stop.reason = f"harness fault: {type(exc).__name__}: {exc}"
         finally:
-            loop = asyncio.get_running_loop()
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            signals.uninstall(installed)
         try:
             outcome = await finish(self, problem)
         except Exception as exc:  # the end itself failed: still one line, exit 4
-            self._traceback = self._traceback or traceback.format_exc()
+            self.faults.traceback = self.faults.traceback or traceback.format_exc()
             self._set_fault(exc, "ending the run")
             await self._stop_parts_quietly()
             raise HarnessFault(fault_line(self)) from exc
         if isinstance(problem, (EnvironmentProblem, UsageError)):
             raise problem
         if outcome.exit_code == 4:
-            raise HarnessFault(fault_line(self)) from self._fault
+            raise HarnessFault(fault_line(self)) from self.faults.exc
         return outcome
 
     async def _stop_parts_quietly(self) -> None:
         try:
-            await self._stop_parts()
+            await self.stop_parts()
         except Exception:
             pass
 
     async def _run(self) -> None:
+        facts = await self._start_target()
         config, layout, parts = self.config, self.layout, self._parts
+        workload = self.workload = parts.workload(facts.model)
+        await parts.calibrate(workload, facts)
+        plan = workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
+                             block_size=layout.block_size)
+        plan_json = plan.to_json()
+        self.store.write_plan(plan_json)
+        say_fit(check_fit(plan, facts.max_model_len), self.event)
+
+        gpu_source = await self._probing.open_gpu_source(self.target.base_url)
+        self.responder = parts.responder(facts, gpu_source=gpu_source, recent_samples=self._fan_in.recent_samples,
+                                         on_write_error=self._evidence_write_failed)
+        await self.responder.start()
+        self.sinks.on_start(RunInfo(
+            run_id=self.run_id, run_dir=self.run_dir, started_at=self.clock.now(), duration_s=config.duration,
+            warmup_s=config.warmup, target_kind=layout.kind, base_url=facts.base_url, model=facts.model,
+            root_pid=self.target.root_pid, config=self._redacted_config, gpu_count=layout.topology.gpu_count,
+            plan=plan_json,
+        ))
+        self.client = StreamingClient(base_url=facts.base_url, timeouts=config.load.timeouts, tracker=self.tracker,
+                                      max_connections=config.load.concurrency, api_key=self.options.api_key,
+                                      clock=self.clock)
+        self.client.mono_origin = self.store.mono_origin
+        self.client.usage_cached_tokens = self._cached_tokens_reader(facts)
+        await self.client.start()
+        self._probing.start(facts, log_from_start=True)
+        # The report's process imports its renderer now, off the harness, so the run's end only renders.
+        self.report_child = await start_report(self.options.report, self.run_dir)
+        self.generator = self.load_stop.load = LoadGenerator(
+            workload=workload, client=self.client, config=config.load, duration_s=config.duration,
+            warmup_s=config.warmup, on_record=self._fan_in.on_record, seed=config.seed, clock=self.clock,
+        )
+        if self.load_stop.interrupted:  # a signal landed during start-up's last await
+            return
+        await self._run_load()
+
+    async def _start_target(self) -> TargetFacts:
+        """The target started and answering; its facts read once and said (``build`` too)."""
         self.store.write_config(self._redacted_config)
         if self._guardian is not None:
             self._guardian.start()  # before the server exists: a SIGKILLed harness takes it along
-        heap = {"heap": {"tuned": self._heap.applied, "how": self._heap.reason}} if self._heap else {}
-        self.event("run_created", run_id=self.run_id, target=layout.kind.value, **heap)
+        heap = self.options.heap
+        said = {"heap": {"tuned": heap.applied, "how": heap.reason}} if heap else {}
+        self.event(EventType.RUN_CREATED, run_id=self.run_id, target=self.layout.kind.value, **said)
         if self.target.base_url:
             # The URL is known before start (launched, attached): check the GPU
             # source now, so a box without NVML exits 3 before a server is started.
-            await self._open_gpu_source()
-        self.event("target_starting", target=layout.kind.value)
+            await self._probing.open_gpu_source(self.target.base_url)
+        self.event(EventType.TARGET_STARTING, target=self.layout.kind.value)
         try:
             await self.target.start()
         finally:
             # What a dead night left behind and this start cleaned (soak.respond.tree.clean_leftovers).
             leftovers = getattr(self.target, "leftovers", None)
             if leftovers:
-                self.event("leftovers_killed", processes=list(leftovers))
-        self.event("target_ready", base_url=self.target.base_url, root_pid=self.target.root_pid,
+                self.event(EventType.LEFTOVERS_KILLED, processes=list(leftovers))
+        self.event(EventType.TARGET_READY, base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
-        version_profile = await self._read_server_version()
-        # The model the requests name: the config's, else the first the server lists.
-        model = layout.model or (self.target.models[0] if self.target.models else None)
-        facts = self.facts = TargetFacts(
-            layout=layout,
-            base_url=self.target.base_url,
-            model=model,
-            models=tuple(self.target.models),
-            root_pid=self.target.root_pid,
-            max_model_len=await self._max_model_len(model),
-            version_profile=version_profile,
-        )
-        await self._record_build(facts)
-        workload = self.workload = parts.workload(model)
-        await parts.calibrate(workload, facts)
-        plan = workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
-                             block_size=layout.block_size).to_json()
-        self.store.write_plan(plan)
-        self._check_fit(plan, facts)
+        facts = self.facts = await read_target_facts(
+            self.layout, base_url=self.target.base_url, models=tuple(self.target.models),
+            session=self._probing.session, api_key=self.options.api_key, emit=self.event,
+            version_timeout_s=max(self.config.probes.timeout, VERSION_TIMEOUT_S))
+        from soak.history.build import build_identity
 
-        await self._open_gpu_source()
-        self.responder = parts.responder(facts, gpu_source=self.gpu_source, recent_samples=self.recent_samples,
-                                         on_write_error=self._evidence_write_failed)
-        await self.responder.start()
+        self.event(EventType.BUILD, **build_identity(self._redacted_config, vllm_version=facts.reported_version,
+                                                     served_model=facts.model))
+        return facts
 
-        started_at = self.clock.now()
-        self.sinks.on_start(
-            RunInfo(
-                run_id=self.run_id,
-                run_dir=self.run_dir,
-                started_at=started_at,
-                duration_s=config.duration,
-                warmup_s=config.warmup,
-                target_kind=layout.kind,
-                base_url=facts.base_url,
-                model=model,
-                root_pid=facts.root_pid,
-                config=self._redacted_config,
-                gpu_count=layout.topology.gpu_count,
-                plan=plan,
-            )
-        )
-
-        self.client = StreamingClient(
-            base_url=facts.base_url,
-            timeouts=config.load.timeouts,
-            tracker=self.tracker,
-            max_connections=config.load.concurrency,
-            api_key=self._api_key,
-            clock=self.clock,
-        )
-        self.client.mono_origin = self.store.mono_origin
-        self.client.usage_cached_tokens = self._cached_tokens_reader(facts)
-        await self.client.start()
-        self._start_probes()
-        # The report's process imports its renderer now, off the harness, so the run's end only renders.
-        self._report_child = await start_report(self._report, self.run_dir)
-        self.generator = LoadGenerator(
-            workload=workload,
-            client=self.client,
-            config=config.load,
-            duration_s=config.duration,
-            warmup_s=config.warmup,
-            on_record=self._on_record,
-            seed=config.seed,
-            clock=self.clock,
-        )
-        if self._interrupted:  # a signal landed during start-up's last await
-            return
-        self._start_threshold_book()
+    async def _run_load(self) -> None:
+        config, generator = self.config, self.generator
+        assert generator is not None and self.client is not None and self.responder is not None
+        self.cycle = IncidentCycle(
+            CycleParts(load=generator, client=self.client, responder=self.responder, detector=self.detector,
+                       tally=self.tally, on_incident=self.sinks.on_incident,
+                       lives=TargetLives(end=self._probing.close_probes, relaunch=self.target.restart,
+                                         begin=self._new_life)),
+            response=config.response, can_restart=self.layout.kind is not TargetKind.ATTACHED, stop=self.load_stop,
+            clock=self.clock, emit=self.event)
+        self.live.watch_thresholds(config.thresholds)
         self._watch_task = asyncio.create_task(self._watch(), name="soak-detector")
         # Server counters just before the first request and just after the drain,
         # so summary.json's server-side deltas cover exactly the load applied.
         await self._scrape_metrics()
-        self.event("load_started", mode=config.load.mode, concurrency=config.load.concurrency)
+        self.event(EventType.LOAD_STARTED, mode=config.load.mode, concurrency=config.load.concurrency)
         self.tally.open_load(self.clock.monotonic())  # work is owed from here: no grace hides its absence
         # What the summary judges the requests by, as JSON (config.yaml is for people).
-        self.event("criteria_config", criteria=config.criteria.model_dump(mode="json"))
-        result = await self.generator.run()
+        self.event(EventType.CRITERIA_CONFIG, criteria=config.criteria.model_dump(mode="json"))
+        result = await generator.run()
         self.tally.close_load(self.clock.monotonic())
         await self._scrape_metrics()
-        self.event(
-            "load_stopped",
-            reason=self._stop_reason or result.stop_reason,
-            requests_sent=result.requests_sent,
-            aborted_at_drain=result.aborted_at_drain,
-            drain_s=round(result.drained_mono - result.stopped_mono, 3),
-        )
-        if self._stop_reason is None:
-            self._stop_reason = result.stop_reason
+        self.event(EventType.LOAD_STOPPED, reason=self.load_stop.reason or result.stop_reason,
+                   requests_sent=result.requests_sent, aborted_at_drain=result.aborted_at_drain,
+                   drain_s=round(result.drained_mono - result.stopped_mono, 3))
+        if self.load_stop.reason is None:
+            self.load_stop.reason = result.stop_reason
 
-    def _observe_wall(self) -> None:
+    async def _scrape_metrics(self) -> None:
+        await self._probing.scrape_metrics()
+
+    def _new_life(self) -> int | None:
+        """A restarted target: its details flag learned again, its probes on the new root PID."""
+        if self._fan_in.cached_reader is not None:
+            self._fan_in.cached_reader.restarted()
+        assert self.facts is not None
+        self._probing.start(self.facts, log_from_start=False)
+        return self.target.root_pid
+
+    def observe_wall(self) -> None:
         """A step of the wall clock (soak.clock.wall_step) becomes an event; no figure moves."""
         step = self._wall_watch.observe(raw_wall(self.clock), self.clock.elapsed())
         if step is not None:
-            self.event("wall_clock_step", **step.to_json())
+            self.event(EventType.WALL_CLOCK_STEP, **step.to_json())
 
     def _evidence_write_failed(self, exc: BaseException) -> None:
         self.fault(exc, where="writing incident evidence")
-
-    def _session(self) -> OutboundSession:
-        """The run's session for its own reads of the server (and the probes')."""
-        if self.probe_session is None:
-            self.probe_session = outbound_session()  # a 3xx is a failed read naming its Location, never followed
-        return self.probe_session
-
-    async def _read_server_version(self) -> VllmProfile:
-        """GET /version: the run adapts to the server's vLLM version (soak.versions)."""
-        from soak.net import RedirectRefused
-        from soak.versions import profile_for, version_from_body
-
-        version = None
-        try:
-            url = self.target.base_url.rstrip("/") + "/version"
-            resp = await fetch(self._session(), url, total_s=self.config.probes.timeout)
-            if resp.status == 200:
-                version = version_from_body(resp.json())
-        except RedirectRefused as exc:  # not followed (soak.net): said, with where it pointed
-            self.event("warning", message=f"GET /version: {exc}")
-            version = None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):  # a bound hit is a ValueError too
-            version = None
-        profile = profile_for(version)
-        self.event("server_version", **profile.to_json())
-        if profile.warning:
-            self.event("warning", message=profile.warning)
-        return profile
 
     def _cached_tokens_reader(self, facts: TargetFacts) -> Callable[[Mapping[str, Any]], int | None]:
         """How a usage object's cached tokens read on this server (a missing field
         is 0 on vLLM 0.11.x when --enable-prompt-tokens-details is known on)."""
         from soak.versions import CachedTokensReader
 
-        self._cached_reader = CachedTokensReader(profile=facts.version_profile,
-                                                 details_enabled=facts.layout.prompt_tokens_details)
-        return self._cached_reader
-
-    def _check_fit(self, plan: Mapping[str, Any], facts: TargetFacts) -> None:
-        """Refuse a workload whose largest request cannot fit the target's
-        ``max_model_len`` (vLLM lists it on each model of /v1/models): every such
-        request would be an HTTP 400, so the soak would measure nothing."""
-        largest = plan.get("largest_request") or {}
-        prompt, max_tokens = largest.get("prompt_tokens") or 0, largest.get("max_tokens") or 0
-        if not prompt:
-            return
-        limit = facts.max_model_len
-        if limit is None:
-            self.event("max_model_len_unknown", note="/v1/models lists no max_model_len: the fit is not checked")
-            return
-        counter = str(plan.get("counter") or "")
-        if prompt + max_tokens <= limit:
-            self.event("workload_fits", max_model_len=limit, largest_prompt=prompt, max_tokens=max_tokens)
-            return
-        if prompt > limit:
-            message = (f"the workload's largest prompt is {prompt:,} tokens, above the target's max_model_len "
-                       f"{limit:,} (from /v1/models)")
-        else:
-            message = (f"the workload's largest request needs {prompt + max_tokens:,} tokens ({prompt:,} prompt + "
-                       f"{max_tokens:,} max_tokens), above the target's max_model_len {limit:,} (from /v1/models)")
-        if not counter.startswith("exact"):
-            # Token counts are an estimate: warn, let the error-rate criterion judge.
-            self.event("workload_may_not_fit", max_model_len=limit, largest_prompt=prompt, max_tokens=max_tokens,
-                       counter=counter, message=message)
-            return
-        raise WorkloadDoesNotFit(message + ": the server would refuse those requests (HTTP 400)")
-
-    async def _max_model_len(self, model: str | None) -> int | None:
-        """``max_model_len`` of ``model`` (else the first model) as /v1/models lists it."""
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        try:
-            resp = await fetch(self._session(), self.target.base_url.rstrip("/") + "/v1/models", headers=headers,
-                               total_s=10)
-            if resp.status != 200:
-                return None
-            body = resp.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):  # bounds too (ValueError)
-            return None
-        # The server's JSON, read defensively: any shape may come back.
-        models = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(models, list):
-            return None
-        entries = [m for m in models if isinstance(m, dict)]
-        chosen = next((m for m in entries if m.get("id") == model), entries[0] if entries else None)
-        limit = chosen.get("max_model_len") if chosen is not None else None
-        return limit if type(limit) is int and limit > 0 else None
-
-    async def _open_gpu_source(self) -> None:
-        session = self._session()
-        if self.gpu_source is None:
-            self.gpu_source = await self._parts.gpu_source(self.target.base_url, session=session)
-
-    def _start_probes(self) -> None:
-        assert self.facts is not None
-        probes = self._parts.probes(self.facts, session=self._session(), gpu_source=self.gpu_source,
-                                    progress=self.tracker, log_from_start=self.restarts == 0)
-        self._scheduler = ProbeScheduler(list(probes), emit=self._on_sample)
-        self._scheduler.start()
-
-    async def _scrape_metrics(self) -> None:
-        probes = self._scheduler.probes if self._scheduler is not None else ()
-        for probe in probes:
-            if probe.name == "metrics":
-                try:
-                    for sample in await asyncio.wait_for(probe.collect(), 10.0):
-                        self._on_sample(sample)
-                except Exception as exc:  # a missed bracket only widens the server-side deltas
-                    self.event("metrics_scrape_failed", error=f"{type(exc).__name__}: {exc}")
-
-    def _judge_criteria(self) -> CriteriaDecision:
-        self.tally.watch(self.clock.monotonic())
-        decision = judge(self.config.criteria, self.tally, final=False)
-        for result in decision.results:
-            if result.state in (CriterionState.FAIL, CriterionState.AT_RISK) and result.name not in self._criteria_reported:
-                self._criteria_reported.add(result.name)
-                self.event("criterion_" + result.state.value, criterion=result.name, value=result.value,
-                           threshold=result.threshold, reasons=list(result.reasons))
-        if decision.stop and self.generator is not None and not self.generator.stopping:
-            first = decision.failed[0]
-            self._stop_reason = f"criterion {first.name}: {first.reasons[0]}"
-            self.generator.stop(self._stop_reason)
-        return decision
+        reader = self._fan_in.cached_reader = CachedTokensReader(profile=facts.version_profile,
+                                                                 details_enabled=facts.layout.prompt_tokens_details)
+        return reader
 
     async def _watch(self) -> None:
-        interval = self.config.detector.interval
+        assert self.cycle is not None
+        judge_now, interval = self._fan_in.judge_now, self.config.detector.interval
         while True:
             try:
-                await asyncio.wait_for(self._judge_now.wait(), interval)
+                await asyncio.wait_for(judge_now.wait(), interval)
             except asyncio.TimeoutError:
                 pass
-            self._judge_now.clear()
-            self._observe_wall()
-            self._judge_criteria()
+            judge_now.clear()
+            self.observe_wall()
+            self.live.criteria()
             assessment = self.detector.assess(self.clock.now())
             self.sinks.on_assessment(assessment)
-            self._check_thresholds()
-            for decision in assessment.new_incidents:
-                try:
-                    await self._incident(decision)
-                except Exception as exc:  # the response failed: record it, end the soak as failed
-                    self.event("incident_error", error=f"{type(exc).__name__}: {exc}")
-                    self._failed = True
-                    self._stop_reason = f"incident handling failed: {exc}"
-                    if self.generator is not None:
-                        self.generator.stop(self._stop_reason)
-                if self.generator is not None and self.generator.stopping:
-                    return
+            self.live.thresholds()
+            if await self.cycle.respond_all(assessment.new_incidents):
+                return
 
-    async def _incident(self, decision: Decision) -> None:
-        self._incident_idle.clear()
-        try:
-            await self._respond(decision)
-        finally:
-            self._incident_idle.set()
-
-    async def _respond(self, decision: Decision) -> None:
-        assert self.generator is not None and self.client is not None and self.responder is not None
-        self._incidents += 1
-        self._failed = True
-        number = self._incidents
-        self.generator.pause()
-        paused = self.clock.monotonic()  # work is not owed while the target is down (soak.criteria)
-        cut = self.client.abort_in_flight(f"incident {number}", cut_by="incident")
-        self.event("incident_started", number=number, rule=decision.rule, kind=decision.kind.value,
-                   aborted_requests=cut)
-        record = await self.responder.handle(decision, number)
-        self.sinks.on_incident(record)
-
-        from soak.respond.policy import Action, next_action
-
-        can_restart = self.layout.kind is not TargetKind.ATTACHED
-        action = next_action(self.config.response, restarts_done=self.restarts, can_restart=can_restart)
-        if action.action is not Action.RESTART or self._interrupted or self.generator.stopping:
-            self._stop_reason = f"incident {number}: {action.reason}"
-            self.generator.stop(self._stop_reason)
-            return
-        self.event("restart_started", number=number, reason=action.reason)
-        try:
-            if self._scheduler is not None:
-                await self._scheduler.close()
-            self._restart_task = asyncio.ensure_future(self.target.restart())
-            await self._restart_task
-        except asyncio.CancelledError:
-            if not self._interrupted:
-                raise
-            self.event("restart_cancelled", number=number, reason=self._stop_reason)
-            return
-        except (TargetNotReady, SoakError) as exc:
-            self.event("restart_failed", number=number, error=str(exc))
-            self._stop_reason = f"incident {number}: restart failed: {exc}"
-            self.generator.stop(self._stop_reason)
-            return
-        finally:
-            self._restart_task = None
-        self.restarts += 1
-        if self._cached_reader is not None:
-            self._cached_reader.restarted()  # a new server life: its details flag is learned again
-        self.detector.reset(self.clock.now())
-        if self.facts is not None:
-            self.facts = replace(self.facts, root_pid=self.target.root_pid)
-        self._start_probes()
-        self.event("restart_done", number=number, restarts=self.restarts, root_pid=self.target.root_pid)
-        self.tally.restart(paused, self.clock.monotonic())  # a new server life: its own start-up allowance
-        self.generator.resume()
-
-    # -- build, thresholds, push (docs/nightly.md) ------------------------------
-    async def _record_build(self, facts: TargetFacts) -> None:
-        """The ``build`` event: /version (bounded, best effort) and the launch digest."""
-        from soak.history.build import build_identity, fetch_vllm_version
-
-        version = await fetch_vllm_version(facts.base_url, api_key=self._api_key)
-        self.event("build", **build_identity(self._redacted_config, vllm_version=version, served_model=facts.model))
-
-    def _start_threshold_book(self) -> None:
-        from soak.thresholds.evaluate import WindowBook, compile_thresholds
-
-        thresholds = compile_thresholds(self.config.thresholds)
-        if any(t.abort_on_fail for t in thresholds):
-            self._threshold_book = WindowBook(thresholds, load_started_at=self.clock.now())
-
-    def _check_thresholds(self) -> None:
-        if self._threshold_book is None or self._threshold_breach is not None or self.generator is None:
-            return
-        result = self._threshold_book.check(self.clock.now())
-        if result is None:
-            return
-        self._threshold_breach = result
-        self._stop_reason = f"threshold breached (abort_on_fail): {result.reason}"
-        self.event("threshold_breached", threshold=result.name, observed=result.observed, reason=result.reason)
-        self.generator.stop(self._stop_reason)
-
-    async def _stop_parts(self) -> None:
+    # -- the end (soak.run.ending) ------------------------------------------------
+    async def stop_parts(self) -> None:
         """Every part stopped, each on its own: one that fails (a harness fault)
         never keeps the server running."""
 
@@ -771,50 +370,48 @@ class SoakRun:
                 self._set_fault(exc, f"stopping {what}")
 
         if self._watch_task is not None:
-            if not self._incident_idle.is_set() and not self._watch_task.done():
-                # A response under way finishes and reaches the sinks (bounded
-                # like the responder's own close): its record belongs in the run.
-                cfg = self.config.response
-                bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 10.0
-                idle = asyncio.ensure_future(self._incident_idle.wait())
-                await asyncio.wait({idle, self._watch_task}, timeout=bound)
-                idle.cancel()
+            await self._let_a_response_finish()
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
-        if self._scheduler is not None:
-            await step("the probes", self._scheduler.close)
+        await step("the probes", self._probing.close_probes)
         if self.responder is not None:
             await step("the responder", self.responder.aclose)
         if self.client is not None:
             await step("the client", self.client.aclose)
-        if self.gpu_source is not None:
-            try:
-                await self.gpu_source.aclose()
-            except Exception:
-                pass
-        if self.probe_session is not None:
-            await step("the probe session", self.probe_session.close)
+        await self._probing.close_gpu_source()
+        await step("the probe session", self._probing.close_session)
         started = time.monotonic()
         await step("the target", self.target.aclose)
         if self._guardian is not None:
             await step("the guardian", lambda: asyncio.to_thread(self._guardian.close))
-        self.event("target_stopped", stop_s=round(time.monotonic() - started, 3))
+        self.event(EventType.TARGET_STOPPED, stop_s=round(time.monotonic() - started, 3))
         if self.responder is not None:
             try:
                 released = await self.responder.release_shm()
             except Exception as exc:  # housekeeping never fails a run
                 released = {"error": f"{type(exc).__name__}: {exc}"}
             if released:
-                self.event("shm_released", **released)
+                self.event(EventType.SHM_RELEASED, **released)
+
+    async def _let_a_response_finish(self) -> None:
+        """A response under way finishes and reaches the sinks (bounded like the
+        responder's own close): its record belongs in the run."""
+        assert self._watch_task is not None
+        if self.cycle is None or self.cycle.idle.is_set() or self._watch_task.done():
+            return
+        cfg = self.config.response
+        bound = cfg.evidence.budget + cfg.kill_timeout + cfg.gpu_release_timeout + 10.0
+        idle = asyncio.ensure_future(self.cycle.idle.wait())
+        await asyncio.wait({idle, self._watch_task}, timeout=bound)
+        idle.cancel()
 
     async def aclose(self) -> None:
         """Idempotent: ends the run's parts if ``run()`` did not get to."""
         if self._closed:
             return
         self._closed = True
-        if self._outcome is None:
-            await self._stop_parts()
+        if self.outcome is None:
+            await self.stop_parts()
             self.sinks.close()
-        if self._report_child is not None:
-            await self._report_child.aclose()
-
+        if self.report_child is not None:
+            await self.report_child.aclose()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TextIO
 from soak.clock import Clock, run_clock
 from soak.config import RunConfig, redacted_config
 from soak.errors import ArgumentError, HarnessFault, PortInUse
+from soak.events import EventType
 from soak.export.live import LiveView
 from soak.load.progress import ProgressTracker
 from soak.net import OutboundSession
@@ -25,7 +26,8 @@ from soak.records import RunSink, TargetFacts, TargetKind
 from soak.redact import Redactor
 from soak.respond.responder import Responder
 from soak.run.heap import HeapTuning
-from soak.run.loop import ReportOptions, RunParts, SoakRun
+from soak.run.loop import ReportOptions, RunOptions, SoakRun
+from soak.run.parts import RunIdentity, RunParts
 from soak.run.target import api_key_from_env, build_target
 from soak.samples import GpuSample, Sample
 from soak.store.store import RunStore
@@ -190,7 +192,7 @@ def build_soak_run(
 
     def target_waiting(reason: str) -> None:
         if "run" in late:  # the one line a never-ready target gives, at its first failed poll
-            late["run"].event("target_waiting", message=reason)
+            late["run"].event(EventType.TARGET_WAITING, message=reason)
 
     target = build_target(
         target_config,
@@ -231,6 +233,8 @@ def build_soak_run(
             await source.open()  # NVML missing: GpuUnavailable, exit 3
         return source
 
+    # The target's root PID has one path to the parts that act on its processes:
+    # the target itself, read by the probes (rebuilt for each life) and the responder.
     def probes(facts: TargetFacts, *, session: OutboundSession, gpu_source: GpuSourceLike | None,
                progress: ProgressTracker, log_from_start: bool) -> list[Probe]:
         return build_probes(
@@ -239,7 +243,7 @@ def build_soak_run(
             session=session,
             clock=clock,
             gpu_source=_Unclosed(gpu_source) if gpu_source is not None else None,
-            root_pid=facts.root_pid,
+            root_pid=target.root_pid,
             returncode=target.returncode,
             log_path=target.log_path,
             log_from_start=log_from_start,
@@ -278,8 +282,8 @@ def build_soak_run(
 
     soak_run = SoakRun(
         config=config,
-        run_id=run_id,
-        run_dir=run_dir,
+        redacted_config=redacted_config(config),
+        identity=RunIdentity(run_id=run_id, run_dir=run_dir, config_path=config_path),
         target=target,
         layout=layout,
         parts=RunParts(
@@ -289,17 +293,15 @@ def build_soak_run(
             gpu_source=gpu_source,
             probes=probes,
             responder=responder,
+            redactor=redactor,
+            guardian=guardian,
         ),
         store=store,
-        redacted_config=redacted_config(config),
-        clock=clock,
         sinks=sinks,
-        api_key=api_key,
-        report=ReportOptions(command=report_command, timeout_s=report_timeout_s, html=report_html),
-        config_path=config_path,
-        redactor=redactor,
-        guardian=guardian,
-        heap=heap,
+        clock=clock,
+        options=RunOptions(api_key=api_key, heap=heap,
+                           report=ReportOptions(command=report_command, timeout_s=report_timeout_s,
+                                                html=report_html)),
     )
     late["run"] = soak_run
     return soak_run

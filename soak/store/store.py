@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from soak.clock import Clock, run_clock
+from soak.events import EventType
 from soak.fsio import write_atomic, write_json_atomic
 from soak.records import Assessment, DetectorState, IncidentRecord, RuleState, RunInfo
 from soak.redact import Redactor
@@ -101,14 +102,14 @@ class RunStore:
             return round(ts - self._clock.origin_wall, 6)
         return round(self._clock.elapsed(), 6)
 
-    def event(self, type: str, ts: float | None = None, **fields: Any) -> None:
+    def event(self, type: EventType | str, ts: float | None = None, **fields: Any) -> None:
         fields.pop("mono", None)
         self._events.write({"ts": self._clock.now() if ts is None else ts, "type": type,
                             "mono": self.mono(ts), **fields})
 
     def on_start(self, info: RunInfo) -> None:
         self.event(
-            "run_started",
+            EventType.RUN_STARTED,
             ts=info.started_at,
             run_id=info.run_id,
             target=info.target_kind.value,
@@ -136,14 +137,14 @@ class RunStore:
                 for r in assessment.rules
                 if r.state in (RuleState.PENDING, RuleState.FIRED)
             ]
-            self.event("detector_state", ts=assessment.now, state=assessment.state.value, rules=pending)
+            self.event(EventType.DETECTOR_STATE, ts=assessment.now, state=assessment.state.value, rules=pending)
         for decision in assessment.new_incidents:
-            self.event("decision", ts=decision.decided_at, **decision.to_json())
+            self.event(EventType.DECISION, ts=decision.decided_at, **decision.to_json())
 
     def on_incident(self, incident: IncidentRecord) -> None:
-        self.event("incident", ts=incident.detected_at, **incident.to_json())
+        self.event(EventType.INCIDENT, ts=incident.detected_at, **incident.to_json())
 
-    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+    def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:
         fields = dict(fields)
         ts = fields.pop("ts", None)
         self.event(type, ts=ts, **fields)

@@ -14,6 +14,7 @@ import pytest
 
 from soakrun_helpers import events, pid_alive, read_lines, scrape, small_config, soak_cmd, wait_for, write_config
 
+from soak.events import EventType
 from soak.judge import summarize
 
 CONTRACT_FIELDS = ("verdict", "started_at", "ended_at", "duration_s", "requests", "tokens", "prefix_cache_hit_ratio", "incidents")
@@ -149,6 +150,10 @@ def test_a_deadlock_is_an_incident_the_tree_is_killed_restarted_and_the_exit_is_
     first_pid = next(e["root_pid"] for e in recorded if e["type"] == "target_ready")
     restarted_pid = next(e["root_pid"] for e in recorded if e["type"] == "restart_done")
     assert restarted_pid != first_pid
+    types = [e["type"] for e in recorded]
+    assert set(types) <= {t.value for t in EventType}, set(types) - {t.value for t in EventType}
+    assert [t for t in types if t.startswith(("incident", "restart"))] == [
+        "incident_started", "incident", "restart_started", "restart_done", "incident_started", "incident"]
     for number, incident in enumerate(summary["incidents"], start=1):
         assert incident["kind"] == "hang" and incident["rule"]
         assert incident["onset_at"] <= incident["detected_at"]

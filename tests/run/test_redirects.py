@@ -118,7 +118,6 @@ async def _every_call(base: str) -> list[tuple[str, str]]:
     """Each outbound call of the harness once against ``base``: (call, what it recorded)."""
     from soak.report.push import push_run
     from soak.export.push_config import PushgatewayConfig
-    from soak.history.build import fetch_vllm_version
     from soak.load.client import StreamingClient
     from soak.load.config import TimeoutsConfig
     from soak.load.progress import ProgressTracker
@@ -127,6 +126,7 @@ async def _every_call(base: str) -> list[tuple[str, str]]:
     from soak.probes.target import HealthProbe
     from soak.respond.evidence import fetch_metrics
     from soak.run.readiness import wait_ready
+    from soak.run.target_facts import read_version
     from soak.workload.counters import TargetCounter
 
     clock = SystemClock()
@@ -150,7 +150,9 @@ async def _every_call(base: str) -> list[tuple[str, str]]:
         out.append(("tokenize", str(exc)))
     finally:
         await counter.aclose()
-    out.append(("version", str(await fetch_vllm_version(base))))
+    async with net.session() as session:
+        answer = await read_version(session, base, api_key=None)
+    out.append(("version", f"{answer.body} {answer.refused}"))
     try:
         await fetch_metrics(base, 5.0)
         out.append(("evidence", "fetched"))
@@ -182,9 +184,9 @@ def test_no_harness_call_follows_a_redirect(servers, data, status):
     assert len(servers.target_hits) == len(recorded), (servers.target_hits, recorded)
     said = dict(recorded)
     assert said["client"].startswith(f"redirect {status} HTTP {status} redirect to ")
-    for call in ("health", "metrics", "dcgm", "tokenize", "evidence", "readiness", "push"):
+    for call in ("health", "metrics", "dcgm", "tokenize", "version", "evidence", "readiness", "push"):
         assert f"HTTP {status} redirect to" in said[call], (call, said[call])
-    assert said["version"] == "None"
+    assert said["version"].startswith("None ")  # no version read through a redirect
     for text in said.values():
         assert SECRET not in text  # the Location is redacted where it is named
     if location is not None and location.isprintable():
