@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from soak.clock import Clock
 from soak.criteria.config import CriteriaConfig
-from soak.criteria.rules import CriteriaDecision, CriterionState, RequestTally, judge
+from soak.criteria.constraints import CriteriaDecision, judge
+from soak.criteria.rules import CriterionState, RequestTally
 from soak.events import Emit, EventType
 from soak.run.stopping import LoadStop
 from soak.samples import RequestRecord
