@@ -8,9 +8,11 @@ gives summary.json, which is written here, pushed (Pushgateway) and rendered by
 the report child from that file (the child judges nothing again). The sinks
 close last, after the redactor's final pass.
 
-These functions take the ``SoakRun`` whose end they are (``soak.run.loop``); they
-read its live facts (fault, interrupt, stop reason, incidents, restarts, the live
-threshold breach) and its parts (sinks, store, clock, config).
+These functions take the run whose end they are (``EndingRun``: the parts of a
+``soak.run.loop.SoakRun`` the end reads): its live facts (``load_stop``: the
+stop reason and the interrupt; ``faults``: the harness's first fault; ``cycle``:
+incidents and restarts; ``live``: an abort_on_fail breach) and its parts (sinks,
+store, clock, config, the report options and child).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from soak.criteria.constraints import judge as judge_criteria
 from soak.errors import EnvironmentProblem, UsageError
@@ -28,8 +30,17 @@ from soak.judge import Ending, Problem, conclude, outcome_of
 from soak.records import Verdict
 
 if TYPE_CHECKING:
+    from soak.clock import RunClock
+    from soak.config import RunConfig
+    from soak.criteria.rules import RequestTally
+    from soak.redact import Redactor
     from soak.report.child import ReportChild
-    from soak.run.loop import SoakRun
+    from soak.run.faults import Faults
+    from soak.run.incidents import IncidentCycle
+    from soak.run.live_judge import LiveJudge
+    from soak.run.sinks import FanOut
+    from soak.run.stopping import LoadStop
+    from soak.store.store import RunStore
 
 HARNESS_ERROR = "harness_error.txt"
 
@@ -51,7 +62,31 @@ class ReportOptions:
     html: bool = True  # False: summary.json and junit.xml only (``soak run --no-html``)
 
 
-async def finish(run: SoakRun, problem: BaseException | None) -> RunOutcome:
+class EndingRun(Protocol):
+    """What the end reads and calls of the run (``soak.run.loop.SoakRun`` is one)."""
+
+    config: RunConfig
+    run_dir: Path
+    clock: RunClock
+    store: RunStore
+    sinks: FanOut
+    redactor: Redactor | None
+    tally: RequestTally
+    load_stop: LoadStop
+    faults: Faults
+    cycle: IncidentCycle | None
+    live: LiveJudge
+    options: Any  # soak.run.loop.RunOptions: its ``report``
+    report_child: ReportChild | None
+    outcome: RunOutcome | None
+
+    async def stop_parts(self) -> None: ...
+    def observe_wall(self) -> None: ...
+    def event(self, type: str, **fields: Any) -> None: ...
+    def fault(self, exc: BaseException, *, where: str) -> None: ...
+
+
+async def finish(run: EndingRun, problem: BaseException | None) -> RunOutcome:
     """The run's end, once: a second call returns the first outcome."""
     if run.outcome is not None:
         return run.outcome
@@ -63,7 +98,7 @@ async def finish(run: SoakRun, problem: BaseException | None) -> RunOutcome:
             await report.aclose()
 
 
-def ending_of(run: SoakRun, problem: BaseException | None) -> Ending:
+def ending_of(run: EndingRun, problem: BaseException | None) -> Ending:
     """What the run knew at its end that no file holds yet."""
     fault = run.faults.exc
     if isinstance(problem, EnvironmentProblem):
@@ -86,7 +121,7 @@ def ending_of(run: SoakRun, problem: BaseException | None) -> Ending:
         threshold_aborted=breach.name if breach is not None else None)
 
 
-async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild | None) -> RunOutcome:
+async def _end(run: EndingRun, problem: BaseException | None, report: ReportChild | None) -> RunOutcome:
     await run.stop_parts()
     ending = ending_of(run, problem)
     if run.faults.exc is not None:
@@ -130,7 +165,7 @@ async def _end(run: SoakRun, problem: BaseException | None, report: ReportChild 
     return run.outcome
 
 
-def _unjudged_end(run: SoakRun, ending: Ending, exc: BaseException) -> dict[str, Any]:
+def _unjudged_end(run: EndingRun, ending: Ending, exc: BaseException) -> dict[str, Any]:
     """run_ended's fields when the run directory could not be judged: a harness
     fault, laddered on what the run saw live (its own tally of the requests)."""
     fault = f"while summarizing the run: {type(exc).__name__}: {exc}"
@@ -148,7 +183,7 @@ def _unjudged_end(run: SoakRun, ending: Ending, exc: BaseException) -> dict[str,
             **ending.run_ended_fields()}
 
 
-def fault_line(run: SoakRun) -> str:
+def fault_line(run: EndingRun) -> str:
     exc = run.faults.exc
     what = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
     where = f" while {run.faults.where}" if run.faults.where else ""
@@ -157,7 +192,7 @@ def fault_line(run: SoakRun) -> str:
     return f"harness fault{where}: {what}; the server was stopped{tail}"
 
 
-def save_traceback(run: SoakRun) -> None:
+def save_traceback(run: EndingRun) -> None:
     exc = run.faults.exc
     if exc is None:
         return
@@ -169,7 +204,7 @@ def save_traceback(run: SoakRun) -> None:
         pass  # not writable: the one line on stderr is all there is
 
 
-async def push(run: SoakRun, summary: Mapping[str, Any], *, exit_code: int) -> None:
+async def push(run: EndingRun, summary: Mapping[str, Any], *, exit_code: int) -> None:
     config = run.config.pushgateway
     if config.url is None:
         return
@@ -196,7 +231,7 @@ async def start_report(options: ReportOptions | None, run_dir: Path) -> ReportCh
     return child
 
 
-async def render(run: SoakRun, child: ReportChild) -> None:
+async def render(run: EndingRun, child: ReportChild) -> None:
     """Render in the child, from the summary.json just written; whatever happens
     there, the run's exit status stays the run's (the record is complete; `soak
     report DIR` can render again)."""

@@ -19,6 +19,8 @@ from soak.criteria.rules import RequestTally
 from soak.judge import rejudge
 from soak.records import Verdict
 from soak.run import ending
+from soak.run.faults import Faults
+from soak.run.stopping import LoadStop
 from soak.store.store import RunStore
 
 T0 = 1_800_000_000.0
@@ -33,13 +35,12 @@ class StubRun:
         self.store = RunStore(path, clock=self.clock)
         self.run_dir, self.sinks = self.store.run_dir, self.store
         self.config = SimpleNamespace(pushgateway=SimpleNamespace(url=None), criteria=CriteriaConfig())
-        self.redactor = self._report = self._report_child = self._outcome = None
-        self._fault: BaseException | None = None
-        self._fault_where, self._traceback = "", None
-        self._interrupted = self._failed = False
-        self._stop_reason: str | None = "duration"
-        self._incidents = self.restarts = 0
-        self._threshold_breach = None
+        self.redactor = self.report_child = self.outcome = self.cycle = None
+        self.options = SimpleNamespace(report=None)
+        self.faults = Faults(record=self.store, on_fault=lambda reason: None)
+        self.load_stop = LoadStop()
+        self.load_stop.reason = "duration"
+        self.live = SimpleNamespace(breach=None)
         self.tally = RequestTally.for_config(CriteriaConfig())
         self.store.write_config({"thresholds": thresholds} if thresholds else {})
         self.event("run_started", run_id="stub", duration_s=10.0, warmup_s=0.0)
@@ -53,18 +54,17 @@ class StubRun:
         manual.advance(10.0)
         self.event("load_stopped")
 
-    async def _stop_parts(self) -> None:
+    async def stop_parts(self) -> None:
         self.stopped = True
 
-    def _observe_wall(self) -> None:
+    def observe_wall(self) -> None:
         pass
 
     def event(self, type: str, **fields: Any) -> None:
         self.sinks.on_event(type, {"ts": self.clock.now(), **fields})
 
     def fault(self, exc: BaseException, *, where: str) -> None:
-        if self._fault is None:
-            self._fault, self._fault_where = exc, where
+        self.faults.note(exc, where)
 
 
 def _events(run: StubRun) -> list[dict[str, Any]]:
@@ -100,7 +100,7 @@ def test_a_summary_json_that_cannot_be_written_is_exit_4(tmp_path, monkeypatch) 
     monkeypatch.setattr(run.store, "write_summary", full)
     outcome = asyncio.run(ending.finish(run, None))
     assert (outcome.exit_code, outcome.verdict) == (4, Verdict.ABORTED)
-    assert run._fault_where == "writing summary.json"
+    assert run.faults.where == "writing summary.json"
 
 
 def test_a_record_the_judge_cannot_read_ends_the_run_as_a_harness_fault(tmp_path, monkeypatch) -> None:
@@ -111,7 +111,7 @@ def test_a_record_the_judge_cannot_read_ends_the_run_as_a_harness_fault(tmp_path
 
     monkeypatch.setattr("soak.judge.entry.read_recorded", unreadable)
     outcome = asyncio.run(ending.finish(run, None))
-    assert outcome.exit_code == 4 and run._fault_where == "summarizing the run"
+    assert outcome.exit_code == 4 and run.faults.where == "summarizing the run"
     (ended,) = [e for e in _events(run) if e["type"] == "run_ended"]
     assert ended["exit_code"] == 4 and ended["harness_fault"].startswith("while summarizing the run: ValueError")
     # the directory judged again later says the same exit code
@@ -122,7 +122,7 @@ def test_a_record_the_judge_cannot_read_ends_the_run_as_a_harness_fault(tmp_path
 @pytest.mark.parametrize("problem, code", [(ending.EnvironmentProblem("no NVML"), 3), (ending.UsageError("bad"), 2)])
 def test_a_problem_is_its_exit_code_and_run_ended_says_which(tmp_path, problem, code) -> None:
     run = StubRun(tmp_path / "run", requests=0)
-    run._stop_reason = f"{type(problem).__name__}: {problem}"
+    run.load_stop.reason = f"{type(problem).__name__}: {problem}"
     outcome = asyncio.run(ending.finish(run, problem))
     assert (outcome.exit_code, outcome.verdict) == (code, Verdict.ABORTED)
     (ended,) = [e for e in _events(run) if e["type"] == "run_ended"]
