@@ -30,6 +30,7 @@ import numpy as np
 from scipy import stats as sps
 
 from soak.durations import format_duration
+from soak.events import EventType
 from soak.report.stats import MtbfEstimate, mtbf_estimate, quantile_estimate, required_clean_exposure
 from soak.summary_file import BuildEntry, IncidentEntry, RunSummary
 from soak.thresholds.metrics import RUN_METRICS, run_value
@@ -86,7 +87,7 @@ def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
     recorded ``mono`` (run-relative seconds; CONTRACTS.md "Time is monotonic"),
     else on ``ts`` as a run recorded before ``mono`` existed."""
     for e in events:
-        if e.get("type") == "run_started":
+        if e.get("type") == EventType.RUN_STARTED:
             ts, mono = _num(e.get("ts")), _num(e.get("mono"))
             if ts is not None and mono is not None:
                 def when(event: Mapping[str, Any], label: float | None = None) -> float | None:
@@ -118,13 +119,13 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
         t, kind = when(e), e.get("type")
         if t is None:
             continue
-        if kind == "load_started" and load_started is None:
+        if kind == EventType.LOAD_STARTED and load_started is None:
             load_started = t
-        elif kind == "load_stopped":
+        elif kind == EventType.LOAD_STOPPED:
             load_stopped = t
-        elif kind == "restart_done":
+        elif kind == EventType.RESTART_DONE:
             restarts.append(t)
-        elif kind == "incident":
+        elif kind == EventType.INCIDENT:
             onset = _num(e.get("onset_at"))
             detected = _num(e.get("detected_at"))
             mark = onset if onset is not None else detected

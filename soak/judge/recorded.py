@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan
+from soak.events import EventType
 from soak.jsonl import typed_fields
 from soak.percentiles import percentiles
 from soak.counters import CounterDelta
@@ -111,25 +112,25 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
         if mono is None and ts is not None:
             unmarked_ts = _later(unmarked_ts, ts)
         kind = event.get("type")
-        if kind == "run_started":
+        if kind == EventType.RUN_STARTED:
             run_started, started = event, (ts, mono)
-        elif kind == "load_started":
+        elif kind == EventType.LOAD_STARTED:
             load_started = (ts, mono)
             load_events.setdefault("started", event)
-        elif kind == "load_stopped":
+        elif kind == EventType.LOAD_STOPPED:
             load_stopped = (ts, mono)
             load_events["stopped"] = event
-        elif kind == "run_ended":
+        elif kind == EventType.RUN_ENDED:
             run_ended, ended = event, (ts, mono)
-        elif kind == "wall_clock_step" and len(wall_steps) < 20:
+        elif kind == EventType.WALL_CLOCK_STEP and len(wall_steps) < 20:
             wall_steps.append({k: event.get(k) for k in ("ts", "mono", "step_s", "wall_before", "wall_after")})
-        elif kind == "incident":
+        elif kind == EventType.INCIDENT:
             incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis")})
-        elif kind == "incident_started":
+        elif kind == EventType.INCIDENT_STARTED:
             paused = event
-        elif kind == "restart_done":
+        elif kind == EventType.RESTART_DONE:
             lives.append((paused, event))
-        elif kind == "gpu_source_stale":
+        elif kind == EventType.GPU_SOURCE_STALE:
             gpu_source["stale"] = True
             gpu_source["stale_periods"] += 1
             age = event.get("age_s")
@@ -137,15 +138,15 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
                 gpu_source["max_age_s"] = max(age, gpu_source["max_age_s"] or 0.0)
             if event.get("message") and len(gpu_source["messages"]) < 5:
                 gpu_source["messages"].append(str(event["message"]))
-        elif kind == "criteria_config" and isinstance(event.get("criteria"), dict):
+        elif kind == EventType.CRITERIA_CONFIG and isinstance(event.get("criteria"), dict):
             criteria_section = event["criteria"]
-        elif kind == "server_version":
+        elif kind == EventType.SERVER_VERSION:
             server_version = {k: event.get(k) for k in ("server_version", "basis", "covered", "covered_versions")}
-        elif kind == "warning" and event.get("message") and len(warnings) < 20:
+        elif kind == EventType.WARNING and event.get("message") and len(warnings) < 20:
             warnings.append(str(event["message"]))
-        elif kind == "build":
+        elif kind == EventType.BUILD:
             build = {k: v for k, v in event.items() if k not in ("ts", "type")}
-        elif kind == "threshold_breached":
+        elif kind == EventType.THRESHOLD_BREACHED:
             breaches.append(event)
     return EventDigest(
         started=started, load_started=load_started, load_stopped=load_stopped, ended=ended, last_ts=last_ts,

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from soak.bounds import LIMITS, InputRejected, read_file
+from soak.events import EventType
 from soak.fsio import write_atomic
 from soak.jsonl import read_json
 from soak.percentiles import percentiles
@@ -60,7 +61,7 @@ def _run_name(run: RunData) -> str:
     for name in (run.summary.name, run.config.get("name")):
         if isinstance(name, str) and name:
             return name
-    started = next((e for e in run.events if e.get("type") == "run_started"), {})
+    started = next((e for e in run.events if e.get("type") == EventType.RUN_STARTED), {})
     return str(started.get("name") or run.path.name)
 
 
@@ -212,14 +213,14 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     notes = [f"{name}: {n} unreadable line{'s' if n > 1 else ''} skipped" for name, n in run.bad_lines.items()]
     # a GPU source slower than the detector's window, an uncovered vLLM version
     for event in run.events:
-        if event.get("type") in ("gpu_source_stale", "warning") and event.get("message"):
+        if event.get("type") in (EventType.GPU_SOURCE_STALE, EventType.WARNING) and event.get("message"):
             notes.append(str(event["message"]))
     for result in criteria_failed:
         reasons = result.reasons or ("a criterion" if result.name is None else result.name,)
         notes.append(f"Failure criterion {result.name}: {reasons[0]}."
                      + ("" if hangs else " No MTBF bound is given for a run whose server failed its requests."))
     for event in run.events:  # the wall clock only labels; a step of it is shown, and moved no figure
-        if event.get("type") == "wall_clock_step":
+        if event.get("type") == EventType.WALL_CLOCK_STEP:
             notes.append(wall_step_note(event))
     if summary.server_metrics_note:
         notes.append(f"Server metrics: {summary.server_metrics_note}.")

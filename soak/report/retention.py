@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from soak.events import EventType
 from soak.fsio import symlink_atomic
 from soak.jsonl import is_timestamp
 from soak.records import Verdict
@@ -58,7 +59,7 @@ def _failed_without_summary(run: RunDir) -> bool:
     if any((folder / "incident.json").is_file() for folder in run.incident_dirs()):
         return True
     try:
-        return any(event.get("type") == "incident" for event in run.events())
+        return any(event.get("type") == EventType.INCIDENT for event in run.events())
     except OSError:
         return False
 

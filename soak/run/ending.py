@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from soak.criteria.constraints import judge as judge_criteria
 from soak.errors import EnvironmentProblem, UsageError
+from soak.events import EventType
 from soak.judge import Ending, Problem, conclude, outcome_of
 from soak.records import Verdict
 
@@ -131,8 +132,8 @@ async def _end(run: EndingRun, problem: BaseException | None, report: ReportChil
 
     def record_end(fields: dict[str, Any]) -> Mapping[str, Any]:
         ts = run.clock.now()
-        run.event("run_ended", ts=ts, **fields)
-        written.update({"ts": ts, "type": "run_ended", "mono": run.store.mono(ts), **fields})
+        run.event(EventType.RUN_ENDED, ts=ts, **fields)
+        written.update({"ts": ts, "type": EventType.RUN_ENDED.value, "mono": run.store.mono(ts), **fields})
         return written
 
     try:
@@ -213,10 +214,10 @@ async def push(run: EndingRun, summary: Mapping[str, Any], *, exit_code: int) ->
     try:
         pushed = await asyncio.to_thread(push_run, config, summary, exit_code=exit_code)
     except Exception as exc:  # the night is recorded; a missed push is said, not fatal
-        run.event("push_failed", url=config.url, error=f"{type(exc).__name__}: {exc}")
+        run.event(EventType.PUSH_FAILED, url=config.url, error=f"{type(exc).__name__}: {exc}")
         print(f"soak run: push to {config.url} failed: {exc}", file=sys.stderr)
         return
-    run.event("pushed", url=config.url, **pushed)
+    run.event(EventType.PUSHED, url=config.url, **pushed)
 
 
 async def start_report(options: ReportOptions | None, run_dir: Path) -> ReportChild | None:
@@ -238,9 +239,9 @@ async def render(run: EndingRun, child: ReportChild) -> None:
     outcome = await child.render()
     if outcome.ok:
         files = ["junit.xml", "report.html"] if run.options.report is None or run.options.report.html else ["junit.xml"]
-        run.event("report_written", elapsed_s=round(outcome.elapsed_s, 3), files=files)
+        run.event(EventType.REPORT_WRITTEN, elapsed_s=round(outcome.elapsed_s, 3), files=files)
     else:
-        run.event("report_failed", error=outcome.error, returncode=outcome.returncode,
+        run.event(EventType.REPORT_FAILED, error=outcome.error, returncode=outcome.returncode,
                   elapsed_s=round(outcome.elapsed_s, 3))
 
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan, RequestTally, cut_cause, record_time
 from soak.criteria.rules import generated_tokens as work_tokens
+from soak.events import EventType
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.counters import CounterDelta
 from soak.samples import server_accepted
@@ -134,15 +135,15 @@ def load_span(run_dir: Path, *, cut_short: bool | None = None) -> LoadSpan:
     lives: list[tuple[dict[str, Any] | None, dict[str, Any]]] = []
     for event in read_records(run_dir / EVENTS):
         kind = event.get("type")
-        if kind == "load_started" and started is None:
+        if kind == EventType.LOAD_STARTED and started is None:
             started = event
-        elif kind == "load_stopped":
+        elif kind == EventType.LOAD_STOPPED:
             stopped = event
-        elif kind == "run_ended":
+        elif kind == EventType.RUN_ENDED:
             ended = event
-        elif kind == "incident_started":
+        elif kind == EventType.INCIDENT_STARTED:
             paused = event
-        elif kind == "restart_done":
+        elif kind == EventType.RESTART_DONE:
             lives.append((paused, event))
     if cut_short is None:
         cut_short = recorded_cut_short(ended)
