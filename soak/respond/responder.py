@@ -4,7 +4,7 @@ Order (each step bounded, a failing step noted and never blocking the next):
 1. the evidence bundle in ``incidents/N/`` (``soak.respond.evidence``);
 2. SIGKILL to every process that belongs to the target: the tree as recorded
    over the run and freshly walked, plus the GPU source's compute processes that
-   provably belong to it (``soak.proc``);
+   provably belong to it (``soak.proc``; who is ours: ``soak.respond.target_tree``);
 3. a bounded wait until the GPUs list no target process and their memory is
    back within tolerance (``soak.respond.gpu``).
 
@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import socket
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol, Sequence
-from urllib.parse import urlsplit
+from typing import Any, Awaitable, Callable, Sequence
 
 from soak.clock import Clock
 from soak.records import GpuSourceLike
@@ -38,29 +35,13 @@ from soak.respond.flight import (
     request_dumps,
 )
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
-from soak.errors import TargetMismatch
-from soak.proc.belonging import Proof, Reason, TargetIdentity, decide
-from soak.proc.facts import Member, Pin, ProcTable
+from soak.proc.facts import Member
 from soak.proc.kill import KillResult, kill_processes
-from soak.proc.read import ProcReader, find_listener, running
-from soak.proc.shm import ShmLedger
+from soak.proc.read import running
 from soak.proc.snapshots import ProcSnapshots
-from soak.proc.tree import ProcessTree, merge
+from soak.proc.tree import merge
+from soak.respond.target_tree import TargetLike, TargetTree
 from soak.samples import GpuSample, Sample
-
-_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-class _TargetLike(Protocol):
-    """What the responder reads of soak.run's Target."""
-
-    base_url: str
-    root_pid: int | None
-    # The root process as checked at start (None: not checked, e.g. attached without a PID).
-    identity: Pin | None
-    log_path: Path | None
-    flight_recorder_pipe_stem: str | None
-
 
 class Responder:
     """Handles the incidents of one run. ``start()`` begins the periodic tree
@@ -72,7 +53,7 @@ class Responder:
         config: ResponseConfig,
         *,
         run_dir: Path,
-        target: _TargetLike,
+        target: TargetLike,
         gpu_source: GpuSourceLike | None,
         clock: Clock,
         recent_samples: Callable[[], Sequence[Sample]],
@@ -90,83 +71,22 @@ class Responder:
         self._read_gpus = gpu_source.read if gpu_source is not None else None
         self._clock = clock
         self._recent_samples = recent_samples
-        self._marker = (ownership_variable, ownership_token) if ownership_token else None
         self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
-        # The /proc reader this process's users share (the process probe's too, through wiring).
-        self._proc = proc if proc is not None else ProcSnapshots()
-        self.tree = ProcessTree(reader=self._proc)
-        # /dev/shm segments the tree held, removed after its SIGKILL (soak/proc/shm.py)
-        self.shm = ShmLedger()
+        self.targets = TargetTree(
+            target, marker=(ownership_variable, ownership_token) if ownership_token else None,
+            find_root_by_port=config.find_root_by_port, proc=proc if proc is not None else ProcSnapshots(),
+        )
         self._collected_dumps: dict[str, float] = {}
         self._gpu_baselines: dict[int, float] = {}
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Future] = set()
         self._closed = False
         self._lock = asyncio.Lock()
-        self._root_lost: str | None = None
-
-    # --- tree tracking over the run ---------------------------------------------
-
-    def root_pid(self) -> int | None:
-        pid = self._target.root_pid
-        identity = self._target.identity
-        if pid is not None and identity is not None and identity.pid == pid and not running(identity):
-            # The process checked at start is gone; its number may be a stranger's now.
-            self._root_lost = f"root pid {pid} is no longer the process checked at start (gone or reused): not adopted"
-            return None
-        if pid is None and self._config.find_root_by_port:
-            port = _loopback_port(self._target.base_url)
-            if port is not None:
-                pid = find_listener(port)
-        return pid
-
-    def track(self) -> tuple[Member, ...]:
-        """One snapshot of the target's tree and of the /dev/shm segments it holds (blocking /proc reads)."""
-        alive = self.tree.snapshot(self.root_pid())
-        self.shm.record(info.pid for info in alive)
-        return alive
-
-    def identity(self) -> TargetIdentity:
-        """What proves a process is the target's, for ``belonging.decide``: the
-        run's marker for a server the harness started; the PID checked at start
-        for an attached one; else the listener on the URL's loopback port (never
-        a forwarder), or nothing at all."""
-        members = self.tree.pins()
-        pinned = self._target.identity
-        root = Pin(pinned.pid, pinned.create_time) if pinned is not None else None
-        if self._marker is not None:
-            cgroup = getattr(self._target, "cgroup", None)
-            return TargetIdentity(Proof.LAUNCHED, marker=self._marker[1], root=root, members=members,
-                                  session=root.pid if root is not None else None,
-                                  cgroup=cgroup.name if cgroup is not None else None)
-        if root is not None:
-            return TargetIdentity(Proof.ATTACHED_PID, root=root, members=members)
-        port = _loopback_port(self._target.base_url) if self._config.find_root_by_port else None
-        return TargetIdentity(Proof.ATTACHED_URL, port=port, members=members if port is not None else frozenset())
-
-    def check_kill_target(self, reader: ProcReader | None = None) -> None:
-        """An attached server given by URL alone: the listener on its port must be
-        the server, not a forwarder (a proxy, a tunnel) in front of it. The check
-        holds one HTTP request open through the port, so a forwarder has its
-        upstream connection open while /proc is read. Refused with one line
-        (exit 3) rather than run with a kill aimed at the wrong process."""
-        identity = self.identity()
-        if identity.proof is not Proof.ATTACHED_URL or identity.port is None:
-            return
-        with _held_request(identity.port):
-            table = (reader or self._proc.full)()
-        for listener in table.listeners(identity.port):
-            verdict = decide(listener.pid, listener.create_time, table, identity)
-            if verdict.reason is Reason.FORWARDER:
-                raise TargetMismatch(
-                    f"target.base_url {self._target.base_url}: {verdict.detail}; give target.pid naming the "
-                    "real server, or set response.find_root_by_port: false to run with no kill target"
-                )
 
     async def start(self) -> None:
         if self._task is None and not self._closed:
-            await asyncio.to_thread(self.check_kill_target)
-            await asyncio.to_thread(self.track)
+            await asyncio.to_thread(self.targets.check_kill_target)
+            await asyncio.to_thread(self.targets.track)
             if self._read_gpus is not None:
                 # A GPU that lists no process now shows its baseline memory.
                 sample, error = await read_gpus(self._read_gpus, self._config.evidence.gpu_timeout)
@@ -181,7 +101,7 @@ class Responder:
             if self._lock.locked():
                 continue  # a kill is in progress; it snapshots itself
             try:
-                await asyncio.to_thread(self.track)
+                await asyncio.to_thread(self.targets.track)
             except Exception:
                 # /proc races (a process vanishing mid-walk) must not end tracking.
                 continue
@@ -205,15 +125,10 @@ class Responder:
         tree held. vLLM 0.32's own SIGTERM shutdown leaves its broadcast rings
         behind (hundreds of MB). Nothing happens while any process of the tree
         still runs (an attached server the run does not stop, a survivor)."""
-        if not self.shm.segments():
+        pids = self.targets.shm_releasable()
+        if pids is None:
             return None
-        members = self.tree.known()
-        if any(running(info.pin) for info in members):
-            return None
-        pids = {pid for seg in self.shm.segments() for pid in seg.pids} | {info.pid for info in members}
-        if any(same_process_pid(pid) for pid in pids):
-            return None
-        result = await asyncio.to_thread(self.shm.cleanup, pids)
+        result = await asyncio.to_thread(self.targets.shm.cleanup, pids)
         return result.to_json() if (result.removed or result.kept) else None
 
     # --- the response --------------------------------------------------------------
@@ -263,26 +178,23 @@ class Responder:
         notes: list[str] = []
 
         # The tree now, and who on the GPUs is ours.
-        root_pid = self.root_pid()
+        root_pid = self.targets.root_pid()
         if root_pid is not None and root_pid != self._target.root_pid:
             notes.append(f"root pid {root_pid} found listening on the target's port")
-        await asyncio.to_thread(lambda: self.tree.snapshot(root_pid, fresh=True))
-        if root_pid is not None and self.tree.root is None:
+        await asyncio.to_thread(lambda: self.targets.tree.snapshot(root_pid, fresh=True))
+        if root_pid is not None and self.targets.tree.root is None:
             notes.append(f"root pid {root_pid} is protected or gone: not adopted")
-        if self._root_lost:
-            notes.append(self._root_lost)
+        if self.targets.root_lost:
+            notes.append(self.targets.root_lost)
         gpu_sample, gpu_error = (None, "no GPU source")
         if self._read_gpus is not None:
             gpu_sample, gpu_error = await read_gpus(self._read_gpus, cfg.evidence.gpu_timeout)
-        foreign = await asyncio.to_thread(self._claim_gpu_processes, gpu_sample)
+        foreign = await asyncio.to_thread(self.targets.claim_gpu_processes, gpu_sample)
         if foreign:
             notes.append(f"GPU processes outside the target, left alone: {sorted(foreign)}")
-        if self._marker is not None:
-            await asyncio.to_thread(self.tree.find_marked, self._marker)
-            cgroup = getattr(self._target, "cgroup", None)
-            if cgroup is not None:  # a member that scrubbed its environment is still in the cgroup
-                await asyncio.to_thread(lambda: self.tree.adopt(cgroup.pids(), via="cgroup"))
-        members = self.tree.known()
+        if self.targets.marker is not None:
+            await asyncio.to_thread(self.targets.adopt_marked)
+        members = self.targets.tree.known()
 
         # 1. Evidence.
         if cfg.evidence.enabled:
@@ -295,16 +207,16 @@ class Responder:
         self._save(bundle, header)
 
         # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
-        now_pid = self.root_pid()
-        fresh = await asyncio.to_thread(lambda: self.tree.snapshot(now_pid, fresh=True))
-        to_kill = merge(self.tree.known(), fresh)
-        await asyncio.to_thread(self.shm.record, [info.pid for info in to_kill])
+        now_pid = self.targets.root_pid()
+        fresh = await asyncio.to_thread(lambda: self.targets.tree.snapshot(now_pid, fresh=True))
+        to_kill = merge(self.targets.tree.known(), fresh)
+        await asyncio.to_thread(self.targets.shm.record, [info.pid for info in to_kill])
         killed_at = self._clock.now()
         try:
-            identity = self.identity()
+            identity = self.targets.identity()
             result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, target=identity,
                                                                 timeout_s=cfg.kill_timeout,
-                                                                reader=_reader_for(identity, self._proc.full))
+                                                                reader=self.targets.kill_reader(identity))
         except Exception as exc:  # the kill could not finish: record it, go on to the GPU wait
             notes.append(f"kill failed: {type(exc).__name__}: {exc}")
             result = None
@@ -313,13 +225,13 @@ class Responder:
             notes.extend(result.notes)
         if not killed:
             notes.append("no live target process to kill")
-        self.tree.forget_dead()
+        self.targets.tree.forget_dead()
         # The shared-memory segments only the killed tree held: its resource
         # tracker died with it, so nobody else will unlink them.
         shm = None
         if killed:
             try:
-                shm = await asyncio.to_thread(self.shm.cleanup, [info.pid for info in to_kill])
+                shm = await asyncio.to_thread(self.targets.shm.cleanup, [info.pid for info in to_kill])
             except Exception as exc:  # never let /dev/shm housekeeping stop the response
                 notes.append(f"/dev/shm cleanup failed: {type(exc).__name__}: {exc}")
             else:
@@ -398,17 +310,6 @@ class Responder:
         if self._on_write_error is not None:
             self._on_write_error(exc)
 
-    def _claim_gpu_processes(self, sample: GpuSample | None) -> set[int]:
-        """Add the GPU processes that belong to the target; return those that do not."""
-        if sample is None:
-            return set()
-        foreign: set[int] = set()
-        for gpu in sample.gpus:
-            for pid in gpu.pids:
-                if self.tree.claim(pid, via="gpu", marker=self._marker) is None:
-                    foreign.add(pid)
-        return foreign
-
     async def _collect(
         self,
         bundle: ev.Bundle,
@@ -445,7 +346,7 @@ class Responder:
         async def processes_step() -> None:
             bundle.write_json(
                 bundle.dir / "processes.json",
-                {"root": self.tree.root.to_json() if self.tree.root else None, "processes": [m.to_json() for m in members]},
+                {"root": self.targets.tree.root.to_json() if self.targets.tree.root else None, "processes": [m.to_json() for m in members]},
             )
 
         async def metrics_step() -> None:
@@ -556,61 +457,6 @@ class Responder:
 
 def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
     bundle.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
-
-
-def same_process_pid(pid: int) -> bool:
-    """Whether ``pid`` is a live, non-zombie process (PID reuse makes this conservative)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _reader_for(identity: TargetIdentity, read_table: ProcReader) -> ProcReader:
-    """For a server found by its port, each reading is taken with a request held
-    open through that port: a forwarder then shows its upstream connection even
-    when no stream of the run is in flight."""
-    port = identity.port
-    if identity.proof is not Proof.ATTACHED_URL or port is None:
-        return read_table
-
-    def read() -> ProcTable:
-        with _held_request(port, timeout_s=0.5):
-            return read_table()
-
-    return read
-
-
-@contextlib.contextmanager
-def _held_request(port: int, timeout_s: float = 2.0):
-    """One ``GET /health`` sent to 127.0.0.1:``port`` and its answer's first bytes
-    read, the connection kept open for the body of the ``with``."""
-    sock = None
-    try:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
-        sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n\r\n".encode())
-        sock.recv(1024)
-    except OSError:
-        pass  # the reading below judges what it sees; a dead port shows no listener
-    try:
-        yield
-    finally:
-        if sock is not None:
-            sock.close()
-
-
-def _loopback_port(base_url: str) -> int | None:
-    try:
-        parts = urlsplit(base_url)
-    except ValueError:
-        return None
-    if parts.hostname not in _LOOPBACK:
-        return None
-    if parts.port is not None:
-        return parts.port
-    return 443 if parts.scheme == "https" else 80
 
 
 def _diagnosis_line(path: Path) -> str | None:
