@@ -1,7 +1,7 @@
 """The response to an incident: evidence, SIGKILL of the target's tree, GPUs free.
 
 Order (each step bounded, a failing step noted and never blocking the next):
-1. the evidence bundle in ``incidents/N/`` (``soak.respond.evidence``);
+1. the evidence bundle in ``incidents/N/`` (``soak.respond.collect``);
 2. SIGKILL to every process that belongs to the target: the tree as recorded
    over the run and freshly walked, plus the GPU source's compute processes that
    provably belong to it (``soak.proc``; who is ours: ``soak.respond.target_tree``);
@@ -16,24 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from soak.clock import Clock
 from soak.records import GpuSourceLike
 from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
 from soak.redact import Redactor
 from soak.respond import evidence as ev
+from soak.respond.collect import EvidenceCollector, diagnosis_line
 from soak.respond.config import ResponseConfig
-from soak.respond.flight import (
-    FlightRecorderPaths,
-    collect_dumps,
-    default_flight_recorder_paths,
-    dump_files,
-    ownership_variable,
-    request_dumps,
-)
+from soak.respond.flight import FlightRecorderPaths, default_flight_recorder_paths, ownership_variable
 from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
 from soak.proc.facts import Member
 from soak.proc.kill import KillResult, kill_processes
@@ -41,7 +34,7 @@ from soak.proc.read import running
 from soak.proc.snapshots import ProcSnapshots
 from soak.proc.tree import merge
 from soak.respond.target_tree import TargetLike, TargetTree
-from soak.samples import GpuSample, Sample
+from soak.samples import Sample
 
 class Responder:
     """Handles the incidents of one run. ``start()`` begins the periodic tree
@@ -71,12 +64,15 @@ class Responder:
         self._read_gpus = gpu_source.read if gpu_source is not None else None
         self._clock = clock
         self._recent_samples = recent_samples
-        self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
         self.targets = TargetTree(
             target, marker=(ownership_variable, ownership_token) if ownership_token else None,
             find_root_by_port=config.find_root_by_port, proc=proc if proc is not None else ProcSnapshots(),
         )
-        self._collected_dumps: dict[str, float] = {}
+        self._evidence = EvidenceCollector(
+            config.evidence, target=target, has_gpu_source=gpu_source is not None, recent_samples=recent_samples,
+            flight_recorder_paths=flight_recorder_paths or default_flight_recorder_paths(self._run_dir),
+            redactor=redactor,
+        )
         self._gpu_baselines: dict[int, float] = {}
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Future] = set()
@@ -199,7 +195,8 @@ class Responder:
         # 1. Evidence.
         if cfg.evidence.enabled:
             header["status"] = IncidentStatus.EVIDENCE.value
-            await self._collect(bundle, decision, detected_at, members, gpu_sample, gpu_error)
+            await self._evidence.collect(bundle, detected_at=detected_at, members=members, root=self.targets.tree.root,
+                                         gpu_sample=gpu_sample, gpu_error=gpu_error)
         else:
             bundle.record("evidence", ok=True, elapsed_s=0.0, note="disabled by config")
         header["steps"] = bundle.steps
@@ -267,7 +264,7 @@ class Responder:
                 self._write_failed(exc)
 
         all_notes = tuple(bundle.notes() + notes)
-        diagnosis = _diagnosis_line(bundle.dir / "flight_recorder_summary.json")
+        diagnosis = diagnosis_line(bundle.dir / "flight_recorder_summary.json")
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
         if diagnosis:
             summary += f"; flight recorder: {diagnosis}"
@@ -309,164 +306,6 @@ class Responder:
     def _write_failed(self, exc: BaseException) -> None:
         if self._on_write_error is not None:
             self._on_write_error(exc)
-
-    async def _collect(
-        self,
-        bundle: ev.Bundle,
-        decision: Decision,
-        detected_at: float,
-        members: Sequence[Member],
-        gpu_sample: GpuSample | None,
-        gpu_error: str | None,
-    ) -> None:
-        cfg = self._config.evidence
-        started = time.monotonic()
-        budget = cfg.budget
-
-        def left(limit: float) -> float:
-            return max(0.01, min(limit, budget - (time.monotonic() - started)))
-
-        samples = list(self._recent_samples() or ())
-
-        async def samples_step() -> None:
-            n = await asyncio.to_thread(ev.write_samples, bundle, samples, since=detected_at - cfg.samples_window)
-            bundle.record("samples", ok=True, elapsed_s=0.0, count=n)
-
-        async def gpus_step() -> None:
-            if self._read_gpus is None:
-                bundle.record("gpus", ok=True, elapsed_s=0.0, note="no GPU source")
-                return
-            if gpu_sample is None:
-                bundle.write_json(bundle.dir / "gpus.json", {"error": gpu_error})
-                raise RuntimeError(gpu_error or "no GPU reading")
-            bundle.write_json(bundle.dir / "gpus.json", gpu_sample)
-            if gpu_error:
-                raise RuntimeError(gpu_error)
-
-        async def processes_step() -> None:
-            bundle.write_json(
-                bundle.dir / "processes.json",
-                {"root": self.targets.tree.root.to_json() if self.targets.tree.root else None, "processes": [m.to_json() for m in members]},
-            )
-
-        async def metrics_step() -> None:
-            text = await ev.fetch_metrics(self._target.base_url, cfg.metrics_timeout)
-            bundle.write_bytes(bundle.dir / "metrics.txt", text.encode())
-
-        log_tail: dict[str, str] = {}
-
-        async def log_step() -> None:
-            path = self._target.log_path
-            if path is None:
-                bundle.record("log_tail", ok=True, elapsed_s=0.0, note="the target has no log file")
-                return
-            text = await asyncio.to_thread(ev.read_tail, Path(path), cfg.log_tail_bytes)
-            log_tail["text"] = text
-            bundle.write_bytes(bundle.dir / "log_tail.txt", text.encode())
-
-        async def py_spy_step() -> None:
-            if not cfg.py_spy:
-                bundle.record("py_spy", ok=True, elapsed_s=0.0, note="disabled by config")
-                return
-            exe = ev.find_py_spy(cfg.py_spy_command)
-            if exe is None:
-                bundle.record("py_spy", ok=True, elapsed_s=0.0, note=f"{cfg.py_spy_command} not installed; skipped")
-                return
-            limit = asyncio.Semaphore(4)
-            results: dict[int, str | None] = {}
-
-            async def one(pid: int) -> None:
-                async with limit:
-                    try:
-                        ok, note = await ev.py_spy_dump(
-                            exe, pid, native=cfg.py_spy_native, timeout_s=left(cfg.py_spy_timeout),
-                            dest=bundle.dir / f"py-spy-{pid}.txt",
-                            redact=self._redactor.bytes if self._redactor is not None else None,
-                        )
-                    except asyncio.TimeoutError:
-                        ok, note = False, "timed out"
-                    except OSError as exc:
-                        ok, note = False, str(exc)
-                    results[pid] = None if ok else note
-
-            await asyncio.gather(*(one(m.pid) for m in members if running(m.pin)))
-            failed = {pid: note for pid, note in results.items() if note}
-            bundle.record(
-                "py_spy",
-                ok=not failed,
-                elapsed_s=0.0,
-                dumped=sorted(pid for pid, note in results.items() if not note),
-                note=("; ".join(f"{pid}: {note}" for pid, note in sorted(failed.items()))[:1000] if failed else None),
-            )
-
-        async def flight_step() -> None:
-            if not cfg.flight_recorder:
-                bundle.record("flight_recorder", ok=True, elapsed_s=0.0, note="disabled by config")
-                return
-            stem = self._target.flight_recorder_pipe_stem or cfg.flight_recorder_pipe_stem or self._fr_paths.pipe_stem
-            prefix = cfg.flight_recorder_dump_prefix or self._fr_paths.dump_prefix
-            before = dict(self._collected_dumps)
-            written, pipe_notes = request_dumps(stem)
-            dumps = await collect_dumps(
-                prefix, expected=len(written), before=before, wait_s=left(cfg.flight_recorder_wait),
-                dest=bundle.dir / "flight_recorder",
-            )
-            self._collected_dumps.update(dump_files(prefix))
-            summary_note = None
-            if dumps:
-                try:
-                    summary = await asyncio.to_thread(ev.flight_recorder_summary, bundle.dir / "flight_recorder")
-                except Exception as exc:
-                    summary_note = f"summary failed: {type(exc).__name__}: {exc}"
-                else:
-                    bundle.write_json(bundle.dir / "flight_recorder_summary.json", summary)
-            missing = len(written) - len(dumps) if len(dumps) < len(written) else 0
-            note_parts = []
-            if not written:
-                note_parts.append("no rank pipe open" + (f" ({'; '.join(pipe_notes)})" if pipe_notes else f" under {stem}"))
-            if missing:
-                note_parts.append(f"{missing} of {len(written)} asked ranks did not dump in time")
-            if summary_note:
-                note_parts.append(summary_note)
-            bundle.record(
-                "flight_recorder",
-                ok=not missing,
-                elapsed_s=0.0,
-                pipes_written=len(written),
-                dumps=[p.name for p in dumps],
-                note="; ".join(note_parts) or None,
-            )
-
-        steps: list[tuple[str, Callable[[], Awaitable[Any]], float]] = [
-            ("samples", samples_step, budget),
-            ("gpus", gpus_step, budget),
-            ("processes", processes_step, budget),
-            ("metrics", metrics_step, cfg.metrics_timeout),
-            ("log_tail", log_step, budget),
-            ("py_spy", py_spy_step, cfg.py_spy_timeout + 1.0),
-            ("flight_recorder", flight_step, cfg.flight_recorder_wait + 1.0),
-        ]
-        await asyncio.gather(*(bundle.step(name, make, left(limit)) for name, make, limit in steps))
-        # The watchdog lines need the log tail.
-        await bundle.step(
-            "watchdog",
-            lambda: asyncio.to_thread(_write_watchdog, bundle, samples, log_tail.get("text")),
-            left(budget),
-        )
-
-
-def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
-    bundle.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
-
-
-def _diagnosis_line(path: Path) -> str | None:
-    """The diagnosis the flight-recorder step wrote beside the dumps, if any."""
-    from soak.jsonl import read_json
-
-    data = read_json(path)  # bounded in size and nesting; None where it cannot be read
-    line = data.get("diagnosis") if isinstance(data, dict) else None
-    return str(line)[:500] if line else None
-
 
 def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[Member],
              release: GpuRelease, gpu_free_s: float | None, result: KillResult | None) -> str:
