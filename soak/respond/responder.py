@@ -4,7 +4,7 @@ Order (each step bounded, a failing step noted and never blocking the next):
 1. the evidence bundle in ``incidents/N/`` (``soak.respond.collect``);
 2. SIGKILL to every process that belongs to the target: the tree as recorded
    over the run and freshly walked, plus the GPU source's compute processes that
-   provably belong to it (``soak.proc``; who is ours: ``soak.respond.target_tree``);
+   provably belong to it (``soak.respond.takedown``, ``soak.respond.target_tree``);
 3. a bounded wait until the GPUs list no target process and their memory is
    back within tolerance (``soak.respond.gpu``).
 
@@ -27,14 +27,14 @@ from soak.respond import evidence as ev
 from soak.respond.collect import EvidenceCollector, diagnosis_line
 from soak.respond.config import ResponseConfig
 from soak.respond.flight import FlightRecorderPaths, default_flight_recorder_paths, ownership_variable
-from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
+from soak.respond.gpu import GpuRelease
 from soak.proc.facts import Member
-from soak.proc.kill import KillResult, kill_processes
-from soak.proc.read import running
+from soak.proc.kill import KillResult
 from soak.proc.snapshots import ProcSnapshots
-from soak.proc.tree import merge
+from soak.respond.takedown import Kill, Takedown
 from soak.respond.target_tree import TargetLike, TargetTree
 from soak.samples import Sample
+
 
 class Responder:
     """Handles the incidents of one run. ``start()`` begins the periodic tree
@@ -61,19 +61,17 @@ class Responder:
         self._config = config
         self._run_dir = Path(run_dir)
         self._target = target
-        self._read_gpus = gpu_source.read if gpu_source is not None else None
-        self._clock = clock
-        self._recent_samples = recent_samples
         self.targets = TargetTree(
             target, marker=(ownership_variable, ownership_token) if ownership_token else None,
             find_root_by_port=config.find_root_by_port, proc=proc if proc is not None else ProcSnapshots(),
         )
+        self._takedown = Takedown(config, targets=self.targets, gpu_source=gpu_source, clock=clock,
+                                  recent_samples=recent_samples)
         self._evidence = EvidenceCollector(
             config.evidence, target=target, has_gpu_source=gpu_source is not None, recent_samples=recent_samples,
             flight_recorder_paths=flight_recorder_paths or default_flight_recorder_paths(self._run_dir),
             redactor=redactor,
         )
-        self._gpu_baselines: dict[int, float] = {}
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Future] = set()
         self._closed = False
@@ -83,11 +81,7 @@ class Responder:
         if self._task is None and not self._closed:
             await asyncio.to_thread(self.targets.check_kill_target)
             await asyncio.to_thread(self.targets.track)
-            if self._read_gpus is not None:
-                # A GPU that lists no process now shows its baseline memory.
-                sample, error = await read_gpus(self._read_gpus, self._config.evidence.gpu_timeout)
-                if sample is not None and error is None:
-                    learn_baselines([sample], self._gpu_baselines)
+            await self._takedown.learn_gpu_baselines()
             self._task = asyncio.create_task(self._track_forever(), name="soak-respond-tree")
 
     async def _track_forever(self) -> None:
@@ -143,24 +137,16 @@ class Responder:
             return await self._handle(decision, number)
 
     async def _handle(self, decision: Decision, number: int) -> IncidentRecord:
-        cfg = self._config
         rel = f"incidents/{number}"
-        try:
-            bundle = ev.Bundle(self._run_dir / rel, redactor=self._redactor)
-        except OSError as exc:  # no room for the bundle: the kill still happens
-            self._write_failed(exc)
-            bundle = ev.Bundle.__new__(ev.Bundle)
-            bundle.dir, bundle.redactor, bundle.steps = self._run_dir / rel, self._redactor, {}
-        kind, rule = decision.kind, decision.rule
-        onset_at, detected_at = decision.onset_at, decision.decided_at
+        bundle = self._open_bundle(self._run_dir / rel)
         header: dict[str, Any] = {
             "number": number,
             "status": IncidentStatus.COLLECTING.value,
             "decision": {
-                "kind": kind.value,
-                "rule": rule,
-                "onset_at": onset_at,
-                "decided_at": detected_at,
+                "kind": decision.kind.value,
+                "rule": decision.rule,
+                "onset_at": decision.onset_at,
+                "decided_at": decision.decided_at,
                 "reasons": list(decision.reasons),
                 "evidence": ev.plain(decision.evidence),
             },
@@ -171,104 +157,54 @@ class Responder:
             },
         }
         self._save(bundle, header)
-        notes: list[str] = []
-
-        # The tree now, and who on the GPUs is ours.
-        root_pid = self.targets.root_pid()
-        if root_pid is not None and root_pid != self._target.root_pid:
-            notes.append(f"root pid {root_pid} found listening on the target's port")
-        await asyncio.to_thread(lambda: self.targets.tree.snapshot(root_pid, fresh=True))
-        if root_pid is not None and self.targets.tree.root is None:
-            notes.append(f"root pid {root_pid} is protected or gone: not adopted")
-        if self.targets.root_lost:
-            notes.append(self.targets.root_lost)
-        gpu_sample, gpu_error = (None, "no GPU source")
-        if self._read_gpus is not None:
-            gpu_sample, gpu_error = await read_gpus(self._read_gpus, cfg.evidence.gpu_timeout)
-        foreign = await asyncio.to_thread(self.targets.claim_gpu_processes, gpu_sample)
-        if foreign:
-            notes.append(f"GPU processes outside the target, left alone: {sorted(foreign)}")
-        if self.targets.marker is not None:
-            await asyncio.to_thread(self.targets.adopt_marked)
-        members = self.targets.tree.known()
+        survey = await self._takedown.survey()
 
         # 1. Evidence.
-        if cfg.evidence.enabled:
+        if self._config.evidence.enabled:
             header["status"] = IncidentStatus.EVIDENCE.value
-            await self._evidence.collect(bundle, detected_at=detected_at, members=members, root=self.targets.tree.root,
-                                         gpu_sample=gpu_sample, gpu_error=gpu_error)
+            await self._evidence.collect(bundle, detected_at=decision.decided_at, members=survey.members,
+                                         root=self.targets.tree.root, gpu_sample=survey.gpu_sample,
+                                         gpu_error=survey.gpu_error)
         else:
             bundle.record("evidence", ok=True, elapsed_s=0.0, note="disabled by config")
         header["steps"] = bundle.steps
         header["status"] = IncidentStatus.KILLING.value
         self._save(bundle, header)
 
-        # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
-        now_pid = self.targets.root_pid()
-        fresh = await asyncio.to_thread(lambda: self.targets.tree.snapshot(now_pid, fresh=True))
-        to_kill = merge(self.targets.tree.known(), fresh)
-        await asyncio.to_thread(self.targets.shm.record, [info.pid for info in to_kill])
-        killed_at = self._clock.now()
-        try:
-            identity = self.targets.identity()
-            result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, target=identity,
-                                                                timeout_s=cfg.kill_timeout,
-                                                                reader=self.targets.kill_reader(identity))
-        except Exception as exc:  # the kill could not finish: record it, go on to the GPU wait
-            notes.append(f"kill failed: {type(exc).__name__}: {exc}")
-            result = None
-        killed = result.killed if result is not None else ()
-        if result is not None:
-            notes.extend(result.notes)
-        if not killed:
-            notes.append("no live target process to kill")
-        self.targets.tree.forget_dead()
-        # The shared-memory segments only the killed tree held: its resource
-        # tracker died with it, so nobody else will unlink them.
-        shm = None
-        if killed:
-            try:
-                shm = await asyncio.to_thread(self.targets.shm.cleanup, [info.pid for info in to_kill])
-            except Exception as exc:  # never let /dev/shm housekeeping stop the response
-                notes.append(f"/dev/shm cleanup failed: {type(exc).__name__}: {exc}")
-            else:
-                ev.write_json(bundle.dir / "shm_cleanup.json", shm.to_json())
-                notes.extend(f"/dev/shm: kept {path}: {why}" for path, why in shm.kept.items())
+        # 2. SIGKILL.
+        kill = await self._takedown.kill()
+        if kill.shm is not None:
+            ev.write_json(bundle.dir / "shm_cleanup.json", kill.shm.to_json())
 
         # 3. GPUs free.
-        target_pids = {info.pid for info in to_kill}
-        if cfg.gpu_memory_baseline_mib is None:
-            learn_baselines(self._recent_samples() or (), self._gpu_baselines)
-        release: GpuRelease = await wait_gpus_free(
-            self._read_gpus,
-            target_pids=target_pids,
-            pids_gone=lambda: not any(running(i.pin) for i in to_kill),
-            clock=self._clock,
-            timeout_s=cfg.gpu_release_timeout,
-            poll_s=cfg.gpu_poll_interval,
-            tolerance_mib=cfg.gpu_memory_tolerance_mib,
-            baselines={} if cfg.gpu_memory_baseline_mib is not None else self._gpu_baselines,
-            default_baseline=cfg.gpu_memory_baseline_mib,
-            read_timeout_s=cfg.evidence.gpu_timeout,
-            source_hint=gpu_sample.source if gpu_sample is not None else None,
-            before=gpu_sample if gpu_error is None else None,
-        )
-        notes.extend(release.notes)
-        gpu_free_s = release.free_at - killed_at if release.free_at is not None else None
-        if gpu_free_s is not None and gpu_free_s < 0:
-            gpu_free_s = 0.0
+        release = await self._takedown.wait_gpus_free(kill, survey)
         if release.last is not None:
             try:
                 bundle.write_json(bundle.dir / "gpus_after.json", release.last)
             except OSError as exc:
                 self._write_failed(exc)
 
-        all_notes = tuple(bundle.notes() + notes)
+        record = self._record(decision, number, rel, bundle, kill, release,
+                              notes=[*survey.notes, *kill.notes, *release.notes])
+        header["status"] = IncidentStatus.DONE.value
+        header["steps"] = bundle.steps
+        header["record"] = record.to_json()
+        self._save(bundle, header)
+        return record
+
+    def _record(self, decision: Decision, number: int, rel: str, bundle: ev.Bundle, kill: Kill,
+                release: GpuRelease, *, notes: list[str]) -> IncidentRecord:
+        kind, rule = decision.kind, decision.rule
+        onset_at, detected_at = decision.onset_at, decision.decided_at
+        killed, result, shm = kill.killed, kill.result, kill.shm
+        gpu_free_s = release.free_at - kill.killed_at if release.free_at is not None else None
+        if gpu_free_s is not None and gpu_free_s < 0:
+            gpu_free_s = 0.0
         diagnosis = diagnosis_line(bundle.dir / "flight_recorder_summary.json")
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
         if diagnosis:
             summary += f"; flight recorder: {diagnosis}"
-        record = IncidentRecord(
+        return IncidentRecord(
             number=number,
             kind=kind,
             rule=rule,
@@ -280,21 +216,25 @@ class Responder:
             evidence=rel,
             summary=summary,
             reasons=decision.reasons,
-            killed_at=killed_at if killed else None,
+            killed_at=kill.killed_at if killed else None,
             gpus_free_at=release.free_at,
             survivors=tuple(result.survivors) if result is not None else (),
-            notes=all_notes,
+            notes=tuple(bundle.notes() + notes),
             diagnosis=diagnosis,
             extra={
                 "killed": [i.to_json() for i in killed],
                 **({"shm_removed": [seg.path for seg in shm.removed]} if shm is not None else {}),
             },
         )
-        header["status"] = IncidentStatus.DONE.value
-        header["steps"] = bundle.steps
-        header["record"] = record.to_json()
-        self._save(bundle, header)
-        return record
+
+    def _open_bundle(self, directory: Path) -> ev.Bundle:
+        try:
+            return ev.Bundle(directory, redactor=self._redactor)
+        except OSError as exc:  # no room for the bundle: the kill still happens
+            self._write_failed(exc)
+            bundle = ev.Bundle.__new__(ev.Bundle)
+            bundle.dir, bundle.redactor, bundle.steps = directory, self._redactor, {}
+            return bundle
 
     def _save(self, bundle: ev.Bundle, header: dict) -> None:
         """incident.json, rewritten whole; a failed write (disk full) never stops the kill."""
@@ -306,6 +246,7 @@ class Responder:
     def _write_failed(self, exc: BaseException) -> None:
         if self._on_write_error is not None:
             self._on_write_error(exc)
+
 
 def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[Member],
              release: GpuRelease, gpu_free_s: float | None, result: KillResult | None) -> str:
