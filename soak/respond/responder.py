@@ -1,10 +1,10 @@
 """The response to an incident: evidence, SIGKILL of the target's tree, GPUs free.
 
 Order (each step bounded, a failing step noted and never blocking the next):
-1. the evidence bundle in ``incidents/N/`` (``soak.respond.evidence``);
+1. the evidence bundle in ``incidents/N/`` (``soak.respond.collect``);
 2. SIGKILL to every process that belongs to the target: the tree as recorded
    over the run and freshly walked, plus the GPU source's compute processes that
-   provably belong to it (``soak.proc``);
+   provably belong to it (``soak.respond.takedown``, ``soak.respond.target_tree``);
 3. a bounded wait until the GPUs list no target process and their memory is
    back within tolerance (``soak.respond.gpu``).
 
@@ -16,50 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import socket
-import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol, Sequence
-from urllib.parse import urlsplit
+from typing import Any, Callable, Sequence
 
 from soak.clock import Clock
 from soak.records import GpuSourceLike
 from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
 from soak.redact import Redactor
 from soak.respond import evidence as ev
+from soak.respond.collect import EvidenceCollector, diagnosis_line
 from soak.respond.config import ResponseConfig
-from soak.respond.flight import (
-    FlightRecorderPaths,
-    collect_dumps,
-    default_flight_recorder_paths,
-    dump_files,
-    ownership_variable,
-    request_dumps,
-)
-from soak.respond.gpu import GpuRelease, learn_baselines, read_gpus, wait_gpus_free
-from soak.errors import TargetMismatch
-from soak.proc.belonging import Proof, Reason, TargetIdentity, decide
-from soak.proc.facts import Member, Pin, ProcTable
-from soak.proc.kill import KillResult, kill_processes
-from soak.proc.read import ProcReader, find_listener, running
-from soak.proc.shm import ShmLedger
+from soak.respond.flight import FlightRecorderPaths, default_flight_recorder_paths, ownership_variable
+from soak.respond.gpu import GpuRelease
+from soak.proc.facts import Member
+from soak.proc.kill import KillResult
 from soak.proc.snapshots import ProcSnapshots
-from soak.proc.tree import ProcessTree, merge
-from soak.samples import GpuSample, Sample
-
-_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-class _TargetLike(Protocol):
-    """What the responder reads of soak.run's Target."""
-
-    base_url: str
-    root_pid: int | None
-    # The root process as checked at start (None: not checked, e.g. attached without a PID).
-    identity: Pin | None
-    log_path: Path | None
-    flight_recorder_pipe_stem: str | None
+from soak.respond.takedown import Kill, Takedown
+from soak.respond.target_tree import TargetLike, TargetTree
+from soak.samples import Sample
 
 
 class Responder:
@@ -72,7 +46,7 @@ class Responder:
         config: ResponseConfig,
         *,
         run_dir: Path,
-        target: _TargetLike,
+        target: TargetLike,
         gpu_source: GpuSourceLike | None,
         clock: Clock,
         recent_samples: Callable[[], Sequence[Sample]],
@@ -87,91 +61,27 @@ class Responder:
         self._config = config
         self._run_dir = Path(run_dir)
         self._target = target
-        self._read_gpus = gpu_source.read if gpu_source is not None else None
-        self._clock = clock
-        self._recent_samples = recent_samples
-        self._marker = (ownership_variable, ownership_token) if ownership_token else None
-        self._fr_paths = flight_recorder_paths or default_flight_recorder_paths(self._run_dir)
-        # The /proc reader this process's users share (the process probe's too, through wiring).
-        self._proc = proc if proc is not None else ProcSnapshots()
-        self.tree = ProcessTree(reader=self._proc)
-        # /dev/shm segments the tree held, removed after its SIGKILL (soak/proc/shm.py)
-        self.shm = ShmLedger()
-        self._collected_dumps: dict[str, float] = {}
-        self._gpu_baselines: dict[int, float] = {}
+        self.targets = TargetTree(
+            target, marker=(ownership_variable, ownership_token) if ownership_token else None,
+            find_root_by_port=config.find_root_by_port, proc=proc if proc is not None else ProcSnapshots(),
+        )
+        self._takedown = Takedown(config, targets=self.targets, gpu_source=gpu_source, clock=clock,
+                                  recent_samples=recent_samples)
+        self._evidence = EvidenceCollector(
+            config.evidence, target=target, has_gpu_source=gpu_source is not None, recent_samples=recent_samples,
+            flight_recorder_paths=flight_recorder_paths or default_flight_recorder_paths(self._run_dir),
+            redactor=redactor,
+        )
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Future] = set()
         self._closed = False
         self._lock = asyncio.Lock()
-        self._root_lost: str | None = None
-
-    # --- tree tracking over the run ---------------------------------------------
-
-    def root_pid(self) -> int | None:
-        pid = self._target.root_pid
-        identity = self._target.identity
-        if pid is not None and identity is not None and identity.pid == pid and not running(identity):
-            # The process checked at start is gone; its number may be a stranger's now.
-            self._root_lost = f"root pid {pid} is no longer the process checked at start (gone or reused): not adopted"
-            return None
-        if pid is None and self._config.find_root_by_port:
-            port = _loopback_port(self._target.base_url)
-            if port is not None:
-                pid = find_listener(port)
-        return pid
-
-    def track(self) -> tuple[Member, ...]:
-        """One snapshot of the target's tree and of the /dev/shm segments it holds (blocking /proc reads)."""
-        alive = self.tree.snapshot(self.root_pid())
-        self.shm.record(info.pid for info in alive)
-        return alive
-
-    def identity(self) -> TargetIdentity:
-        """What proves a process is the target's, for ``belonging.decide``: the
-        run's marker for a server the harness started; the PID checked at start
-        for an attached one; else the listener on the URL's loopback port (never
-        a forwarder), or nothing at all."""
-        members = self.tree.pins()
-        pinned = self._target.identity
-        root = Pin(pinned.pid, pinned.create_time) if pinned is not None else None
-        if self._marker is not None:
-            cgroup = getattr(self._target, "cgroup", None)
-            return TargetIdentity(Proof.LAUNCHED, marker=self._marker[1], root=root, members=members,
-                                  session=root.pid if root is not None else None,
-                                  cgroup=cgroup.name if cgroup is not None else None)
-        if root is not None:
-            return TargetIdentity(Proof.ATTACHED_PID, root=root, members=members)
-        port = _loopback_port(self._target.base_url) if self._config.find_root_by_port else None
-        return TargetIdentity(Proof.ATTACHED_URL, port=port, members=members if port is not None else frozenset())
-
-    def check_kill_target(self, reader: ProcReader | None = None) -> None:
-        """An attached server given by URL alone: the listener on its port must be
-        the server, not a forwarder (a proxy, a tunnel) in front of it. The check
-        holds one HTTP request open through the port, so a forwarder has its
-        upstream connection open while /proc is read. Refused with one line
-        (exit 3) rather than run with a kill aimed at the wrong process."""
-        identity = self.identity()
-        if identity.proof is not Proof.ATTACHED_URL or identity.port is None:
-            return
-        with _held_request(identity.port):
-            table = (reader or self._proc.full)()
-        for listener in table.listeners(identity.port):
-            verdict = decide(listener.pid, listener.create_time, table, identity)
-            if verdict.reason is Reason.FORWARDER:
-                raise TargetMismatch(
-                    f"target.base_url {self._target.base_url}: {verdict.detail}; give target.pid naming the "
-                    "real server, or set response.find_root_by_port: false to run with no kill target"
-                )
 
     async def start(self) -> None:
         if self._task is None and not self._closed:
-            await asyncio.to_thread(self.check_kill_target)
-            await asyncio.to_thread(self.track)
-            if self._read_gpus is not None:
-                # A GPU that lists no process now shows its baseline memory.
-                sample, error = await read_gpus(self._read_gpus, self._config.evidence.gpu_timeout)
-                if sample is not None and error is None:
-                    learn_baselines([sample], self._gpu_baselines)
+            await asyncio.to_thread(self.targets.check_kill_target)
+            await asyncio.to_thread(self.targets.track)
+            await self._takedown.learn_gpu_baselines()
             self._task = asyncio.create_task(self._track_forever(), name="soak-respond-tree")
 
     async def _track_forever(self) -> None:
@@ -181,7 +91,7 @@ class Responder:
             if self._lock.locked():
                 continue  # a kill is in progress; it snapshots itself
             try:
-                await asyncio.to_thread(self.track)
+                await asyncio.to_thread(self.targets.track)
             except Exception:
                 # /proc races (a process vanishing mid-walk) must not end tracking.
                 continue
@@ -205,15 +115,10 @@ class Responder:
         tree held. vLLM 0.32's own SIGTERM shutdown leaves its broadcast rings
         behind (hundreds of MB). Nothing happens while any process of the tree
         still runs (an attached server the run does not stop, a survivor)."""
-        if not self.shm.segments():
+        pids = self.targets.shm_releasable()
+        if pids is None:
             return None
-        members = self.tree.known()
-        if any(running(info.pin) for info in members):
-            return None
-        pids = {pid for seg in self.shm.segments() for pid in seg.pids} | {info.pid for info in members}
-        if any(same_process_pid(pid) for pid in pids):
-            return None
-        result = await asyncio.to_thread(self.shm.cleanup, pids)
+        result = await asyncio.to_thread(self.targets.shm.cleanup, pids)
         return result.to_json() if (result.removed or result.kept) else None
 
     # --- the response --------------------------------------------------------------
@@ -232,24 +137,16 @@ class Responder:
             return await self._handle(decision, number)
 
     async def _handle(self, decision: Decision, number: int) -> IncidentRecord:
-        cfg = self._config
         rel = f"incidents/{number}"
-        try:
-            bundle = ev.Bundle(self._run_dir / rel, redactor=self._redactor)
-        except OSError as exc:  # no room for the bundle: the kill still happens
-            self._write_failed(exc)
-            bundle = ev.Bundle.__new__(ev.Bundle)
-            bundle.dir, bundle.redactor, bundle.steps = self._run_dir / rel, self._redactor, {}
-        kind, rule = decision.kind, decision.rule
-        onset_at, detected_at = decision.onset_at, decision.decided_at
+        bundle = self._open_bundle(self._run_dir / rel)
         header: dict[str, Any] = {
             "number": number,
             "status": IncidentStatus.COLLECTING.value,
             "decision": {
-                "kind": kind.value,
-                "rule": rule,
-                "onset_at": onset_at,
-                "decided_at": detected_at,
+                "kind": decision.kind.value,
+                "rule": decision.rule,
+                "onset_at": decision.onset_at,
+                "decided_at": decision.decided_at,
                 "reasons": list(decision.reasons),
                 "evidence": ev.plain(decision.evidence),
             },
@@ -260,106 +157,54 @@ class Responder:
             },
         }
         self._save(bundle, header)
-        notes: list[str] = []
-
-        # The tree now, and who on the GPUs is ours.
-        root_pid = self.root_pid()
-        if root_pid is not None and root_pid != self._target.root_pid:
-            notes.append(f"root pid {root_pid} found listening on the target's port")
-        await asyncio.to_thread(lambda: self.tree.snapshot(root_pid, fresh=True))
-        if root_pid is not None and self.tree.root is None:
-            notes.append(f"root pid {root_pid} is protected or gone: not adopted")
-        if self._root_lost:
-            notes.append(self._root_lost)
-        gpu_sample, gpu_error = (None, "no GPU source")
-        if self._read_gpus is not None:
-            gpu_sample, gpu_error = await read_gpus(self._read_gpus, cfg.evidence.gpu_timeout)
-        foreign = await asyncio.to_thread(self._claim_gpu_processes, gpu_sample)
-        if foreign:
-            notes.append(f"GPU processes outside the target, left alone: {sorted(foreign)}")
-        if self._marker is not None:
-            await asyncio.to_thread(self.tree.find_marked, self._marker)
-            cgroup = getattr(self._target, "cgroup", None)
-            if cgroup is not None:  # a member that scrubbed its environment is still in the cgroup
-                await asyncio.to_thread(lambda: self.tree.adopt(cgroup.pids(), via="cgroup"))
-        members = self.tree.known()
+        survey = await self._takedown.survey()
 
         # 1. Evidence.
-        if cfg.evidence.enabled:
+        if self._config.evidence.enabled:
             header["status"] = IncidentStatus.EVIDENCE.value
-            await self._collect(bundle, decision, detected_at, members, gpu_sample, gpu_error)
+            await self._evidence.collect(bundle, detected_at=decision.decided_at, members=survey.members,
+                                         root=self.targets.tree.root, gpu_sample=survey.gpu_sample,
+                                         gpu_error=survey.gpu_error)
         else:
             bundle.record("evidence", ok=True, elapsed_s=0.0, note="disabled by config")
         header["steps"] = bundle.steps
         header["status"] = IncidentStatus.KILLING.value
         self._save(bundle, header)
 
-        # 2. SIGKILL, from a snapshot taken just now merged with everything seen before.
-        now_pid = self.root_pid()
-        fresh = await asyncio.to_thread(lambda: self.tree.snapshot(now_pid, fresh=True))
-        to_kill = merge(self.tree.known(), fresh)
-        await asyncio.to_thread(self.shm.record, [info.pid for info in to_kill])
-        killed_at = self._clock.now()
-        try:
-            identity = self.identity()
-            result: KillResult | None = await asyncio.to_thread(kill_processes, to_kill, target=identity,
-                                                                timeout_s=cfg.kill_timeout,
-                                                                reader=_reader_for(identity, self._proc.full))
-        except Exception as exc:  # the kill could not finish: record it, go on to the GPU wait
-            notes.append(f"kill failed: {type(exc).__name__}: {exc}")
-            result = None
-        killed = result.killed if result is not None else ()
-        if result is not None:
-            notes.extend(result.notes)
-        if not killed:
-            notes.append("no live target process to kill")
-        self.tree.forget_dead()
-        # The shared-memory segments only the killed tree held: its resource
-        # tracker died with it, so nobody else will unlink them.
-        shm = None
-        if killed:
-            try:
-                shm = await asyncio.to_thread(self.shm.cleanup, [info.pid for info in to_kill])
-            except Exception as exc:  # never let /dev/shm housekeeping stop the response
-                notes.append(f"/dev/shm cleanup failed: {type(exc).__name__}: {exc}")
-            else:
-                ev.write_json(bundle.dir / "shm_cleanup.json", shm.to_json())
-                notes.extend(f"/dev/shm: kept {path}: {why}" for path, why in shm.kept.items())
+        # 2. SIGKILL.
+        kill = await self._takedown.kill()
+        if kill.shm is not None:
+            ev.write_json(bundle.dir / "shm_cleanup.json", kill.shm.to_json())
 
         # 3. GPUs free.
-        target_pids = {info.pid for info in to_kill}
-        if cfg.gpu_memory_baseline_mib is None:
-            learn_baselines(self._recent_samples() or (), self._gpu_baselines)
-        release: GpuRelease = await wait_gpus_free(
-            self._read_gpus,
-            target_pids=target_pids,
-            pids_gone=lambda: not any(running(i.pin) for i in to_kill),
-            clock=self._clock,
-            timeout_s=cfg.gpu_release_timeout,
-            poll_s=cfg.gpu_poll_interval,
-            tolerance_mib=cfg.gpu_memory_tolerance_mib,
-            baselines={} if cfg.gpu_memory_baseline_mib is not None else self._gpu_baselines,
-            default_baseline=cfg.gpu_memory_baseline_mib,
-            read_timeout_s=cfg.evidence.gpu_timeout,
-            source_hint=gpu_sample.source if gpu_sample is not None else None,
-            before=gpu_sample if gpu_error is None else None,
-        )
-        notes.extend(release.notes)
-        gpu_free_s = release.free_at - killed_at if release.free_at is not None else None
-        if gpu_free_s is not None and gpu_free_s < 0:
-            gpu_free_s = 0.0
+        release = await self._takedown.wait_gpus_free(kill, survey)
         if release.last is not None:
             try:
                 bundle.write_json(bundle.dir / "gpus_after.json", release.last)
             except OSError as exc:
                 self._write_failed(exc)
 
-        all_notes = tuple(bundle.notes() + notes)
-        diagnosis = _diagnosis_line(bundle.dir / "flight_recorder_summary.json")
+        record = self._record(decision, number, rel, bundle, kill, release,
+                              notes=[*survey.notes, *kill.notes, *release.notes])
+        header["status"] = IncidentStatus.DONE.value
+        header["steps"] = bundle.steps
+        header["record"] = record.to_json()
+        self._save(bundle, header)
+        return record
+
+    def _record(self, decision: Decision, number: int, rel: str, bundle: ev.Bundle, kill: Kill,
+                release: GpuRelease, *, notes: list[str]) -> IncidentRecord:
+        kind, rule = decision.kind, decision.rule
+        onset_at, detected_at = decision.onset_at, decision.decided_at
+        killed, result, shm = kill.killed, kill.result, kill.shm
+        gpu_free_s = release.free_at - kill.killed_at if release.free_at is not None else None
+        if gpu_free_s is not None and gpu_free_s < 0:
+            gpu_free_s = 0.0
+        diagnosis = diagnosis_line(bundle.dir / "flight_recorder_summary.json")
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
         if diagnosis:
             summary += f"; flight recorder: {diagnosis}"
-        record = IncidentRecord(
+        return IncidentRecord(
             number=number,
             kind=kind,
             rule=rule,
@@ -371,21 +216,25 @@ class Responder:
             evidence=rel,
             summary=summary,
             reasons=decision.reasons,
-            killed_at=killed_at if killed else None,
+            killed_at=kill.killed_at if killed else None,
             gpus_free_at=release.free_at,
             survivors=tuple(result.survivors) if result is not None else (),
-            notes=all_notes,
+            notes=tuple(bundle.notes() + notes),
             diagnosis=diagnosis,
             extra={
                 "killed": [i.to_json() for i in killed],
                 **({"shm_removed": [seg.path for seg in shm.removed]} if shm is not None else {}),
             },
         )
-        header["status"] = IncidentStatus.DONE.value
-        header["steps"] = bundle.steps
-        header["record"] = record.to_json()
-        self._save(bundle, header)
-        return record
+
+    def _open_bundle(self, directory: Path) -> ev.Bundle:
+        try:
+            return ev.Bundle(directory, redactor=self._redactor)
+        except OSError as exc:  # no room for the bundle: the kill still happens
+            self._write_failed(exc)
+            bundle = ev.Bundle.__new__(ev.Bundle)
+            bundle.dir, bundle.redactor, bundle.steps = directory, self._redactor, {}
+            return bundle
 
     def _save(self, bundle: ev.Bundle, header: dict) -> None:
         """incident.json, rewritten whole; a failed write (disk full) never stops the kill."""
@@ -397,229 +246,6 @@ class Responder:
     def _write_failed(self, exc: BaseException) -> None:
         if self._on_write_error is not None:
             self._on_write_error(exc)
-
-    def _claim_gpu_processes(self, sample: GpuSample | None) -> set[int]:
-        """Add the GPU processes that belong to the target; return those that do not."""
-        if sample is None:
-            return set()
-        foreign: set[int] = set()
-        for gpu in sample.gpus:
-            for pid in gpu.pids:
-                if self.tree.claim(pid, via="gpu", marker=self._marker) is None:
-                    foreign.add(pid)
-        return foreign
-
-    async def _collect(
-        self,
-        bundle: ev.Bundle,
-        decision: Decision,
-        detected_at: float,
-        members: Sequence[Member],
-        gpu_sample: GpuSample | None,
-        gpu_error: str | None,
-    ) -> None:
-        cfg = self._config.evidence
-        started = time.monotonic()
-        budget = cfg.budget
-
-        def left(limit: float) -> float:
-            return max(0.01, min(limit, budget - (time.monotonic() - started)))
-
-        samples = list(self._recent_samples() or ())
-
-        async def samples_step() -> None:
-            n = await asyncio.to_thread(ev.write_samples, bundle, samples, since=detected_at - cfg.samples_window)
-            bundle.record("samples", ok=True, elapsed_s=0.0, count=n)
-
-        async def gpus_step() -> None:
-            if self._read_gpus is None:
-                bundle.record("gpus", ok=True, elapsed_s=0.0, note="no GPU source")
-                return
-            if gpu_sample is None:
-                bundle.write_json(bundle.dir / "gpus.json", {"error": gpu_error})
-                raise RuntimeError(gpu_error or "no GPU reading")
-            bundle.write_json(bundle.dir / "gpus.json", gpu_sample)
-            if gpu_error:
-                raise RuntimeError(gpu_error)
-
-        async def processes_step() -> None:
-            bundle.write_json(
-                bundle.dir / "processes.json",
-                {"root": self.tree.root.to_json() if self.tree.root else None, "processes": [m.to_json() for m in members]},
-            )
-
-        async def metrics_step() -> None:
-            text = await ev.fetch_metrics(self._target.base_url, cfg.metrics_timeout)
-            bundle.write_bytes(bundle.dir / "metrics.txt", text.encode())
-
-        log_tail: dict[str, str] = {}
-
-        async def log_step() -> None:
-            path = self._target.log_path
-            if path is None:
-                bundle.record("log_tail", ok=True, elapsed_s=0.0, note="the target has no log file")
-                return
-            text = await asyncio.to_thread(ev.read_tail, Path(path), cfg.log_tail_bytes)
-            log_tail["text"] = text
-            bundle.write_bytes(bundle.dir / "log_tail.txt", text.encode())
-
-        async def py_spy_step() -> None:
-            if not cfg.py_spy:
-                bundle.record("py_spy", ok=True, elapsed_s=0.0, note="disabled by config")
-                return
-            exe = ev.find_py_spy(cfg.py_spy_command)
-            if exe is None:
-                bundle.record("py_spy", ok=True, elapsed_s=0.0, note=f"{cfg.py_spy_command} not installed; skipped")
-                return
-            limit = asyncio.Semaphore(4)
-            results: dict[int, str | None] = {}
-
-            async def one(pid: int) -> None:
-                async with limit:
-                    try:
-                        ok, note = await ev.py_spy_dump(
-                            exe, pid, native=cfg.py_spy_native, timeout_s=left(cfg.py_spy_timeout),
-                            dest=bundle.dir / f"py-spy-{pid}.txt",
-                            redact=self._redactor.bytes if self._redactor is not None else None,
-                        )
-                    except asyncio.TimeoutError:
-                        ok, note = False, "timed out"
-                    except OSError as exc:
-                        ok, note = False, str(exc)
-                    results[pid] = None if ok else note
-
-            await asyncio.gather(*(one(m.pid) for m in members if running(m.pin)))
-            failed = {pid: note for pid, note in results.items() if note}
-            bundle.record(
-                "py_spy",
-                ok=not failed,
-                elapsed_s=0.0,
-                dumped=sorted(pid for pid, note in results.items() if not note),
-                note=("; ".join(f"{pid}: {note}" for pid, note in sorted(failed.items()))[:1000] if failed else None),
-            )
-
-        async def flight_step() -> None:
-            if not cfg.flight_recorder:
-                bundle.record("flight_recorder", ok=True, elapsed_s=0.0, note="disabled by config")
-                return
-            stem = self._target.flight_recorder_pipe_stem or cfg.flight_recorder_pipe_stem or self._fr_paths.pipe_stem
-            prefix = cfg.flight_recorder_dump_prefix or self._fr_paths.dump_prefix
-            before = dict(self._collected_dumps)
-            written, pipe_notes = request_dumps(stem)
-            dumps = await collect_dumps(
-                prefix, expected=len(written), before=before, wait_s=left(cfg.flight_recorder_wait),
-                dest=bundle.dir / "flight_recorder",
-            )
-            self._collected_dumps.update(dump_files(prefix))
-            summary_note = None
-            if dumps:
-                try:
-                    summary = await asyncio.to_thread(ev.flight_recorder_summary, bundle.dir / "flight_recorder")
-                except Exception as exc:
-                    summary_note = f"summary failed: {type(exc).__name__}: {exc}"
-                else:
-                    bundle.write_json(bundle.dir / "flight_recorder_summary.json", summary)
-            missing = len(written) - len(dumps) if len(dumps) < len(written) else 0
-            note_parts = []
-            if not written:
-                note_parts.append("no rank pipe open" + (f" ({'; '.join(pipe_notes)})" if pipe_notes else f" under {stem}"))
-            if missing:
-                note_parts.append(f"{missing} of {len(written)} asked ranks did not dump in time")
-            if summary_note:
-                note_parts.append(summary_note)
-            bundle.record(
-                "flight_recorder",
-                ok=not missing,
-                elapsed_s=0.0,
-                pipes_written=len(written),
-                dumps=[p.name for p in dumps],
-                note="; ".join(note_parts) or None,
-            )
-
-        steps: list[tuple[str, Callable[[], Awaitable[Any]], float]] = [
-            ("samples", samples_step, budget),
-            ("gpus", gpus_step, budget),
-            ("processes", processes_step, budget),
-            ("metrics", metrics_step, cfg.metrics_timeout),
-            ("log_tail", log_step, budget),
-            ("py_spy", py_spy_step, cfg.py_spy_timeout + 1.0),
-            ("flight_recorder", flight_step, cfg.flight_recorder_wait + 1.0),
-        ]
-        await asyncio.gather(*(bundle.step(name, make, left(limit)) for name, make, limit in steps))
-        # The watchdog lines need the log tail.
-        await bundle.step(
-            "watchdog",
-            lambda: asyncio.to_thread(_write_watchdog, bundle, samples, log_tail.get("text")),
-            left(budget),
-        )
-
-
-def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
-    bundle.write_json(bundle.dir / "watchdog.json", ev.watchdog_entries(samples, tail))
-
-
-def same_process_pid(pid: int) -> bool:
-    """Whether ``pid`` is a live, non-zombie process (PID reuse makes this conservative)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _reader_for(identity: TargetIdentity, read_table: ProcReader) -> ProcReader:
-    """For a server found by its port, each reading is taken with a request held
-    open through that port: a forwarder then shows its upstream connection even
-    when no stream of the run is in flight."""
-    port = identity.port
-    if identity.proof is not Proof.ATTACHED_URL or port is None:
-        return read_table
-
-    def read() -> ProcTable:
-        with _held_request(port, timeout_s=0.5):
-            return read_table()
-
-    return read
-
-
-@contextlib.contextmanager
-def _held_request(port: int, timeout_s: float = 2.0):
-    """One ``GET /health`` sent to 127.0.0.1:``port`` and its answer's first bytes
-    read, the connection kept open for the body of the ``with``."""
-    sock = None
-    try:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
-        sock.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n\r\n".encode())
-        sock.recv(1024)
-    except OSError:
-        pass  # the reading below judges what it sees; a dead port shows no listener
-    try:
-        yield
-    finally:
-        if sock is not None:
-            sock.close()
-
-
-def _loopback_port(base_url: str) -> int | None:
-    try:
-        parts = urlsplit(base_url)
-    except ValueError:
-        return None
-    if parts.hostname not in _LOOPBACK:
-        return None
-    if parts.port is not None:
-        return parts.port
-    return 443 if parts.scheme == "https" else 80
-
-
-def _diagnosis_line(path: Path) -> str | None:
-    """The diagnosis the flight-recorder step wrote beside the dumps, if any."""
-    from soak.jsonl import read_json
-
-    data = read_json(path)  # bounded in size and nesting; None where it cannot be read
-    line = data.get("diagnosis") if isinstance(data, dict) else None
-    return str(line)[:500] if line else None
 
 
 def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[Member],

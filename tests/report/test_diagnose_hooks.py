@@ -13,7 +13,7 @@ from pathlib import Path
 
 from soak.respond.evidence import flight_recorder_summary
 from soak.records import IncidentRecord
-from soak.respond.responder import _diagnosis_line
+from soak.respond.collect import diagnosis_line
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 GATED = FIX / "flight_recorder" / "real" / "gloo_pp4_gated"
@@ -32,21 +32,21 @@ def _run_with_dumps(tmp_path: Path) -> Path:
 
 def test_the_responder_takes_the_line_from_the_summary_it_wrote(tmp_path):
     run = _run_with_dumps(tmp_path)
-    line = _diagnosis_line(run / "incidents" / "1" / "flight_recorder_summary.json")
+    line = diagnosis_line(run / "incidents" / "1" / "flight_recorder_summary.json")
     assert line and "size mismatch" in line and "rank 3" in line
     record = IncidentRecord(number=1, kind="hang", rule="r", onset_at=1.0, detected_at=2.0, killed_pids=(),
                             gpus_released=True, gpu_free_s=0.1, evidence="incidents/1",
                             summary=f"hang; {line}", diagnosis=line)
     assert record.to_json()["diagnosis"] == line
     assert IncidentRecord.from_json(record.to_json()).diagnosis == line
-    assert _diagnosis_line(tmp_path / "flight_recorder_summary.json") is None  # none: no line, no exception
+    assert diagnosis_line(tmp_path / "flight_recorder_summary.json") is None  # none: no line, no exception
     (tmp_path / "flight_recorder_summary.json").write_text("[1, 2")
-    assert _diagnosis_line(tmp_path / "flight_recorder_summary.json") is None
+    assert diagnosis_line(tmp_path / "flight_recorder_summary.json") is None
 
 
 def test_summary_json_and_junit_carry_it(tmp_path):
     run = _run_with_dumps(tmp_path)
-    line = _diagnosis_line(run / "incidents" / "1" / "flight_recorder_summary.json")
+    line = diagnosis_line(run / "incidents" / "1" / "flight_recorder_summary.json")
     lines = []
     for raw in (run / "events.jsonl").read_text().splitlines():
         obj = json.loads(raw)

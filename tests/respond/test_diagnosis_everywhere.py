@@ -11,7 +11,7 @@ from pathlib import Path
 from soak.flightrec.dumps import summarize_dumps
 from soak.report.junit import build_junit
 from soak.records import IncidentRecord
-from soak.respond.responder import _diagnosis_line
+from soak.respond.collect import diagnosis_line
 from soak.judge import summarize
 
 GATED = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder" / "real" / "gloo_pp4_gated"
@@ -23,7 +23,7 @@ def test_the_diagnosis_of_real_gated_dumps_reaches_the_record_summary_and_junit(
     (incident / "flight_recorder_summary.json").write_text(
         json.dumps(summarize_dumps(incident / "flight_recorder").to_json()))
 
-    line = _diagnosis_line(incident / "flight_recorder_summary.json")
+    line = diagnosis_line(incident / "flight_recorder_summary.json")
     assert line and "size mismatch" in line and "rank 3" in line
 
     record = IncidentRecord(number=1, kind="hang", rule="pp_tail_stall", onset_at=1.0, detected_at=4.0,
@@ -42,6 +42,6 @@ def test_the_diagnosis_of_real_gated_dumps_reaches_the_record_summary_and_junit(
 
 
 def test_no_dumps_no_diagnosis(tmp_path):
-    assert _diagnosis_line(tmp_path / "flight_recorder_summary.json") is None
+    assert diagnosis_line(tmp_path / "flight_recorder_summary.json") is None
     (tmp_path / "flight_recorder_summary.json").write_text("{not json")
-    assert _diagnosis_line(tmp_path / "flight_recorder_summary.json") is None
+    assert diagnosis_line(tmp_path / "flight_recorder_summary.json") is None

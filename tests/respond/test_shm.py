@@ -166,7 +166,7 @@ async def test_release_after_a_normal_stop_and_never_while_the_tree_lives(tmp_pa
     from respond_helpers import is_alive, wait_for
 
     # its resource tracker (a child) sees the pipe close and exits by itself
-    wait_for(lambda: not any(is_alive(i.pid) for i in responder.tree.known()), 15, "the tree gone")
+    wait_for(lambda: not any(is_alive(i.pid) for i in responder.targets.tree.known()), 15, "the tree gone")
     released = await responder.release_shm()
     assert [s["path"] for s in released["removed"]] == [f"/dev/shm/{name}"]
     assert not Path(f"/dev/shm/{name}").exists()

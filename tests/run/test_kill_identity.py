@@ -192,7 +192,7 @@ def test_a_kill_aimed_through_a_proxy_never_reaches_the_proxy(tmp_path, procs):
     async def go():
         responder = Responder(config, run_dir=tmp_path / "run", clock=SystemClock(), gpu_source=None,
                               recent_samples=lambda: [], target=Target())
-        responder.check_kill_target = lambda *a, **k: None  # as if the proxy came after the start
+        responder.targets.check_kill_target = lambda *a, **k: None  # as if the proxy came after the start
         await responder.start()
         try:
             now = time.time()
