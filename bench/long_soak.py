@@ -93,6 +93,17 @@ view:
   plain_interval: 30s
 """
 
+# --thresholds: what a nightly with SLOs judges at its end (whole-run and windowed
+# figures; the windowed ones read every request and server sample of the run).
+THRESHOLDS = """\
+thresholds:
+  ttft_p99: "< 10m"
+  error_rate: "< 50%"
+  output_tokens_per_s: "> 0"
+  e2e_p90: {threshold: "< 10m", window: 60s}
+  prefix_hit_ratio: {threshold: "> 0", window: 60s}
+"""
+
 
 @dataclass
 class Run:
@@ -166,7 +177,8 @@ def drive(run: Run, args, port: int | None) -> None:
         batched=args.batched_tokens, kv_blocks=max(12288, run.streams * (ctx_max // 256 + 8) * 2),
         ctx_min=ctx_min, ctx_max=ctx_max, ctx_start_high=min(ctx_max, ctx_min + max(1, (ctx_max - ctx_min) // 10)),
         shared=min(12000, ctx_min // 2), think=args.think, restarts=len(args.deadlocks_at) + 2,
-        exporter="false" if run.quiet else "true", port=port or 0, view="off" if run.quiet else "plain"))
+        exporter="false" if run.quiet else "true", port=port or 0, view="off" if run.quiet else "plain")
+        + (THRESHOLDS if args.thresholds else ""))
     log = open(run.dir.with_suffix(".log"), "w")
     run.start_mono = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "soak", "run", str(cfg), "--out", str(run.dir)],
@@ -296,6 +308,8 @@ def analyse(run: Run, args) -> dict:
         rss_trajectory_mb=rss_at,
         # the end of the run: load_stopped (the run's own clock) to the harness's exit
         end_s=(run.exit_wall - ts["load_stopped"]) if run.exit_wall and "load_stopped" in ts else None,
+        # the harness's CPU from load_stopped to its last sample (the report child not included)
+        end_cpu_s=(run.cpu[-1][1] - during[-1][1]) if during and run.cpu else None,
         scrapes=run.scrapes, restarts=summary.get("restarts"),
     )
     parts = dir_parts(run.dir)
@@ -429,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batched-tokens", type=int, default=2048, help="the simulator's --max-num-batched-tokens")
     parser.add_argument("--report-hours", type=float, default=24.0, help="synthetic real-rate run to report on (0: none)")
     parser.add_argument("--short-run", action="store_true", help="also time the end of a 5-second run per tree")
+    parser.add_argument("--thresholds", action="store_true",
+                        help="the runs judge thresholds at their end (two of them windowed), as a nightly with SLOs")
     parser.add_argument("--serial", action="store_true", help="one run at a time (default: all at once)")
     parser.add_argument("--keep", type=Path, help="keep run directories here")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
@@ -483,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     head = (f"{'tree':<8} {'N':>4} {'view+exp':>8} {'rc':>3} {'load s':>7} {'Mtok':>6} {'CPU s':>7} {'CPU/wall-h':>10} "
             f"{'CPU/Mtok':>8} {'RSS h1 MB':>9} {'RSS end':>8} {'growth':>7} {'MB/sim-h':>8} {'MB/real-h':>9} "
-            f"{'report s':>8} {'rep MB':>7} {'end s':>6}  detected_at-onset s")
+            f"{'report s':>8} {'rep MB':>7} {'end s':>6} {'end CPU':>7}  detected_at-onset s")
     print(head)
     for r in results:
         if "tokens" not in r:
@@ -495,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tokens'] / 1e6:>6.2f} {r['cpu_load_s']:>7.1f} {r['cpu_per_wall_h'] or float('nan'):>10.0f} "
               f"{r['cpu_per_mtok'] or float('nan'):>8.1f} {_mb(r['rss_h1']):>9} {_mb(r['rss_end']):>8} {growth:>+6.1f}% "
               f"{_mb(r['bytes_per_sim_h']):>8} {_mb(r['bytes_per_real_h']):>9} {rep.get('wall_s', float('nan')):>8.2f} "
-              f"{_mb(rep.get('rss')):>7} {r['end_s'] or float('nan'):>6.2f}  {r['detect_s']}")
+              f"{_mb(rep.get('rss')):>7} {r['end_s'] or float('nan'):>6.2f} {r.get('end_cpu_s') or float('nan'):>7.2f}  {r['detect_s']}")
     print()
     for r in results:
         if "bytes" in r:
