@@ -198,7 +198,9 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         reasons = (f"fatal log signature {first.signature}: {first.line.strip()[:300]}",)
         return RuleStatus(name, RuleState.FIRED, kind, onset, _round(now - onset), 0.0, reasons, evidence)
     waits = s.shm_waits_since_progress
-    if len(waits) >= cfg.shm_broadcast_repeats and s.in_flight:
+    # Before a server life's first token the workers may still compile (vLLM logs the
+    # line through a healthy start-up): generation_frozen's start-up grace covers that.
+    if len(waits) >= cfg.shm_broadcast_repeats and s.in_flight and s.generated_since_start:
         return _shm_broadcast_hang(s, config, waits, now)
     last = s.last_nonfatal_log
     if last is not None and now - last.ts < cfg.suspect_for:

@@ -189,7 +189,8 @@ class SignalTracker:
             if sample.signature == SHM_BROADCAST_WAIT:
                 self.shm_waits.append(sample)
                 # Enough waits since the last progress may settle the log rule now.
-                return len(self.shm_waits_since_progress) >= self.config.log_signature.shm_broadcast_repeats
+                return (self.generated_since_start
+                        and len(self.shm_waits_since_progress) >= self.config.log_signature.shm_broadcast_repeats)
         return False
 
     def _progress(self, key: str, ts: float) -> None:

@@ -152,3 +152,16 @@ def test_a_jit_compile_line_is_neither_suspect_nor_fatal():
     det.observe(server(0, 100.0, 3))
     assert det.observe(log(1, JIT)) is False
     assert det.assess(T0 + 1.5).state is DetectorState.HEALTHY
+
+
+@settings(max_examples=50, deadline=None)
+@given(lines=st.integers(2, 10), n_running=running)
+def test_before_the_first_token_the_line_only_makes_suspect(lines, n_running):
+    """A start-up that compiles (vLLM logs the line then too) is generation_frozen's
+    start-up grace to judge, not the log rule's."""
+    det = only_log_rule()
+    samples = [server(k, 0.0, n_running) for k in range(lines * 5 + 2)]
+    samples += [log(k * 5 + 0.5, shm_line(5)) for k in range(1, lines + 1)]
+    results = run(det, samples, lines * 5 + 2)
+    assert all(status.state is not RuleState.FIRED and ds == () for _, status, ds in results)
+    assert results[-1][1].state is RuleState.PENDING
