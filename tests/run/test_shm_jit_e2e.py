@@ -63,6 +63,18 @@ def test_the_shm_broadcast_line_decides_and_the_jit_compile_is_its_precursor(tmp
         "JIT compile during inference: 1 line from vLLM's jit_monitor" in page
     assert KERNEL in page and "shm-broadcast wait logged" in page
 
+    # Pure and replayable: the run's recorded samples decide the same rule again.
+    from soak.config import load_run_config
+    from soak.detect import Detector
+    from soak.detect.replay import replay
+    from soak.records import Topology
+    from soak.store.rundir import read_samples
+
+    detector = Detector(load_run_config(run_dir / "config.yaml").detector, topology=Topology.pipeline(4))
+    replayed = replay(read_samples(run_dir / "samples.jsonl"), detector)
+    assert [d.rule for d in replayed.decisions][:1] == ["log_signature"]
+    assert "shm-broadcast wait logged" in replayed.decisions[0].reasons[0]
+
 
 def test_an_explicit_interval_in_the_target_reaches_the_simulator(tmp_path):
     run_dir = deadlock_run(tmp_path, ringbuffer_warning_interval="3s")
