@@ -57,9 +57,9 @@ SHM_MESSAGE = (
     "when some processes are hanging or doing some time-consuming work (e.g. compilation, "
     "weight/kv cache quantization)."
 )
-# vLLM's jit_monitor (a warning).
+# vLLM's jit_monitor (a warning; 0.32's vllm/utils/jit_monitor.py words it so).
 JIT_MESSAGE = ("Triton kernel JIT compilation during inference: {kernel}. This causes a latency spike; "
-               "add the kernel to the warm-up.")
+               "consider extending warmup to cover this shape/config.")
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
@@ -249,7 +249,7 @@ class FaultController:
         events: list[tuple[float, int, str]] = []
         if spec.jit_kernel:
             last = server.config.pp_size - 1
-            server.log.warning("jit_monitor.py:96", JIT_MESSAGE.format(kernel=spec.jit_kernel),
+            server.log.warning("jit_monitor.py:140", JIT_MESSAGE.format(kernel=spec.jit_kernel),
                                who=f"Worker_PP{last}", pid=self._worker_pid(last))
         interval = self._ringbuffer_interval(spec)
         if interval > 0:

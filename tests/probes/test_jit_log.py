@@ -29,6 +29,14 @@ LINES = [
     (LINES[0], "Triton", "_topk_topp_kernel"),
     (LINES[1], "TileLang", "mhc_pre_big_fuse_with_norm_tilelang"),
     ("WARNING [jit_monitor.py:96] Triton kernel JIT compilation during inference", "Triton", None),
+    # vLLM 0.32's jit_monitor._handle_jit_event, word for word: "%s %s during inference: %s%s. ..."
+    ("(Worker_PP1 pid=9) WARNING 12-06 10:00:01 [jit_monitor.py:140] CuTeDSL JIT compilation during inference: "
+     "fused_moe_kernel. This causes a latency spike; consider extending warmup to cover this shape/config.",
+     "CuTeDSL", "fused_moe_kernel"),
+    # --jit-monitor-verbose: the compile's details after the name
+    ("WARNING [jit_monitor.py:137] Triton kernel JIT compilation during inference: _rejection_kernel "
+     "(signature *fp32, i32; constants BLOCK=128). This causes a latency spike; consider extending warmup "
+     "to cover this shape/config.", "Triton", "_rejection_kernel"),
 ])
 def test_jit_lines_are_a_never_fatal_signature_naming_the_kernel(line, compiler, kernel):
     m = parse_log_line(line)
