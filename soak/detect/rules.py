@@ -200,7 +200,7 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
     waits = s.shm_waits_since_progress
     # Before a server life's first token the workers may still compile (vLLM logs the
     # line through a healthy start-up): generation_frozen's start-up grace covers that.
-    if len(waits) >= cfg.shm_broadcast_repeats and s.in_flight and s.generated_since_start:
+    if len(waits) >= s.shm_waits_needed and s.in_flight and s.generated_since_start:
         return _shm_broadcast_hang(s, config, waits, now)
     last = s.last_nonfatal_log
     if last is not None and now - last.ts < cfg.suspect_for:
@@ -227,8 +227,10 @@ def _shm_broadcast_hang(s: SignalTracker, config: DetectorConfig, waits: list, n
     else:
         onset = first.ts
     interval = f"{wait_s:g}s" if isinstance(wait_s, (int, float)) else "unknown"
+    needed = s.shm_waits_needed
+    cold = " while the server life's first requests still run" if needed > cfg.shm_broadcast_repeats else ""
     reasons = (
-        f"shm-broadcast wait logged {len(waits)} times (>= {cfg.shm_broadcast_repeats}) since the last progress: "
+        f"shm-broadcast wait logged {len(waits)} times (>= {needed}{cold}) since the last progress: "
         f"vLLM found no shared memory broadcast block for {interval} each time "
         f"(VLLM_RINGBUFFER_WARNING_INTERVAL)",
         "no progress signal moved since" if last_progress is None
@@ -247,7 +249,7 @@ def _shm_broadcast_hang(s: SignalTracker, config: DetectorConfig, waits: list, n
             "generation_tokens": s.server_values.get("generation_tokens"),
         },
         "since": onset,
-        "thresholds": {"shm_broadcast_repeats": cfg.shm_broadcast_repeats},
+        "thresholds": {"shm_broadcast_repeats": cfg.shm_broadcast_repeats, "needed": needed},
     }
     return RuleStatus("log_signature", RuleState.FIRED, IncidentKind.HANG, onset, _round(now - onset),
                       None, reasons, evidence)

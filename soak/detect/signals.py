@@ -130,6 +130,13 @@ class SignalTracker:
         return [x for x in self.shm_waits if last is None or x.ts > last]
 
     @property
+    def shm_waits_needed(self) -> int:
+        """Waits that settle a hang: one more while the server life's first requests
+        still run (lazy compiles and cold prefills pause it for seconds: 7 s seen on
+        the real vLLM, one line at a 5-s interval)."""
+        return self.config.log_signature.shm_broadcast_repeats + (1 if self.cold else 0)
+
+    @property
     def in_flight(self) -> bool | None:
         """Requests in flight: the server's running gauge, else the client's count."""
         if self.running is not None:
@@ -190,7 +197,7 @@ class SignalTracker:
                 self.shm_waits.append(sample)
                 # Enough waits since the last progress may settle the log rule now.
                 return (self.generated_since_start
-                        and len(self.shm_waits_since_progress) >= self.config.log_signature.shm_broadcast_repeats)
+                        and len(self.shm_waits_since_progress) >= self.shm_waits_needed)
         return False
 
     def _progress(self, key: str, ts: float) -> None:

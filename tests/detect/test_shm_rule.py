@@ -165,3 +165,22 @@ def test_before_the_first_token_the_line_only_makes_suspect(lines, n_running):
     results = run(det, samples, lines * 5 + 2)
     assert all(status.state is not RuleState.FIRED and ds == () for _, status, ds in results)
     assert results[-1][1].state is RuleState.PENDING
+
+
+def test_a_cold_server_needs_one_more_wait():
+    """The first requests of a server life still prefilling (3 of 4 streams not started):
+    a lazy compile may log the line twice; three lines settle it."""
+    from soak.samples import ClientSample
+
+    def client(t: float, tokens: int) -> ClientSample:
+        return ClientSample(T0 + t, 4, tokens * 10, tokens, 0, 0.0, 1)  # 4 in flight, 1 streaming, none done
+
+    det = only_log_rule()
+    samples = [client(0, 0), server(0, 100.0, 4), client(1, 5), server(1, 107.0, 4)]
+    samples += [server(1 + j * 0.5, 107.0, 4) for j in range(1, 40)]
+    samples += [log(1 + 5 * k + 0.2, shm_line(5)) for k in (1, 2, 3)]
+    results = run(det, samples, 18)
+    fired = [(t, d) for t, _, ds in results for d in ds]
+    (t, decision), = fired
+    assert t >= 16.2 - 1e-6  # the third line, not the second (11.2 s)
+    assert "(>= 3 while the server life's first requests still run)" in decision.reasons[0]
