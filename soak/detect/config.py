@@ -74,6 +74,11 @@ class LogSignatureConfig(StrictModel):
     # Used to date the onset of a sample_tokens RPC timeout when nothing better is known
     # (vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS).
     execute_model_timeout: Duration = 300.0
+    # vLLM's shm-broadcast line (``No available shared memory broadcast block found in N
+    # seconds``, every VLLM_RINGBUFFER_WARNING_INTERVAL) this many times since the last
+    # progress, with requests running, settles a hang. One line is one slow step (a cold
+    # compile, a long prefill): it only keeps the detector suspect.
+    shm_broadcast_repeats: int = Field(2, ge=2)
 
 
 class ServerGoneConfig(StrictModel):

@@ -197,6 +197,11 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         }
         reasons = (f"fatal log signature {first.signature}: {first.line.strip()[:300]}",)
         return RuleStatus(name, RuleState.FIRED, kind, onset, _round(now - onset), 0.0, reasons, evidence)
+    waits = s.shm_waits_since_progress
+    # Before a server life's first token the workers may still compile (vLLM logs the
+    # line through a healthy start-up): generation_frozen's start-up grace covers that.
+    if len(waits) >= s.shm_waits_needed and s.in_flight and s.generated_since_start:
+        return _shm_broadcast_hang(s, config, waits, now)
     last = s.last_nonfatal_log
     if last is not None and now - last.ts < cfg.suspect_for:
         return RuleStatus(
@@ -206,6 +211,48 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
              "thresholds": {"suspect_for_s": cfg.suspect_for}},
         )
     return RuleStatus(name, RuleState.CLEAR)
+
+
+def _shm_broadcast_hang(s: SignalTracker, config: DetectorConfig, waits: list, now: float) -> RuleStatus:
+    """vLLM's own word that no broadcast block moved, repeated while the counters stood
+    still and requests were running: the engine is stuck, not slow."""
+    cfg = config.log_signature
+    first, latest = waits[0], waits[-1]
+    last_progress = s.last_progress_at
+    wait_s = first.fields.get("wait_s")
+    if last_progress is not None and last_progress <= first.ts:
+        onset = last_progress
+    elif isinstance(wait_s, (int, float)):
+        onset = first.ts - wait_s
+    else:
+        onset = first.ts
+    interval = f"{wait_s:g}s" if isinstance(wait_s, (int, float)) else "unknown"
+    needed = s.shm_waits_needed
+    cold = " while the server life's first requests still run" if needed > cfg.shm_broadcast_repeats else ""
+    reasons = (
+        f"shm-broadcast wait logged {len(waits)} times (>= {needed}{cold}) since the last progress: "
+        f"vLLM found no shared memory broadcast block for {interval} each time "
+        f"(VLLM_RINGBUFFER_WARNING_INTERVAL)",
+        "no progress signal moved since" if last_progress is None
+        else f"last progress {max(0.0, latest.ts - last_progress):.1f}s before the latest wait "
+             f"(generation counter, KV usage, client tokens all flat)",
+        f"requests running: {s.running if s.running is not None else 'unknown'}; "
+        f"client in flight: {s.client.in_flight if s.client else 'unknown'}",
+        f"latest line: {latest.line.strip()[:300]}",
+    )
+    evidence = {
+        "signals": {
+            "signature": latest.signature,
+            "lines": [{"ts": x.ts, "signature": x.signature, "line": x.line, "fields": dict(x.fields)} for x in waits[:20]],
+            "last_progress_at": last_progress,
+            "running": s.running,
+            "generation_tokens": s.server_values.get("generation_tokens"),
+        },
+        "since": onset,
+        "thresholds": {"shm_broadcast_repeats": cfg.shm_broadcast_repeats, "needed": needed},
+    }
+    return RuleStatus("log_signature", RuleState.FIRED, IncidentKind.HANG, onset, _round(now - onset),
+                      None, reasons, evidence)
 
 
 def _log_onset(s: SignalTracker, line, execute_timeout: float) -> float:

@@ -31,7 +31,7 @@ DPI = 100
 class Marker:
     ts: float
     label: str
-    style: str = "detected"  # "onset" (dashed) or "detected" (solid)
+    style: str = "detected"  # "onset" (dashed), "detected" (solid) or "precursor" (dotted, orange)
 
 
 def _figure(height_in: float) -> Figure:
@@ -52,6 +52,9 @@ def _minutes(ts: np.ndarray, start: float) -> np.ndarray:
 
 def _mark(ax, markers: Sequence[Marker], start: float) -> None:
     for m in markers:
+        if m.style == "precursor":  # a JIT compile during inference: a mark, not an incident
+            ax.axvline((m.ts - start) / 60.0, color="#ff7f0e", lw=1.0, ls=":", alpha=0.9)
+            continue
         ax.axvline((m.ts - start) / 60.0, color="#d62728", lw=1.2, ls="--" if m.style == "onset" else "-", alpha=0.9)
 
 
