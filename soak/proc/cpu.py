@@ -1,0 +1,71 @@
+"""CPU time per process from /proc/PID/stat: what the stage-CPU source reads.
+
+``/proc/PID/stat`` gives utime and stime (clock ticks), the state letter and the
+start time since boot (ticks), in one read without psutil's per-process
+objects: the source reads a handful of workers twice a second. The command line
+comes from ``/proc/PID/cmdline`` (a process that calls setproctitle rewrites it,
+which is where vLLM's ``VLLM::Worker_PP<r>`` title is read).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class ProcCpu:
+    """One process's CPU time at one instant. ``started`` (ticks since boot) tells a
+    reused PID apart; ``cpu_s`` is utime + stime of the process (all its threads)."""
+
+    pid: int
+    started: int
+    cpu_s: float
+    state: str  # R, S, D, T, Z, ...
+    cmdline: tuple[str, ...] = ()
+
+
+def parse_stat(pid: int, text: str, *, ticks: int = _TICKS) -> ProcCpu | None:
+    """``/proc/PID/stat`` -> ProcCpu; None for a line that does not parse. The name
+    field is in parentheses and may hold spaces or parentheses: split after the last ')'."""
+    close = text.rfind(")")
+    if close < 0:
+        return None
+    fields = text[close + 1:].split()
+    # after the name: state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt
+    # cmajflt utime(14) stime(15) cutime cstime priority nice threads itrealvalue starttime(22)
+    try:
+        state, utime, stime, started = fields[0], int(fields[11]), int(fields[12]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    return ProcCpu(pid=pid, started=started, cpu_s=(utime + stime) / ticks, state=state)
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(65536)
+    except OSError:
+        return None
+
+
+def read_cpu(pids: Iterable[int]) -> dict[int, ProcCpu]:
+    """The CPU time of each of ``pids`` still alive now (a vanished PID is left out)."""
+    out: dict[int, ProcCpu] = {}
+    for pid in pids:
+        stat = _read(f"/proc/{pid}/stat")
+        if stat is None:
+            continue
+        parsed = parse_stat(pid, stat.decode("utf-8", "replace"))
+        if parsed is None:
+            continue
+        raw = _read(f"/proc/{pid}/cmdline") or b""
+        args = tuple(a for a in raw.decode("utf-8", "replace").split("\0") if a)[:16]
+        out[pid] = ProcCpu(pid=pid, started=parsed.started, cpu_s=parsed.cpu_s, state=parsed.state, cmdline=args)
+    return out
+
+
+__all__ = ["ProcCpu", "parse_stat", "read_cpu"]
