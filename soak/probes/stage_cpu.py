@@ -8,7 +8,7 @@ the time between them is how busy the worker was: a rank spinning in a
 collective reads 100%, a rank asleep in a blocking wait or SIGSTOPped reads 0%.
 
 Readings are ``GpuSample(source=GpuSource.STAGE_CPU)`` with one ``GpuReading``
-per index of each stage (the detector's ``Topology``), so the detector's
+per stage (at the stage's first index in the detector's ``Topology``), so the detector's
 per-stage rules and the responder's "processes gone" check read it as they read
 a GPU source; everything a person sees names it "stage CPU".
 
@@ -95,14 +95,14 @@ def stage_readings(
 
 
 def to_gpu_readings(stages: Sequence[StageCpu], topology: Topology | None) -> tuple[GpuReading, ...]:
-    """One reading per index the detector's topology gives the stage (stage ``r``
-    is index ``r`` without one): the stage's figure repeated for each."""
-    out: list[GpuReading] = []
-    for s in stages:
-        indices = topology.stages[s.stage] if topology is not None and s.stage < len(topology.stages) else (s.stage,)
-        for index in indices:
-            out.append(GpuReading(index=index, util_pct=s.util_pct, pids=s.pids, uuid=f"stage{s.stage}-cpu"))
-    return tuple(out)
+    """One reading per stage, at the first index the detector's topology gives the
+    stage (stage ``r`` is index ``r`` without one): the detector reads the indices of
+    a stage that are there, so one figure per stage is the stage's figure."""
+    return tuple(
+        GpuReading(index=topology.stages[s.stage][0] if topology is not None and s.stage < len(topology.stages)
+                   else s.stage, util_pct=s.util_pct, pids=s.pids, uuid=f"stage-cpu/{s.stage}")
+        for s in stages
+    )
 
 
 class StageCpuSource:
