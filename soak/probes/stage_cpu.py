@@ -13,6 +13,11 @@ per-stage rules and the responder's "processes gone" check read it as they read
 a GPU source; everything a person sees names it "stage CPU".
 
 Choices:
+- busy = CPU time (utime + stime) plus the time the main thread waited on a
+  run queue (``/proc/PID/schedstat``): on a loaded box a spinning rank gets a
+  share of a core and waits for the rest; with CPU time alone it read 30-55%
+  beside a sleeper's 0% on a 2-core box shared with other work, and a healthy
+  rank's turn read no different. Where there is no schedstat, CPU time alone.
 - percent of ONE core, capped at 100: a spinning rank busies at least one core,
   which is what the stall pattern asks; a CPU worker's compute threads (OpenMP)
   may use several cores, and "more than one core" is no busier for the rules.
@@ -60,12 +65,14 @@ def worker_stage(cmdline: Sequence[str]) -> int | None:
 
 
 def process_utilization(before: ProcCpu | None, after: ProcCpu, *, elapsed_s: float) -> float | None:
-    """Percent of one core ``after``'s process used since ``before`` (0..100), or None
+    """Percent of one core ``after``'s process used or waited for since ``before`` (0..100), or None
     when there is no delta to take: no earlier reading, a reused PID (another start
     time), or no time between the readings."""
     if before is None or before.pid != after.pid or before.started != after.started or elapsed_s <= 0:
         return None
     used = max(after.cpu_s - before.cpu_s, 0.0)  # counters never go back; a torn read must not read negative
+    if before.wait_s is not None and after.wait_s is not None:
+        used += max(after.wait_s - before.wait_s, 0.0)
     return min(used / elapsed_s * 100.0, 100.0)
 
 
