@@ -246,3 +246,40 @@ def test_the_live_view_says_stage_cpu_not_gpu():
                               gpus=(GpuReading(index=0, util_pct=97.0), GpuReading(index=1, util_pct=0.0))))
     line = state.line(3.0)
     assert "stage CPU% 97 0" in line and "gpu%" not in line
+
+
+def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
+    """``soak run`` with ``probes.gpu: stage_cpu`` against the simulator whose workers
+    burn the CPU their state says (SOAK_SIM_BURN_CPU=1): its PP deadlock (upstream
+    spin, last stage holds) is a pp_tail_stall hang read from stage CPU."""
+    import os
+
+    import yaml
+
+    config = {
+        "name": "stagecpu", "duration": "40s",
+        "target": {"kind": "simulator", "sim": {"time_scale": 20, "pp_size": 2,
+                                                "faults": [{"kind": "pp_deadlock", "at": "200s"}]}},
+        "workload": {"kind": "synthetic_agentic", "min_context_tokens": 2000, "max_context_tokens": 6000,
+                     "start_context_tokens": {"dist": "uniform", "low": 2000, "high": 2400},
+                     "shared_prefix_tokens": 1000, "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
+                     "output_tokens": 12, "think_time_s": 0.1},
+        "load": {"concurrency": 3, "drain": "5s"},
+        "probes": {"gpu": {"kind": "stage_cpu"}},
+        # the simulator's own log lines would decide first: this test is about the stage rule
+        "detector": {"log_signature": {"enabled": False}},
+        "response": {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}},
+        "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "soak", "run", str(path), "--out", str(run_dir), "--no-html"],
+                          env=dict(os.environ, SOAK_SIM_BURN_CPU="1"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "stage CPU%" in done.stdout
+    decisions = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+                 if '"decision"' in line]
+    decision = next(d for d in decisions if d.get("type") == "decision")
+    assert decision["rule"] == "pp_tail_stall", decision
+    assert "last stage 1 CPU" in decision["reasons"][0]
