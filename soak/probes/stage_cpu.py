@@ -13,8 +13,8 @@ per-stage rules and the responder's "processes gone" check read it as they read
 a GPU source; everything a person sees names it "stage CPU".
 
 Choices:
-- busy = CPU time (utime + stime) plus the time the main thread waited on a
-  run queue (``/proc/PID/schedstat``): on a loaded box a spinning rank gets a
+- busy = CPU time (utime + stime) plus the time its threads waited on a
+  run queue (``/proc/PID/task/*/schedstat``): on a loaded box a spinning rank gets a
   share of a core and waits for the rest; with CPU time alone it read 30-55%
   beside a sleeper's 0% on a 2-core box shared with other work, and a healthy
   rank's turn read no different. Where there is no schedstat, CPU time alone.

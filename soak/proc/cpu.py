@@ -3,7 +3,7 @@
 ``/proc/PID/stat`` gives utime and stime (clock ticks), the state letter and the
 start time since boot (ticks), in one read without psutil's per-process
 objects: the source reads a handful of workers twice a second.
-``/proc/PID/schedstat`` gives the time the main thread waited on a run queue:
+``/proc/PID/task/*/schedstat`` gives the time its threads waited on a run queue:
 on a box with fewer free cores than spinners, a spinning rank gets a fraction of
 a core and waits the rest (measured: 0.14 s on a CPU and 0.88 s waiting in one
 second of spinning on a loaded 2-core box), so CPU time alone reads it as half
@@ -31,7 +31,7 @@ class ProcCpu:
     cpu_s: float
     state: str  # R, S, D, T, Z, ...
     cmdline: tuple[str, ...] = ()
-    # Seconds the main thread waited for a CPU while runnable (None: no schedstat).
+    # Seconds its threads waited for a CPU while runnable (None: no schedstat).
     wait_s: float | None = None
 
 
@@ -61,6 +61,18 @@ def parse_schedstat(raw: bytes | None) -> float | None:
         return None
 
 
+def _threads_wait(pid: int) -> float | None:
+    """Run-queue wait summed over the process's threads: the thread that spins is
+    not always the main one (a progress thread, a burner beside a blocking loop)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return parse_schedstat(_read(f"/proc/{pid}/schedstat"))
+    waits = [parse_schedstat(_read(f"/proc/{pid}/task/{tid}/schedstat")) for tid in tids[:4096]]
+    known = [w for w in waits if w is not None]
+    return sum(known) if known else None
+
+
 def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
@@ -82,7 +94,7 @@ def read_cpu(pids: Iterable[int]) -> dict[int, ProcCpu]:
         raw = _read(f"/proc/{pid}/cmdline") or b""
         args = tuple(a for a in raw.decode("utf-8", "replace").split("\0") if a)[:16]
         out[pid] = ProcCpu(pid=pid, started=parsed.started, cpu_s=parsed.cpu_s, state=parsed.state, cmdline=args,
-                           wait_s=parse_schedstat(_read(f"/proc/{pid}/schedstat")))
+                           wait_s=_threads_wait(pid))
     return out
 
 

@@ -278,8 +278,8 @@ def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
                           env=dict(os.environ, SOAK_SIM_BURN_CPU="1"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
     assert "stage CPU%" in done.stdout
-    decisions = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
-                 if '"decision"' in line]
-    decision = next(d for d in decisions if d.get("type") == "decision")
-    assert decision["rule"] == "pp_tail_stall", decision
+    recorded = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    decision = next(e for e in recorded if e["type"] == "decision")
+    states = [e for e in recorded if e["type"] == "detector_state"]
+    assert decision["rule"] == "pp_tail_stall", (decision, states)
     assert "last stage 1 CPU" in decision["reasons"][0]
