@@ -7,8 +7,9 @@ For each shape of ``soak.rigs.stage_cpu`` (healthy, deadlock, stopped, idle,
 cold): the per-stage readings (percent of one core, CPU time plus run-queue
 wait) and each worker's state letter every 0.5 s, and the time from the rig's
 own timestamp of the shape's start to the detector's decision. The client is
-synthetic: one request in flight whose tokens move until the shape begins
-(none in flight in the idle shape).
+synthetic: one request in flight whose tokens move while the pipeline works
+(not in the stuck shapes, nor while stage 0 works alone in the cold one; none in
+flight in the idle shape).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ async def one(shape: str, *, stages: int, after: float, seconds: float, show: bo
             now = clock.now()
             sample = await source.read()
             started = time.time() >= info["fault_at"]
-            if not started or shape == "idle":
+            # tokens move while the pipeline works: not in a stuck shape, nor during the cold stretch
+            if not started or shape in ("healthy", "idle") or (shape == "cold" and time.time() > info["fault_at"] + 4):
                 tokens += 1
             detector.observe(sample)
             detector.observe(ClientSample(ts=now, in_flight=0 if shape == "idle" and started else 1,

@@ -128,7 +128,7 @@ def _rig(shape: str, *, stages: int, after: float, duration: float = 30.0, extra
 
 async def _watch(shape: str, *, stages: int, after: float, seconds: float, extra: tuple[str, ...] = ()):
     """The rig through the source into a detector, with a client whose tokens move
-    until the shape begins and stand still after (one request in flight)."""
+    while the pipeline works and stand still in a stuck shape (one request in flight)."""
     import time
 
     proc, info = _rig(shape, stages=stages, after=after, extra=extra)
@@ -144,8 +144,8 @@ async def _watch(shape: str, *, stages: int, after: float, seconds: float, extra
             now = clock.now()
             sample = await source.read()
             readings.append([g.util_pct for g in sample.gpus])
-            if shape == "idle" or time.time() < info["fault_at"]:
-                tokens += 1  # a healthy server generates; an idle one has nothing in flight
+            if shape in ("healthy", "idle") or time.time() < info["fault_at"]:
+                tokens += 1  # a working pipeline generates; an idle one has nothing in flight
             detector.observe(sample)
             detector.observe(ClientSample(ts=now, in_flight=0 if shape == "idle" and time.time() >= info["fault_at"]
                                           else 1, bytes_total=tokens * 10, tokens_total=tokens,
