@@ -52,12 +52,12 @@ def build_gpu_source(
 
 
 def stage_cpu_source(*, clock: Clock, root_pid: Callable[[], int | None] | None,
-                     proc: ProcSnapshots | None, topology: Topology | None) -> GpuSourceLike:
+                     proc: ProcSnapshots | None, topology: Topology | None, why: str = "") -> GpuSourceLike:
     from soak.probes.stage_cpu import StageCpuSource
 
     reader = proc or ProcSnapshots()
     return StageCpuSource(clock=clock, root_pid=root_pid or (lambda: None),
-                          descendants=lambda pid: reader.table().descendants(pid), topology=topology)
+                          descendants=lambda pid: reader.table().descendants(pid), topology=topology, why=why)
 
 
 async def open_gpu_source(source: GpuSourceLike | None, config: ProbesConfig, *, is_simulator: bool,
@@ -65,7 +65,9 @@ async def open_gpu_source(source: GpuSourceLike | None, config: ProbesConfig, *,
                           proc: ProcSnapshots | None = None, topology: Topology | None = None) -> GpuSourceLike | None:
     """``source`` opened. ``auto`` without NVML on a server whose processes carry
     ``VLLM::Worker`` titles (vLLM's CPU build) reads stage CPU instead; with no such
-    process the NVML error stands (GpuUnavailable, exit 3)."""
+    process the NVML error stands (GpuUnavailable, exit 3). Before the server has
+    started (no root yet) the titles cannot be checked: stage CPU is taken, and its
+    readings fail, naming why, while no worker shows."""
     from soak.errors import GpuUnavailable
 
     if source is None:
@@ -76,7 +78,12 @@ async def open_gpu_source(source: GpuSourceLike | None, config: ProbesConfig, *,
     except GpuUnavailable as nvml_missing:
         if config.gpu.kind != "auto" or is_simulator or root_pid is None:
             raise
-        fallback = stage_cpu_source(clock=clock, root_pid=root_pid, proc=proc, topology=topology)
+        fallback = stage_cpu_source(clock=clock, root_pid=root_pid, proc=proc, topology=topology,
+                                    why=f"auto: {nvml_missing}")
+        if root_pid() is None:
+            # Opened before the server starts (launched, attached): its titles cannot be
+            # checked yet; each reading says so while the server shows no VLLM::Worker.
+            return fallback
         try:
             await fallback.open()
         except GpuUnavailable:

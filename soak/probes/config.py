@@ -6,8 +6,9 @@
   ``dcgm`` (``url`` of a dcgm-exporter), ``stage_cpu`` (no GPU: each pipeline
   stage's CPU time from /proc, soak.probes.stage_cpu), ``none``.
 ``auto`` on a launched or attached target falls back to ``stage_cpu`` when NVML is
-missing and the target's processes carry ``VLLM::Worker`` titles (vLLM's CPU
-build); with neither, NVML's absence still stops the run (exit 3).
+missing (vLLM's CPU build): opened before the server starts, its readings fail
+naming why while the server shows no ``VLLM::Worker``; opened beside a server
+with no worker, NVML's absence stops the run (exit 3). ``nvml`` always does.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ class StageCpuSource:
                  descendants: Callable[[int], frozenset[int]],
                  topology: Topology | None = None,
                  read: Callable[[Sequence[int]], Mapping[int, ProcCpu]] = read_cpu,
-                 deadline_s: float = 2.0) -> None:
+                 deadline_s: float = 2.0, why: str = "") -> None:
         self._clock = clock
         self._root_pid = root_pid
         self._descendants = descendants
@@ -131,6 +131,7 @@ class StageCpuSource:
         self._deadline_s = deadline_s
         self._before: tuple[float, Mapping[int, ProcCpu]] | None = None
         self._stage_of: dict[int, int] = {}
+        self._why = why  # how it came to be chosen (auto without NVML), said in its failed readings
 
     def workers(self) -> dict[int, int]:
         """The target's workers now: PID -> stage (a bare ``Worker`` is not placed yet)."""
@@ -179,9 +180,12 @@ class StageCpuSource:
             return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
                              error=f"stage CPU: /proc did not answer in {self._deadline_s:g}s")
         except Exception as exc:
-            return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(), error=f"stage CPU: {type(exc).__name__}: {exc}")
+            return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
+                             error=f"stage CPU: {type(exc).__name__}: {exc}" + (f" ({self._why})" if self._why else ""))
         if not stages:
-            return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(), error="stage CPU: no worker measured yet")
+            why = "no worker measured yet" if self._stage_of else "the target shows no VLLM::Worker process"
+            return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
+                             error=f"stage CPU: {why}" + (f" ({self._why})" if self._why else ""))
         return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=to_gpu_readings(stages, self._topology))
 
     async def aclose(self) -> None:

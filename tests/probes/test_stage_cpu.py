@@ -232,6 +232,11 @@ def test_auto_falls_back_to_stage_cpu_only_for_titled_workers():
     finally:
         plain.kill()
         plain.wait()
+    # before the server has started its titles cannot be checked: stage CPU, saying why it reads nothing
+    early = asyncio.run(open_gpu_source(NoNvml(), auto, is_simulator=False, clock=ManualClock(),
+                                        root_pid=lambda: None))
+    sample = asyncio.run(early.read())
+    assert sample.source is GpuSource.STAGE_CPU and "NVML unavailable" in sample.error
     nvml = ProbesConfig.model_validate({"gpu": {"kind": "nvml"}})
     with pytest.raises(GpuUnavailable):
         asyncio.run(open_gpu_source(NoNvml(), nvml, is_simulator=False, clock=ManualClock(), root_pid=lambda: 1))
