@@ -288,3 +288,50 @@ def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
     states = [e for e in recorded if e["type"] == "detector_state"]
     assert decision["rule"] == "pp_tail_stall", (decision, states)
     assert "last stage 1 CPU" in decision["reasons"][0]
+
+
+def test_auto_on_a_launched_server_without_nvml_reads_stage_cpu_and_catches_the_deadlock(tmp_path):
+    """The default ``probes.gpu`` (auto) on a box without NVML, against a launched
+    server (the simulator started as a command, workers burning CPU): stage CPU."""
+    import os
+    import socket
+
+    import yaml
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works on this machine: auto reads it")
+    except Exception:
+        pass
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sim = tmp_path / "sim.yaml"
+    sim.write_text(yaml.safe_dump({"time_scale": 20, "pp_size": 2,
+                                   "faults": [{"kind": "pp_deadlock", "at": "200s"}]}), encoding="utf-8")
+    config = {
+        "name": "stagecpu-auto", "duration": "40s",
+        "target": {"kind": "launched", "base_url": f"http://127.0.0.1:{port}", "pp_size": 2,
+                   "command": [sys.executable, "-m", "soak", "sim", "--config", str(sim),
+                               "--host", "127.0.0.1", "--port", str(port)]},
+        "workload": {"kind": "synthetic_agentic", "min_context_tokens": 2000, "max_context_tokens": 6000,
+                     "start_context_tokens": {"dist": "uniform", "low": 2000, "high": 2400},
+                     "shared_prefix_tokens": 1000, "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
+                     "output_tokens": 12, "think_time_s": 0.1, "tokenizer": {"kind": "estimate"}},
+        "load": {"concurrency": 3, "drain": "5s"},
+        "detector": {"log_signature": {"enabled": False}},
+        "response": {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}},
+        "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "soak", "run", str(path), "--out", str(run_dir), "--no-html"],
+                          env=dict(os.environ, SOAK_SIM_BURN_CPU="1"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    recorded = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    decision = next(e for e in recorded if e["type"] == "decision")
+    assert decision["rule"] == "pp_tail_stall" and decision["evidence"]["signals"]["source"] == "stage_cpu", decision
