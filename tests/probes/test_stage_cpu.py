@@ -183,16 +183,16 @@ def test_healthy_turns_and_idle_gaps_raise_nothing(shape):
 
 
 def test_a_long_cold_prefill_before_the_first_token_raises_nothing():
-    # stage 0 busy for 8 s while the tail sleeps, before any token: start-up
+    # stage 0 busy for 10 s while the tail sleeps, before any token: start-up
     async def run():
-        proc, info = _rig("cold", stages=2, after=0.0, extra=("--cold", "8"))
+        proc, info = _rig("cold", stages=2, after=0.0, extra=("--cold", "10"))
         try:
             clock = SystemClock()
             source = stage_cpu_source(clock=clock, root_pid=lambda: info["root"], proc=None, topology=None)
             await source.open()
             detector = Detector(DetectorConfig(), topology=Topology.pipeline(2))
             statuses = []
-            for _ in range(16):
+            for _ in range(20):
                 now = clock.now()
                 detector.observe(await source.read())
                 detector.observe(ClientSample(ts=now, in_flight=1, bytes_total=0, tokens_total=0, requests_done=0))
@@ -206,7 +206,8 @@ def test_a_long_cold_prefill_before_the_first_token_raises_nothing():
             proc.wait(timeout=10)
 
     statuses = asyncio.run(run())
-    assert any("before this server life's first token" in " ".join(s.reasons) for s in statuses)
+    assert any("before this server life's first token" in " ".join(s.reasons) for s in statuses), \
+        [(s.state.value, s.reasons) for s in statuses]
 
 
 def test_auto_falls_back_to_stage_cpu_only_for_titled_workers():
