@@ -9,6 +9,7 @@ from typing import Callable
 from soak.detect.config import DetectorConfig
 from soak.detect.signals import SignalTracker
 from soak.records import IncidentKind, RuleState, RuleStatus
+from soak.samples import GpuSource
 
 Rule = Callable[[SignalTracker, DetectorConfig, float], RuleStatus]
 
@@ -23,35 +24,47 @@ def _round(value: float | None) -> float | None:
 def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
     cfg = config.pp_tail_stall
     name = "pp_tail_stall"
-    thresholds = {"low_pct": cfg.low_pct, "high_pct": cfg.high_pct, "window_s": cfg.window}
+    stage_cpu = s.gpu_source is GpuSource.STAGE_CPU
+    low_pct, high_pct, window = cfg.marks(s.gpu_source)
+    thresholds = {"low_pct": low_pct, "high_pct": high_pct, "window_s": window}
+    what = "stage CPU" if stage_cpu else "GPU"
     if not cfg.enabled:
         return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
     if len(s.topology.stages) < 2:
         return RuleStatus(name, RuleState.INACTIVE, reasons=("one pipeline stage: no tail to stall",))
     if s.gpu_ts is None:
-        return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU readings ({s.gpu_error or 'none yet'})",))
+        return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU or stage CPU readings ({s.gpu_error or 'none yet'})",))
     if s.gpu_error is not None and s.gpu_error.startswith("stale"):
         return RuleStatus(name, RuleState.INACTIVE, reasons=(s.gpu_error,))
     run = s.tail_run
     if run is None:
-        return RuleStatus(name, RuleState.CLEAR, threshold_s=cfg.window, evidence={"thresholds": thresholds})
+        return RuleStatus(name, RuleState.CLEAR, threshold_s=window, evidence={"thresholds": thresholds})
+    if stage_cpu and cfg.stage_cpu.after_first_token and not s.generated_since_start:
+        return RuleStatus(
+            name, RuleState.CLEAR, threshold_s=window,
+            reasons=("stage CPU: before this server life's first token (start-up, compiles, cold prefill)",),
+            evidence={"thresholds": thresholds},
+        )
     if not s.in_flight:
         return RuleStatus(
-            name, RuleState.CLEAR, threshold_s=cfg.window, reasons=("no requests in flight",),
+            name, RuleState.CLEAR, threshold_s=window, reasons=("no requests in flight",),
             evidence={"thresholds": thresholds},
         )
     last_progress = s.last_progress_at
     if last_progress is not None and last_progress > run.since + cfg.progress_grace:
         return RuleStatus(
-            name, RuleState.CLEAR, threshold_s=cfg.window,
-            reasons=(f"progress continued {last_progress - run.since:.1f}s into the GPU pattern",),
+            name, RuleState.CLEAR, threshold_s=window,
+            reasons=(f"progress continued {last_progress - run.since:.1f}s into the {what} pattern",),
             evidence={"thresholds": thresholds},
         )
     elapsed = run.last - run.since
     tail = ",".join(str(i) for i in s.topology.last_stage)
     reasons = (
-        f"last stage GPU {tail} at {run.tail_pct:g}% (<= {cfg.low_pct:g}%) while upstream GPUs "
-        f"are at >= {run.upstream_pct:g}% (>= {cfg.high_pct:g}%) for {elapsed:.1f}s",
+        (f"last stage {len(s.topology.stages) - 1} CPU at {run.tail_pct:g}% of a core "
+         f"(<= {low_pct:g}%) while every upstream stage is at >= {run.upstream_pct:g}% (>= {high_pct:g}%) "
+         f"for {elapsed:.1f}s (stage CPU, no GPUs)" if stage_cpu else
+         f"last stage GPU {tail} at {run.tail_pct:g}% (<= {low_pct:g}%) while upstream GPUs "
+         f"are at >= {run.upstream_pct:g}% (>= {high_pct:g}%) for {elapsed:.1f}s"),
         "no progress signal moved since" if last_progress is None or last_progress <= run.since
         else f"last progress {last_progress - run.since:.1f}s after the pattern began (grace {cfg.progress_grace:g}s)",
         f"requests running: {s.running if s.running is not None else 'unknown'}; "
@@ -59,7 +72,9 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
     )
     evidence = {
         "signals": {
-            "gpu_util_pct": {str(k): v for k, v in sorted(s.gpu_levels.items())},
+            ("stage_cpu_pct" if stage_cpu else "gpu_util_pct"): {str(k): v for k, v in sorted(s.gpu_levels.items())},
+            "source": s.gpu_source.value if s.gpu_source else None,
+            "tail_stage": len(s.topology.stages) - 1,
             "tail_gpus": list(s.topology.last_stage),
             "upstream_gpus": list(s.topology.upstream),
             "points": run.points,
@@ -69,8 +84,8 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         "since": run.since,
         "thresholds": {**thresholds, "progress_grace_s": cfg.progress_grace},
     }
-    state = RuleState.FIRED if elapsed >= cfg.window else RuleState.PENDING
-    return RuleStatus(name, state, IncidentKind.HANG, run.since, _round(elapsed), cfg.window, reasons, evidence)
+    state = RuleState.FIRED if elapsed >= window else RuleState.PENDING
+    return RuleStatus(name, state, IncidentKind.HANG, run.since, _round(elapsed), window, reasons, evidence)
 
 
 def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:

@@ -19,6 +19,7 @@ from soak.records import Topology
 from soak.samples import (
     ClientSample,
     GpuSample,
+    GpuSource,
     HealthSample,
     LogSample,
     ProcessSample,
@@ -85,6 +86,7 @@ class SignalTracker:
         self.started_at = now
         # GPUs
         self.gpu_ts: float | None = None
+        self.gpu_source: GpuSource | None = None
         self.gpu_levels: dict[int, float] = {}
         self.gpu_error: str | None = None
         self.tail_run: TailRun | None = None
@@ -226,6 +228,7 @@ class SignalTracker:
             return
         self.gpu_error = None
         self.gpu_ts = sample.ts
+        self.gpu_source = sample.source
         readings = {g.index: g for g in sample.gpus}
         self.gpu_levels = {g.index: g.util_pct for g in sample.gpus}
         tail = [readings[i] for i in self.topology.last_stage if i in readings]
@@ -246,7 +249,8 @@ class SignalTracker:
             self._last_gpu_point = t
             tail_pct = max(s[len(s) - n + k] for s in series_tail)
             up_pct = min(s[len(s) - n + k] for s in series_up)
-            if tail_pct <= cfg.low_pct and up_pct >= cfg.high_pct:
+            low_pct, high_pct, _ = cfg.marks(sample.source)
+            if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
                 run = self.tail_run

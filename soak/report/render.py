@@ -26,6 +26,7 @@ from soak.report import watchdog
 from soak.report.html import render_html
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RequestColumns, RunData, load_run
+from soak.samples import GpuSource
 from soak.report.stats import MtbfEstimate, mtbf_estimate
 from soak.summary_file import IncidentEntry, RunSummary
 
@@ -166,8 +167,10 @@ def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
     last = max([a[-1] for a in (run.gpu_ts, run.server_ts, run.client_ts) if a.size] + ([end] if end else []),
                default=start + 60)
     xlim = (0.0, max(last - start, 1.0) / 60.0)
+    stage_cpu = run.gpu_source is GpuSource.STAGE_CPU
     return [
-        ("GPU utilization", plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim)),
+        ("Stage CPU" if stage_cpu else "GPU utilization",
+         plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim, stage_cpu=stage_cpu)),
         ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
                                              run.client_tokens, start=start, markers=markers, xlim=xlim)),
         ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
