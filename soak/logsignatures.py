@@ -46,7 +46,12 @@ _RPC_TIMEOUT = re.compile(r"RPC call to (?P<method>sample_tokens|execute_model) 
 _ENGINE_DEAD = re.compile(r"EngineDeadError|EngineCore encountered an issue")
 # vLLM's jit_monitor: ``Triton kernel JIT compilation during inference: <kernel>. This causes ...``
 # (a warning); builds with TileLang kernels say ``TileLang JIT compilation ...``.
-_JIT = re.compile(r"(?P<compiler>[A-Za-z]+)(?: kernel)? JIT compilation during inference(?::\s*(?P<kernel>[A-Za-z0-9_.]*[A-Za-z0-9_]))?")
+_JIT_PHRASE = "JIT compilation during inference"
+# Matched only around the phrase, with bounded names: a pattern that opens on an
+# unbounded run of letters backtracks quadratically through a hostile megabyte line.
+_JIT = re.compile(r"(?P<compiler>[A-Za-z]{1,32})(?: kernel)? JIT compilation during inference"
+                  r"(?::\s{0,8}(?P<kernel>[A-Za-z0-9_.]{0,255}[A-Za-z0-9_]))?")
+_JIT_BEFORE, _JIT_AFTER = 48, len(_JIT_PHRASE) + 300
 
 # Signature names other parts branch on.
 SHM_BROADCAST_WAIT = "shm_broadcast_wait"
@@ -128,7 +133,8 @@ def parse_log_line(line: str) -> LogMatch | None:
         return LogMatch("sample_tokens_timeout", True, fields)
     if _ENGINE_DEAD.search(line):
         return LogMatch("engine_dead", True, fields)
-    jit = _JIT.search(line)
+    at = line.find(_JIT_PHRASE)
+    jit = _JIT.search(line, max(0, at - _JIT_BEFORE), at + _JIT_AFTER) if at >= 0 else None
     if jit:
         fields["compiler"] = jit.group("compiler")
         if jit.group("kernel"):

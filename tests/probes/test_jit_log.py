@@ -58,3 +58,18 @@ def test_the_log_probe_reads_jit_lines_from_a_file_a_server_writes(tmp_path):
     first = samples[0]
     assert first.fields == {"worker": "Worker_PP3", "pid": 4242, "compiler": "Triton", "kernel": "_topk_topp_kernel"}
     assert "\x1b" not in first.line and first.ts == 1_800_000_000.0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("line", [
+    "a" * 4_000_000,  # one run of letters: an unbounded [A-Za-z]+ before " JIT" backtracks quadratically
+    "Triton " * 600_000,
+    "x" * 2_000_000 + " JIT compilation during inference: " + "k" * 2_000_000,
+    "JIT compilation during inference" * 100_000,
+    ("(" + "W" * 1000 + " pid=") * 2_000,
+])
+def test_a_hostile_megabyte_line_parses_in_linear_time(line) -> None:
+    # The log probe reads a server's lines on the harness's own loop: a line that
+    # takes quadratic time there stops the run (a chaos night hung on a 4 MB line).
+    match = parse_log_line(line)
+    assert match is None or match.signature == "jit_compile"
