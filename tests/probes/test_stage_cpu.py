@@ -272,8 +272,9 @@ def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
                      "output_tokens": 12, "think_time_s": 0.1},
         "load": {"concurrency": 3, "drain": "5s"},
         "probes": {"gpu": {"kind": "stage_cpu"}},
-        # the simulator's own log lines would decide first: this test is about the stage rule
-        "detector": {"log_signature": {"enabled": False}},
+        # the log lines and, on a loaded box, the generic rules would decide first: this test is about the stage rule
+        "detector": {"log_signature": {"enabled": False}, "generation_frozen": {"enabled": False},
+                     "client_stall": {"enabled": False}},
         "response": {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}},
         "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"},
     }
@@ -323,7 +324,9 @@ def test_auto_on_a_launched_server_without_nvml_reads_stage_cpu_and_catches_the_
                      "shared_prefix_tokens": 1000, "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
                      "output_tokens": 12, "think_time_s": 0.1, "tokenizer": {"kind": "estimate"}},
         "load": {"concurrency": 3, "drain": "5s"},
-        "detector": {"log_signature": {"enabled": False}},
+        # Only the stage rule may decide: on a loaded box the generic rules can come first.
+        "detector": {"log_signature": {"enabled": False}, "generation_frozen": {"enabled": False},
+                     "client_stall": {"enabled": False}},
         "response": {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}},
         "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"},
     }
