@@ -134,14 +134,35 @@ def _stop(proc: subprocess.Popen | None) -> None:
         proc.wait(timeout=5)
 
 
-def _wait4(pid: int, timeout_s: float) -> tuple[int, float]:
-    """Exit code and peak RSS (MiB) of the child ``pid`` (and the children it reaped)."""
+# The harness's own peak RSS: ru_maxrss of a child carries its parent's high-water
+# mark across fork and exec (Linux sets it from the old mm at exec), so a harness
+# spawned by a grown pytest worker would report the worker's RSS. This small
+# wrapper forks the harness and writes the harness's own ru_maxrss (KiB), then
+# exits as the harness did.
+_MEASURED = ("import os, signal, sys\n"
+             "pid = os.fork()\n"
+             "if pid == 0:\n"
+             "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+             "_, status, usage = os.wait4(pid, 0)\n"
+             "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+             "code = os.waitstatus_to_exitcode(status)\n"
+             "if code < 0:\n"
+             "    signal.signal(-code, signal.SIG_DFL)\n"
+             "    os.kill(os.getpid(), -code)\n"
+             "os._exit(code)\n")
+
+
+def _wait4(pid: int, timeout_s: float, *, group: bool = False) -> tuple[int, float]:
+    """Exit code and peak RSS (MiB) of the child ``pid`` (and the children it reaped);
+    ``group``: past the time, the child's whole process group is killed."""
     deadline = time.monotonic() + timeout_s
     while True:
         got, status, usage = os.wait4(pid, os.WNOHANG)
         if got == pid:
             return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024
         if time.monotonic() > deadline:
+            if group:
+                os.killpg(pid, signal.SIGKILL)
             os.kill(pid, signal.SIGKILL)
             _, status, usage = os.wait4(pid, 0)
             return -9, usage.ru_maxrss / 1024
@@ -218,10 +239,14 @@ def run_night(tmp: Path, scenario: dict[str, Any]) -> Night:
         wall_bound = STARTUP_TIMEOUT_S + DURATION_S + DRAIN_S + WALL_MARGIN_S
         with open(tmp / "stdout", "w") as out, open(tmp / "stderr", "w") as err:
             started = time.monotonic()
-            harness = subprocess.Popen(soak_cmd("run", str(config_path), "--out", str(run_dir), "--no-html"),
-                                       stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-            exit_code, maxrss = _wait4(harness.pid, wall_bound + 60)
+            rss_file = tmp / "harness.maxrss"
+            harness = subprocess.Popen([sys.executable, "-c", _MEASURED, str(rss_file),
+                                        *soak_cmd("run", str(config_path), "--out", str(run_dir), "--no-html")],
+                                       stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                       start_new_session=True)
+            exit_code, _ = _wait4(harness.pid, wall_bound + 60, group=True)
             harness.returncode = exit_code
+            maxrss = int(rss_file.read_text()) / 1024 if rss_file.exists() else 0.0
             wall = time.monotonic() - started
         proxy_alive = None if proxy is None else proxy.poll() is None
         decoy_alive = decoy.poll() is None and pid_alive(decoy.pid)
