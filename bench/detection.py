@@ -113,6 +113,10 @@ duration: {duration}s
 seed: {k}
 target:
   kind: simulator
+  # This bench times the GPU rule (pp_tail_stall). At time_scale x the harness's 5-s
+  # shm-broadcast interval is 5/x wall s, so the log rule would decide first: leave
+  # vLLM's 60 s.
+  ringbuffer_warning_interval: null
   sim:
     time_scale: {time_scale}
     seed: {seed}

@@ -40,6 +40,8 @@ class EventType(str, Enum):
     GPU_SOURCE_FRESH = "gpu_source_fresh"
     WALL_CLOCK_STEP = "wall_clock_step"
     WARNING = "warning"
+    # vLLM's jit_monitor: a kernel compiled mid-serve. A precursor (vllm#53577), not a verdict.
+    JIT_COMPILE = "jit_compile"
     # the incident cycle
     INCIDENT_STARTED = "incident_started"
     INCIDENT = "incident"

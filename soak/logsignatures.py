@@ -44,6 +44,19 @@ _SHM = re.compile(r"No available shared memory broadcast block found in (?P<wait
 # vLLM 0.11.0 times out only ``execute_model``; 0.11.1+ either that or ``sample_tokens``.
 _RPC_TIMEOUT = re.compile(r"RPC call to (?P<method>sample_tokens|execute_model) timed out")
 _ENGINE_DEAD = re.compile(r"EngineDeadError|EngineCore encountered an issue")
+# vLLM's jit_monitor: ``Triton kernel JIT compilation during inference: <kernel>. This causes ...``
+# (a warning); builds with TileLang kernels say ``TileLang JIT compilation ...``.
+_JIT_PHRASE = "JIT compilation during inference"
+# Matched only around the phrase, with bounded names: a pattern that opens on an
+# unbounded run of letters backtracks quadratically through a hostile megabyte line.
+_JIT = re.compile(r"(?P<compiler>[A-Za-z]{1,32})(?: kernel)? JIT compilation during inference"
+                  r"(?::\s{0,8}(?P<kernel>[A-Za-z0-9_.]{0,255}[A-Za-z0-9_]))?")
+_JIT_BEFORE, _JIT_AFTER = 48, len(_JIT_PHRASE) + 300
+
+# Signature names other parts branch on.
+SHM_BROADCAST_WAIT = "shm_broadcast_wait"
+# A precursor, never a verdict: a kernel compiled mid-serve (the trigger vllm#53577 names).
+JIT_COMPILE = "jit_compile"
 
 # WorkNCCL(...) argument names -> field names
 _WORK_FIELDS = {
@@ -113,11 +126,18 @@ def parse_log_line(line: str) -> LogMatch | None:
     shm = _SHM.search(line)
     if shm:
         fields["wait_s"] = float(shm.group("wait_s"))
-        return LogMatch("shm_broadcast_wait", False, fields)
+        return LogMatch(SHM_BROADCAST_WAIT, False, fields)
     rpc = _RPC_TIMEOUT.search(line)
     if rpc:
         fields["method"] = rpc.group("method")
         return LogMatch("sample_tokens_timeout", True, fields)
     if _ENGINE_DEAD.search(line):
         return LogMatch("engine_dead", True, fields)
+    at = line.find(_JIT_PHRASE)
+    jit = _JIT.search(line, max(0, at - _JIT_BEFORE), at + _JIT_AFTER) if at >= 0 else None
+    if jit:
+        fields["compiler"] = jit.group("compiler")
+        if jit.group("kernel"):
+            fields["kernel"] = jit.group("kernel")
+        return LogMatch(JIT_COMPILE, False, fields)
     return None

@@ -30,6 +30,9 @@ class GpuSource(str, Enum):
     NVML = "nvml"
     DCGM = "dcgm"
     SIM = "sim"
+    # Not a GPU: each pipeline stage's CPU time from /proc (soak.probes.stage_cpu),
+    # for servers without GPUs (vLLM's CPU build). Shown as "stage CPU".
+    STAGE_CPU = "stage_cpu"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,31 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from soak.configbase import Duration, StrictModel
+from soak.samples import GpuSource
+
+
+class StageCpuMarks(StrictModel):
+    """``pp_tail_stall``'s marks when the readings are stage CPU (percent of one core,
+    soak.probes.stage_cpu), not GPU utilization: docs/detection.md has the shapes."""
+
+    low_pct: float = Field(10.0, ge=0, le=100)
+    # A spinning rank reads 90-100% (CPU time plus run-queue wait, so a loaded
+    # box does not hide it: docs/detection.md); a healthy pipeline's stages taking
+    # turns read about 100/N % each, at most 50% for two stages.
+    high_pct: float = Field(75.0, ge=0, le=100)
+    # CPU readings are whole-interval deltas (one point per gpu_interval), and a
+    # long prefill or a first-time compile on stage 0 keeps the tail idle for
+    # seconds: a longer hold than the GPU's 3 s.
+    window: Duration = 5.0
+    # Before a server life's first token (start-up, first compiles, cold
+    # prefills), stage 0 busy with an idle tail is normal: wait for it.
+    after_first_token: bool = True
+
+    @model_validator(mode="after")
+    def _marks(self) -> "StageCpuMarks":
+        if self.low_pct >= self.high_pct:
+            raise ValueError("low_pct must be below high_pct")
+        return self
 
 
 class PpTailStallConfig(StrictModel):
@@ -25,6 +50,14 @@ class PpTailStallConfig(StrictModel):
     progress_grace: Duration = 2.0
     # Spacing of NVML's utilization samples inside one reading.
     util_sample_period: Duration = 0.2
+    # The marks for a stage-CPU source (no GPUs), in place of low/high/window.
+    stage_cpu: StageCpuMarks = StageCpuMarks()
+
+    def marks(self, source: GpuSource | None) -> tuple[float, float, float]:
+        """(low_pct, high_pct, window) for readings from ``source``."""
+        if source is GpuSource.STAGE_CPU:
+            return self.stage_cpu.low_pct, self.stage_cpu.high_pct, self.stage_cpu.window
+        return self.low_pct, self.high_pct, self.window
 
     @model_validator(mode="after")
     def _marks(self) -> "PpTailStallConfig":
@@ -74,6 +107,11 @@ class LogSignatureConfig(StrictModel):
     # Used to date the onset of a sample_tokens RPC timeout when nothing better is known
     # (vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS).
     execute_model_timeout: Duration = 300.0
+    # vLLM's shm-broadcast line (``No available shared memory broadcast block found in N
+    # seconds``, every VLLM_RINGBUFFER_WARNING_INTERVAL) this many times since the last
+    # progress, with requests running, settles a hang. One line is one slow step (a cold
+    # compile, a long prefill): it only keeps the detector suspect.
+    shm_broadcast_repeats: int = Field(2, ge=2)
 
 
 class ServerGoneConfig(StrictModel):

@@ -9,6 +9,7 @@ from typing import Callable
 from soak.detect.config import DetectorConfig
 from soak.detect.signals import SignalTracker
 from soak.records import IncidentKind, RuleState, RuleStatus
+from soak.samples import GpuSource
 
 Rule = Callable[[SignalTracker, DetectorConfig, float], RuleStatus]
 
@@ -23,35 +24,47 @@ def _round(value: float | None) -> float | None:
 def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
     cfg = config.pp_tail_stall
     name = "pp_tail_stall"
-    thresholds = {"low_pct": cfg.low_pct, "high_pct": cfg.high_pct, "window_s": cfg.window}
+    stage_cpu = s.gpu_source is GpuSource.STAGE_CPU
+    low_pct, high_pct, window = cfg.marks(s.gpu_source)
+    thresholds = {"low_pct": low_pct, "high_pct": high_pct, "window_s": window}
+    what = "stage CPU" if stage_cpu else "GPU"
     if not cfg.enabled:
         return RuleStatus(name, RuleState.INACTIVE, reasons=("disabled",))
     if len(s.topology.stages) < 2:
         return RuleStatus(name, RuleState.INACTIVE, reasons=("one pipeline stage: no tail to stall",))
     if s.gpu_ts is None:
-        return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU readings ({s.gpu_error or 'none yet'})",))
+        return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU or stage CPU readings ({s.gpu_error or 'none yet'})",))
     if s.gpu_error is not None and s.gpu_error.startswith("stale"):
         return RuleStatus(name, RuleState.INACTIVE, reasons=(s.gpu_error,))
     run = s.tail_run
     if run is None:
-        return RuleStatus(name, RuleState.CLEAR, threshold_s=cfg.window, evidence={"thresholds": thresholds})
+        return RuleStatus(name, RuleState.CLEAR, threshold_s=window, evidence={"thresholds": thresholds})
+    if stage_cpu and cfg.stage_cpu.after_first_token and not s.generated_since_start:
+        return RuleStatus(
+            name, RuleState.CLEAR, threshold_s=window,
+            reasons=("stage CPU: before this server life's first token (start-up, compiles, cold prefill)",),
+            evidence={"thresholds": thresholds},
+        )
     if not s.in_flight:
         return RuleStatus(
-            name, RuleState.CLEAR, threshold_s=cfg.window, reasons=("no requests in flight",),
+            name, RuleState.CLEAR, threshold_s=window, reasons=("no requests in flight",),
             evidence={"thresholds": thresholds},
         )
     last_progress = s.last_progress_at
     if last_progress is not None and last_progress > run.since + cfg.progress_grace:
         return RuleStatus(
-            name, RuleState.CLEAR, threshold_s=cfg.window,
-            reasons=(f"progress continued {last_progress - run.since:.1f}s into the GPU pattern",),
+            name, RuleState.CLEAR, threshold_s=window,
+            reasons=(f"progress continued {last_progress - run.since:.1f}s into the {what} pattern",),
             evidence={"thresholds": thresholds},
         )
     elapsed = run.last - run.since
     tail = ",".join(str(i) for i in s.topology.last_stage)
     reasons = (
-        f"last stage GPU {tail} at {run.tail_pct:g}% (<= {cfg.low_pct:g}%) while upstream GPUs "
-        f"are at >= {run.upstream_pct:g}% (>= {cfg.high_pct:g}%) for {elapsed:.1f}s",
+        (f"last stage {len(s.topology.stages) - 1} CPU at {run.tail_pct:g}% of a core "
+         f"(<= {low_pct:g}%) while every upstream stage is at >= {run.upstream_pct:g}% (>= {high_pct:g}%) "
+         f"for {elapsed:.1f}s (stage CPU, no GPUs)" if stage_cpu else
+         f"last stage GPU {tail} at {run.tail_pct:g}% (<= {low_pct:g}%) while upstream GPUs "
+         f"are at >= {run.upstream_pct:g}% (>= {high_pct:g}%) for {elapsed:.1f}s"),
         "no progress signal moved since" if last_progress is None or last_progress <= run.since
         else f"last progress {last_progress - run.since:.1f}s after the pattern began (grace {cfg.progress_grace:g}s)",
         f"requests running: {s.running if s.running is not None else 'unknown'}; "
@@ -59,7 +72,9 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
     )
     evidence = {
         "signals": {
-            "gpu_util_pct": {str(k): v for k, v in sorted(s.gpu_levels.items())},
+            ("stage_cpu_pct" if stage_cpu else "gpu_util_pct"): {str(k): v for k, v in sorted(s.gpu_levels.items())},
+            "source": s.gpu_source.value if s.gpu_source else None,
+            "tail_stage": len(s.topology.stages) - 1,
             "tail_gpus": list(s.topology.last_stage),
             "upstream_gpus": list(s.topology.upstream),
             "points": run.points,
@@ -69,8 +84,8 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         "since": run.since,
         "thresholds": {**thresholds, "progress_grace_s": cfg.progress_grace},
     }
-    state = RuleState.FIRED if elapsed >= cfg.window else RuleState.PENDING
-    return RuleStatus(name, state, IncidentKind.HANG, run.since, _round(elapsed), cfg.window, reasons, evidence)
+    state = RuleState.FIRED if elapsed >= window else RuleState.PENDING
+    return RuleStatus(name, state, IncidentKind.HANG, run.since, _round(elapsed), window, reasons, evidence)
 
 
 def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
@@ -197,6 +212,11 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         }
         reasons = (f"fatal log signature {first.signature}: {first.line.strip()[:300]}",)
         return RuleStatus(name, RuleState.FIRED, kind, onset, _round(now - onset), 0.0, reasons, evidence)
+    waits = s.shm_waits_since_progress
+    # Before a server life's first token the workers may still compile (vLLM logs the
+    # line through a healthy start-up): generation_frozen's start-up grace covers that.
+    if len(waits) >= s.shm_waits_needed and s.in_flight and s.generated_since_start:
+        return _shm_broadcast_hang(s, config, waits, now)
     last = s.last_nonfatal_log
     if last is not None and now - last.ts < cfg.suspect_for:
         return RuleStatus(
@@ -206,6 +226,48 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
              "thresholds": {"suspect_for_s": cfg.suspect_for}},
         )
     return RuleStatus(name, RuleState.CLEAR)
+
+
+def _shm_broadcast_hang(s: SignalTracker, config: DetectorConfig, waits: list, now: float) -> RuleStatus:
+    """vLLM's own word that no broadcast block moved, repeated while the counters stood
+    still and requests were running: the engine is stuck, not slow."""
+    cfg = config.log_signature
+    first, latest = waits[0], waits[-1]
+    last_progress = s.last_progress_at
+    wait_s = first.fields.get("wait_s")
+    if last_progress is not None and last_progress <= first.ts:
+        onset = last_progress
+    elif isinstance(wait_s, (int, float)):
+        onset = first.ts - wait_s
+    else:
+        onset = first.ts
+    interval = f"{wait_s:g}s" if isinstance(wait_s, (int, float)) else "unknown"
+    needed = s.shm_waits_needed
+    cold = " while the server life's first requests still run" if needed > cfg.shm_broadcast_repeats else ""
+    reasons = (
+        f"shm-broadcast wait logged {len(waits)} times (>= {needed}{cold}) since the last progress: "
+        f"vLLM found no shared memory broadcast block for {interval} each time "
+        f"(VLLM_RINGBUFFER_WARNING_INTERVAL)",
+        "no progress signal moved since" if last_progress is None
+        else f"last progress {max(0.0, latest.ts - last_progress):.1f}s before the latest wait "
+             f"(generation counter, KV usage, client tokens all flat)",
+        f"requests running: {s.running if s.running is not None else 'unknown'}; "
+        f"client in flight: {s.client.in_flight if s.client else 'unknown'}",
+        f"latest line: {latest.line.strip()[:300]}",
+    )
+    evidence = {
+        "signals": {
+            "signature": latest.signature,
+            "lines": [{"ts": x.ts, "signature": x.signature, "line": x.line, "fields": dict(x.fields)} for x in waits[:20]],
+            "last_progress_at": last_progress,
+            "running": s.running,
+            "generation_tokens": s.server_values.get("generation_tokens"),
+        },
+        "since": onset,
+        "thresholds": {"shm_broadcast_repeats": cfg.shm_broadcast_repeats, "needed": needed},
+    }
+    return RuleStatus("log_signature", RuleState.FIRED, IncidentKind.HANG, onset, _round(now - onset),
+                      None, reasons, evidence)
 
 
 def _log_onset(s: SignalTracker, line, execute_timeout: float) -> float:

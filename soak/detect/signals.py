@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Deque
 
 from soak.detect.config import DetectorConfig
+from soak.logsignatures import JIT_COMPILE, SHM_BROADCAST_WAIT
 from soak.records import Topology
 from soak.samples import (
     ClientSample,
     GpuSample,
+    GpuSource,
     HealthSample,
     LogSample,
     ProcessSample,
@@ -42,6 +44,7 @@ SERVER_PROGRESS_KEYS: tuple[str, ...] = (
 )
 GENERATION_KEY = "generation_tokens"
 MAX_FATAL_LINES = 50
+MAX_SHM_LINES = 64
 
 
 @dataclass
@@ -83,6 +86,7 @@ class SignalTracker:
         self.started_at = now
         # GPUs
         self.gpu_ts: float | None = None
+        self.gpu_source: GpuSource | None = None
         self.gpu_levels: dict[int, float] = {}
         self.gpu_error: str | None = None
         self.tail_run: TailRun | None = None
@@ -111,12 +115,28 @@ class SignalTracker:
         # Log signatures since the reset
         self.fatal_logs: list[LogSample] = []
         self.last_nonfatal_log: LogSample | None = None
+        # vLLM's shm-broadcast waits, the newest last (the log rule counts those after
+        # the last progress).
+        self.shm_waits: Deque[LogSample] = deque(maxlen=MAX_SHM_LINES)
 
     # -- derived facts -------------------------------------------------------------
 
     @property
     def last_progress_at(self) -> float | None:
         return max(self.last_change.values()) if self.last_change else None
+
+    @property
+    def shm_waits_since_progress(self) -> list[LogSample]:
+        """The shm-broadcast waits logged after the last progress signal moved."""
+        last = self.last_progress_at
+        return [x for x in self.shm_waits if last is None or x.ts > last]
+
+    @property
+    def shm_waits_needed(self) -> int:
+        """Waits that settle a hang: one more while the server life's first requests
+        still run (lazy compiles and cold prefills pause it for seconds: 7 s seen on
+        the real vLLM, one line at a 5-s interval)."""
+        return self.config.log_signature.shm_broadcast_repeats + (1 if self.cold else 0)
 
     @property
     def in_flight(self) -> bool | None:
@@ -172,7 +192,14 @@ class SignalTracker:
                 if len(self.fatal_logs) < MAX_FATAL_LINES:  # a dying server repeats itself
                     self.fatal_logs.append(sample)
                 return len(self.fatal_logs) == 1
+            if sample.signature == JIT_COMPILE:
+                return False  # a precursor for the timeline, not a sign of a hang by itself
             self.last_nonfatal_log = sample
+            if sample.signature == SHM_BROADCAST_WAIT:
+                self.shm_waits.append(sample)
+                # Enough waits since the last progress may settle the log rule now.
+                return (self.generated_since_start
+                        and len(self.shm_waits_since_progress) >= self.shm_waits_needed)
         return False
 
     def _progress(self, key: str, ts: float) -> None:
@@ -201,6 +228,7 @@ class SignalTracker:
             return
         self.gpu_error = None
         self.gpu_ts = sample.ts
+        self.gpu_source = sample.source
         readings = {g.index: g for g in sample.gpus}
         self.gpu_levels = {g.index: g.util_pct for g in sample.gpus}
         tail = [readings[i] for i in self.topology.last_stage if i in readings]
@@ -221,7 +249,8 @@ class SignalTracker:
             self._last_gpu_point = t
             tail_pct = max(s[len(s) - n + k] for s in series_tail)
             up_pct = min(s[len(s) - n + k] for s in series_up)
-            if tail_pct <= cfg.low_pct and up_pct >= cfg.high_pct:
+            low_pct, high_pct, _ = cfg.marks(sample.source)
+            if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
                 run = self.tail_run

@@ -34,6 +34,7 @@ from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord
 from soak.samples import (
     ClientSample,
     GpuSample,
+    GpuSource,
     HealthSample,
     LogSample,
     ProcessSample,
@@ -306,6 +307,11 @@ class Exporter:
         self._probe("gpu", sample.ts, sample.error is None)
         if sample.error is not None:
             return  # keep the last good reading rather than invent one
+        if sample.source is GpuSource.STAGE_CPU:
+            # stages' CPU, not GPUs: never under a GPU name (one reading per stage, in order)
+            for stage, reading in enumerate(sample.gpus):
+                m["soak_stage_cpu_percent"].labels(stage=str(stage)).set(reading.util_pct)
+            return
         for gpu in sample.gpus:
             label = str(gpu.index)
             m["soak_gpu_utilization_percent"].labels(gpu=label).set(gpu.util_pct)

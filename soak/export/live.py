@@ -18,7 +18,7 @@ from soak.durations import format_duration
 from soak.events import EventType
 from soak.percentiles import percentile
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
-from soak.samples import GpuReading, GpuSample, RequestRecord, Sample, ServerSample
+from soak.samples import GpuReading, GpuSample, GpuSource, RequestRecord, Sample, ServerSample
 from soak.counters import CounterDelta
 
 if TYPE_CHECKING:  # rich is imported when a terminal view starts
@@ -63,6 +63,7 @@ class ViewState:
         self._hits = CounterDelta()
         self._queries = CounterDelta()
         self.gpus: tuple[GpuReading, ...] = ()
+        self.gpu_source: GpuSource | None = None
         self.detector_state = DetectorState.HEALTHY
         self.incidents = 0
         self.phase = Phase.STARTING
@@ -90,6 +91,7 @@ class ViewState:
     def on_sample(self, sample: Sample) -> None:
         if isinstance(sample, GpuSample) and sample.error is None:
             self.gpus = sample.gpus
+            self.gpu_source = sample.source
         elif isinstance(sample, ServerSample) and sample.ok:
             hits = sample.values.get("prefix_cache_hits")
             queries = sample.values.get("prefix_cache_queries")
@@ -128,12 +130,13 @@ class ViewState:
         p50, p99 = self.ttft(50), self.ttft(99)
         ratio = self.hit_ratio
         gpus = " ".join(f"{g.util_pct:.0f}" for g in self.gpus) or "-"
+        stage_cpu = self.gpu_source is GpuSource.STAGE_CPU
         return (
             f"soak {self.phase.value} {format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left | "
             f"requests ok {self.ok} failed {self.failed}" + (f" cut {self.cut}" if self.cut else "")
             + f" | {self.tokens_per_s(now):.1f} tok/s | "
             f"ttft p50 {_s(p50)} p99 {_s(p99)} | context {_k(self.context_tokens)} | "
-            f"prefix hit {_pct(ratio)} | gpu% {gpus} | detector {self.detector_state.value}"
+            f"prefix hit {_pct(ratio)} | {'stage CPU%' if stage_cpu else 'gpu%'} {gpus} | detector {self.detector_state.value}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
             + (" | GPU READINGS STALE" if self.gpu_stale else "")
             + "".join(f" | WARNING {text}" for text in self.alerts.values())
@@ -156,12 +159,13 @@ class ViewState:
         table.add_row("TTFT", f"p50 {_s(self.ttft(50))}  p99 {_s(self.ttft(99))}")
         table.add_row("context", f"{_k(self.context_tokens)} (max {_k(self.max_context_tokens or None)})")
         table.add_row("prefix hit", _pct(self.hit_ratio))
-        for gpu in self.gpus:
+        for position, gpu in enumerate(self.gpus):
             filled = int(round(max(0.0, min(100.0, gpu.util_pct)) / 5))
             bar = Text("█" * filled, style="green" if gpu.util_pct >= 5 else "red")
             bar.append("·" * (20 - filled), style="dim")
             bar.append(f" {gpu.util_pct:5.1f}%")
-            table.add_row(f"gpu {gpu.index}", bar)
+            # stage CPU: one reading per stage, in stage order (not a GPU)
+            table.add_row(f"stage {position} CPU" if self.gpu_source is GpuSource.STAGE_CPU else f"gpu {gpu.index}", bar)
         if self.gpu_stale:
             table.add_row("gpu source", Text(self.gpu_stale, style="bold yellow"))
         for warning in self.warnings[-3:]:

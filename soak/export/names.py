@@ -84,6 +84,10 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
         HarnessMetric("soak_gpu_memory_total_bytes", Kind.GAUGE, "GPU memory in all.", ("gpu",)),
         HarnessMetric("soak_gpu_power_watts", Kind.GAUGE, "GPU power draw as sampled.", ("gpu",)),
         HarnessMetric("soak_gpu_processes", Kind.GAUGE, "Compute processes holding the GPU.", ("gpu",)),
+        # Not GPUs: each pipeline stage's CPU from the stage-CPU source (servers without GPUs)
+        HarnessMetric("soak_stage_cpu_percent", Kind.GAUGE,
+                      "A pipeline stage's CPU use: CPU time plus run-queue wait, percent of one core "
+                      "(stage-CPU source; no GPUs).", ("stage",)),
         # probes
         HarnessMetric("soak_probe_ok", Kind.GAUGE, "1 when the probe's last reading succeeded.", ("probe",)),
         HarnessMetric(

@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 from soak.clock import Clock
 from soak.proc.snapshots import ProcSnapshots
-from soak.probes.config import DcgmGpu, NoGpu, NvmlGpu, ProbesConfig, SimGpu
+from soak.probes.config import DcgmGpu, NoGpu, NvmlGpu, ProbesConfig, SimGpu, StageCpuGpu
 from soak.probes.gpu import DcgmGpuSource, GpuProbe, NvmlGpuSource, SimGpuSource
-from soak.records import GpuSourceLike
+from soak.records import GpuSourceLike, Topology
 from soak.probes.logwatch import LogProbe
 from soak.probes.metrics import MetricsProbe
 from soak.probes.scheduler import Probe
@@ -24,12 +24,19 @@ def build_gpu_source(
     clock: Clock,
     is_simulator: bool,
     nvml_provider: Any | None = None,
+    root_pid: Callable[[], int | None] | None = None,
+    proc: ProcSnapshots | None = None,
+    topology: Topology | None = None,
 ) -> GpuSourceLike | None:
     """The configured GPU source (None for ``kind: none``). For ``nvml`` call
-    ``await source.open()`` before the run: it raises GpuUnavailable (exit 3)."""
+    ``await source.open()`` before the run: it raises GpuUnavailable (exit 3).
+    ``root_pid``/``proc``/``topology``: what the stage-CPU source reads (the
+    target's tree through the shared /proc reader; the detector's stage indices)."""
     gpu = config.gpu
     if isinstance(gpu, NoGpu):
         return None
+    if isinstance(gpu, StageCpuGpu):
+        return stage_cpu_source(clock=clock, root_pid=root_pid, proc=proc, topology=topology)
     if isinstance(gpu, SimGpu) or (gpu.kind == "auto" and is_simulator):
         return SimGpuSource(base_url, session=session, clock=clock, timeout_s=config.timeout)
     if isinstance(gpu, DcgmGpu):
@@ -42,6 +49,46 @@ def build_gpu_source(
     if isinstance(gpu, NvmlGpu):
         return NvmlGpuSource(clock=clock, provider=nvml_provider, indices=gpu.indices, deadline_s=gpu.deadline)
     return NvmlGpuSource(clock=clock, provider=nvml_provider)
+
+
+def stage_cpu_source(*, clock: Clock, root_pid: Callable[[], int | None] | None,
+                     proc: ProcSnapshots | None, topology: Topology | None, why: str = "") -> GpuSourceLike:
+    from soak.probes.stage_cpu import StageCpuSource
+
+    reader = proc or ProcSnapshots()
+    return StageCpuSource(clock=clock, root_pid=root_pid or (lambda: None),
+                          descendants=lambda pid: reader.table().descendants(pid), topology=topology, why=why)
+
+
+async def open_gpu_source(source: GpuSourceLike | None, config: ProbesConfig, *, is_simulator: bool,
+                          clock: Clock, root_pid: Callable[[], int | None] | None = None,
+                          proc: ProcSnapshots | None = None, topology: Topology | None = None) -> GpuSourceLike | None:
+    """``source`` opened. ``auto`` without NVML on a server whose processes carry
+    ``VLLM::Worker`` titles (vLLM's CPU build) reads stage CPU instead; with no such
+    process the NVML error stands (GpuUnavailable, exit 3). Before the server has
+    started (no root yet) the titles cannot be checked: stage CPU is taken, and its
+    readings fail, naming why, while no worker shows."""
+    from soak.errors import GpuUnavailable
+
+    if source is None:
+        return None
+    try:
+        await source.open()
+        return source
+    except GpuUnavailable as nvml_missing:
+        if config.gpu.kind != "auto" or is_simulator or root_pid is None:
+            raise
+        fallback = stage_cpu_source(clock=clock, root_pid=root_pid, proc=proc, topology=topology,
+                                    why=f"auto: {nvml_missing}")
+        if root_pid() is None:
+            # Opened before the server starts (launched, attached): its titles cannot be
+            # checked yet; each reading says so while the server shows no VLLM::Worker.
+            return fallback
+        try:
+            await fallback.open()
+        except GpuUnavailable:
+            raise nvml_missing from None
+        return fallback
 
 
 def build_probes(

@@ -3,7 +3,12 @@
 ``gpu`` is tagged by ``kind``:
   ``auto`` (the simulator's GPUs for the simulator target, NVML otherwise),
   ``sim``, ``nvml`` (``indices``: which GPUs; ``deadline``: per NVML call),
-  ``dcgm`` (``url`` of a dcgm-exporter), ``none``.
+  ``dcgm`` (``url`` of a dcgm-exporter), ``stage_cpu`` (no GPU: each pipeline
+  stage's CPU time from /proc, soak.probes.stage_cpu), ``none``.
+``auto`` on a launched or attached target falls back to ``stage_cpu`` when NVML is
+missing (vLLM's CPU build): opened before the server starts, its readings fail
+naming why while the server shows no ``VLLM::Worker``; opened beside a server
+with no worker, NVML's absence stops the run (exit 3). ``nvml`` always does.
 """
 
 from __future__ import annotations
@@ -42,11 +47,17 @@ class DcgmGpu(StrictModel):
     indices: Optional[tuple[int, ...]] = None
 
 
+class StageCpuGpu(StrictModel):
+    """Not a GPU: each ``VLLM::Worker`` stage's CPU use (percent of one core)."""
+
+    kind: Literal["stage_cpu"] = "stage_cpu"
+
+
 class NoGpu(StrictModel):
     kind: Literal["none"] = "none"
 
 
-_GPU_KINDS = {m.model_fields["kind"].default: m for m in (AutoGpu, SimGpu, NvmlGpu, DcgmGpu, NoGpu)}
+_GPU_KINDS = {m.model_fields["kind"].default: m for m in (AutoGpu, SimGpu, NvmlGpu, DcgmGpu, StageCpuGpu, NoGpu)}
 
 
 def _check_gpu_kind(value: Any) -> Any:
@@ -60,7 +71,7 @@ def _check_gpu_kind(value: Any) -> Any:
 
 
 GpuConfig = Annotated[
-    Union[AutoGpu, SimGpu, NvmlGpu, DcgmGpu, NoGpu],
+    Union[AutoGpu, SimGpu, NvmlGpu, DcgmGpu, StageCpuGpu, NoGpu],
     Field(discriminator="kind"),
     BeforeValidator(_check_gpu_kind),
 ]

@@ -272,7 +272,7 @@ def render_html(model: ReportModel) -> str:
     if model.incidents:
         out.append("<h2>Incidents</h2>")
         out.extend(_incident_html(v, model.start) for v in model.incidents)
-    out.append("<h2>Timeline</h2><p class='muted'>Red lines: incident onset (dashed) and detection (solid).</p>")
+    out.append("<h2>Timeline</h2><p class='muted'>Red lines: incident onset (dashed) and detection (solid); orange dotted: a JIT compile during inference (vLLM's jit_monitor).</p>")
     for title, png in model.images:
         out.append(f"<img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
     out.append("<h2>Requests</h2>")

@@ -31,7 +31,7 @@ DPI = 100
 class Marker:
     ts: float
     label: str
-    style: str = "detected"  # "onset" (dashed) or "detected" (solid)
+    style: str = "detected"  # "onset" (dashed), "detected" (solid) or "precursor" (dotted, orange)
 
 
 def _figure(height_in: float) -> Figure:
@@ -52,6 +52,9 @@ def _minutes(ts: np.ndarray, start: float) -> np.ndarray:
 
 def _mark(ax, markers: Sequence[Marker], start: float) -> None:
     for m in markers:
+        if m.style == "precursor":  # a JIT compile during inference: a mark, not an incident
+            ax.axvline((m.ts - start) / 60.0, color="#ff7f0e", lw=1.0, ls=":", alpha=0.9)
+            continue
         ax.axvline((m.ts - start) / 60.0, color="#d62728", lw=1.2, ls="--" if m.style == "onset" else "-", alpha=0.9)
 
 
@@ -113,16 +116,19 @@ def binned_mean(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.nda
 
 
 def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
-                    max_columns: int = 720, xlim: tuple[float, float] | None = None) -> bytes:
-    """Per-GPU utilization, one row a GPU: one idle GPU beside busy ones is a dark stripe."""
+                    max_columns: int = 720, xlim: tuple[float, float] | None = None, stage_cpu: bool = False) -> bytes:
+    """Per-GPU utilization, one row a GPU: one idle GPU beside busy ones is a dark stripe.
+    ``stage_cpu``: the rows are pipeline stages' CPU (percent of one core), no GPUs."""
+    row, what = ("stage {} CPU", "Stage CPU (% of one core) per pipeline stage") if stage_cpu else \
+        ("GPU {}", "GPU utilization (%) per GPU")
     ts = np.asarray(ts, dtype=float)
     util = np.asarray(util, dtype=float)
     gpus = util.shape[1] if util.ndim == 2 else 0
     fig = _figure(max(2.2, 0.8 + 0.28 * gpus))
     ax = fig.add_subplot(111)
     if ts.size < 2 or gpus == 0:
-        _empty(ax, "no GPU samples")
-        _finish(fig, ax, "GPU utilization (%)", xlim)
+        _empty(ax, "no stage CPU samples" if stage_cpu else "no GPU samples")
+        _finish(fig, ax, what, xlim)
         return _png(fig)
     # A bin narrower than the sampling period would leave blank stripes.
     period = float(np.median(np.diff(ts))) if ts.size > 2 else 0.5
@@ -132,9 +138,9 @@ def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: 
     image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
                       extent=(x0, x1, gpus - 0.5, -0.5))
     ax.set_yticks(range(gpus))
-    ax.set_yticklabels([f"GPU {g}" for g in range(gpus)], fontsize=8)
+    ax.set_yticklabels([row.format(g) for g in range(gpus)], fontsize=8)
     _mark(ax, markers, start)
-    _finish(fig, ax, "GPU utilization (%) per GPU (white: no reading)", xlim)
+    _finish(fig, ax, f"{what} (white: no reading)", xlim)
     ax.grid(False)
     box = ax.get_position()
     cax = fig.add_axes((0.93, box.y0, 0.012, box.height))

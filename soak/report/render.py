@@ -26,6 +26,7 @@ from soak.report import watchdog
 from soak.report.html import render_html
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RequestColumns, RunData, load_run
+from soak.samples import GpuSource
 from soak.report.stats import MtbfEstimate, mtbf_estimate
 from soak.summary_file import IncidentEntry, RunSummary
 
@@ -161,11 +162,15 @@ def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
             markers.append(plots.Marker(i.onset_at, f"#{i.number} onset", "onset"))
         if i.detected_at is not None:
             markers.append(plots.Marker(i.detected_at, f"#{i.number} detected", "detected"))
+    for e in jit_events(run.events):
+        markers.append(plots.Marker(float(e["ts"]), f"JIT {e.get('kernel') or ''}".strip(), "precursor"))
     last = max([a[-1] for a in (run.gpu_ts, run.server_ts, run.client_ts) if a.size] + ([end] if end else []),
                default=start + 60)
     xlim = (0.0, max(last - start, 1.0) / 60.0)
+    stage_cpu = run.gpu_source is GpuSource.STAGE_CPU
     return [
-        ("GPU utilization", plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim)),
+        ("Stage CPU" if stage_cpu else "GPU utilization",
+         plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim, stage_cpu=stage_cpu)),
         ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
                                              run.client_tokens, start=start, markers=markers, xlim=xlim)),
         ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
@@ -215,6 +220,9 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     for event in run.events:
         if event.get("type") in (EventType.GPU_SOURCE_STALE, EventType.WARNING) and event.get("message"):
             notes.append(str(event["message"]))
+    jit_note = jit_compile_note(run.events, start)
+    if jit_note:
+        notes.append(jit_note)
     for result in criteria_failed:
         reasons = result.reasons or ("a criterion" if result.name is None else result.name,)
         notes.append(f"Failure criterion {result.name}: {reasons[0]}."
@@ -236,6 +244,23 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         brief=_brief(run.config), config_text=run.config_text, images=images, incidents=views,
         request_stats=stats_rows, outcomes=outcomes, events=run.events[-300:], notes=notes,
     )
+
+
+def jit_events(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [e for e in events if e.get("type") == EventType.JIT_COMPILE and isinstance(e.get("ts"), (int, float))]
+
+
+def jit_compile_note(events: Sequence[Mapping[str, Any]], start: float) -> str | None:
+    """One note for vLLM's jit_monitor lines: how many kernels compiled mid-serve, and when."""
+    found = jit_events(events)
+    if not found:
+        return None
+    kernels = list(dict.fromkeys(str(e.get("kernel") or "?") for e in found))
+    shown = ", ".join(kernels[:5]) + (f" and {len(kernels) - 5} more" if len(kernels) > 5 else "")
+    first = float(found[0]["ts"]) - start
+    return (f"JIT compile during inference: {len(found)} line{'s' if len(found) > 1 else ''} from vLLM's jit_monitor "
+            f"(first at +{first:.0f}s; kernels {shown}), orange dotted on the timeline. A precursor, not a verdict: "
+            "a kernel compiled mid-serve stalls its step, and a hang soon after names it in its incident summary.")
 
 
 def ended_because(run_dir: Path, summary: RunSummary) -> str | None:

@@ -28,6 +28,7 @@ from soak.store.rundir import MARKERS_TEXT, RunDir
 from soak.store.segments import line_head
 from soak.store.store import EVENTS, REQUESTS
 from soak.store.summary import EVENT_TYPES, REQUEST_TYPES
+from soak.samples import GpuSource
 from soak.summary_file import RunSummary
 
 # The timelines are binned to at most 720 columns; more points than this per
@@ -129,6 +130,7 @@ class RunData:
     log_lines: list[dict[str, Any]]
     incidents: list[Incident]
     bad_lines: dict[str, int] = field(default_factory=dict)
+    gpu_source: GpuSource | None = None  # STAGE_CPU: the rows are stages' CPU, not GPUs
 
     @property
     def start(self) -> float | None:
@@ -178,6 +180,7 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
     events = _events(run, bad)
 
     gpu_ts: list[float] = []
+    gpu_source: GpuSource | None = None  # STAGE_CPU once a stage-CPU reading is seen
     gpu_rows: list[dict[int, float]] = []
     server_ts: list[float] = []
     server_cols: dict[str, list[float]] = {k: [] for k in PLOTTED_SERVER_SERIES}
@@ -221,6 +224,11 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
             if s.get("error") or not s.get("gpus"):
                 continue
             gpu_ts.append(ts)
+            if s.get("source") == GpuSource.STAGE_CPU.value:
+                # stage CPU: one reading per stage, in stage order; a row is a stage
+                gpu_source = GpuSource.STAGE_CPU
+                gpu_rows.append({stage: g.get("util_pct", np.nan) for stage, g in enumerate(s["gpus"])})
+                continue
             gpu_rows.append({g["index"]: g.get("util_pct", np.nan) for g in s["gpus"] if "index" in g})
         elif kind == "server":
             if not s.get("ok"):
@@ -253,7 +261,7 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         requests=requests, gpu_ts=np.asarray(gpu_ts), gpu_util=util, server_ts=np.asarray(server_ts),
         server={k: np.asarray(v) for k, v in server_cols.items()}, client_ts=np.asarray(client_ts),
         client_tokens=np.asarray(client_tokens), client_in_flight=np.asarray(client_in_flight),
-        log_lines=log_lines, incidents=_incidents(run), bad_lines=bad,
+        log_lines=log_lines, incidents=_incidents(run), bad_lines=bad, gpu_source=gpu_source,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from soak.flightrec.dumps import summarize_dumps
 from soak.fsio import write_atomic
-from soak.logsignatures import parse_log_line
+from soak.logsignatures import JIT_COMPILE, parse_log_line
 from soak.plain import plain
 from soak.samples import LogSample, Sample, to_json
 
@@ -131,6 +131,26 @@ def watchdog_entries(samples: Iterable[Sample], log_tail: str | None) -> dict[st
         "from_log_tail": from_tail,
         "parser": f"{parse_log_line.__module__}.{parse_log_line.__name__}",
     }
+
+
+def jit_precursors(samples: Iterable[Sample], *, since: float, until: float) -> list[LogSample]:
+    """vLLM's jit_monitor lines seen in ``[since, until]``: kernels compiled mid-serve
+    before the hang (the trigger vllm#53577 names), oldest first."""
+    return sorted((s for s in samples if isinstance(s, LogSample) and s.signature == JIT_COMPILE
+                   and since <= s.ts <= until), key=lambda s: s.ts)
+
+
+def jit_precursor_note(precursors: Sequence[LogSample], onset_at: float) -> str | None:
+    """One clause for the incident's summary, or None when no kernel compiled."""
+    if not precursors:
+        return None
+    last = precursors[-1]
+    kernel = last.fields.get("kernel") or "a kernel"
+    where = f" on {last.fields['worker']}" if last.fields.get("worker") else ""
+    offset = onset_at - last.ts
+    when = f"{offset:.1f}s before onset" if offset >= 0 else f"{-offset:.1f}s after onset"
+    more = f" ({len(precursors)} in the window)" if len(precursors) > 1 else ""
+    return f"JIT compile during inference {when}: {kernel}{where}{more} (a precursor, not a verdict)"
 
 
 def find_py_spy(command: str) -> str | None:

@@ -156,6 +156,13 @@ async def wait_gpus_free(
         else:
             last_error = error
             source = sample.source if sample is not None else source_hint
+            if source == GpuSource.STAGE_CPU and pids_gone():
+                # Stage CPU reads processes, not GPUs: with them gone there is nothing to wait for.
+                return GpuRelease(
+                    None, None, None, last,
+                    (f"no GPUs: the stage CPU source read the target's processes ({error}); "
+                     "every target PID is gone",),
+                )
             if source == GpuSource.SIM and pids_gone():
                 # The simulated GPUs lived in the simulated server: no one is left to ask.
                 return GpuRelease(

@@ -65,6 +65,7 @@ class Responder:
             target, marker=(ownership_variable, ownership_token) if ownership_token else None,
             find_root_by_port=config.find_root_by_port, proc=proc if proc is not None else ProcSnapshots(),
         )
+        self._recent_samples = recent_samples
         self._takedown = Takedown(config, targets=self.targets, gpu_source=gpu_source, clock=clock,
                                   recent_samples=recent_samples)
         self._evidence = EvidenceCollector(
@@ -204,6 +205,11 @@ class Responder:
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
         if diagnosis:
             summary += f"; flight recorder: {diagnosis}"
+        jit = ev.jit_precursor_note(ev.jit_precursors(
+            self._recent_samples() or (), since=detected_at - self._config.evidence.samples_window, until=detected_at),
+            onset_at)
+        if jit:
+            summary += f"; {jit}"
         return IncidentRecord(
             number=number,
             kind=kind,

@@ -12,12 +12,13 @@ from typing import Any
 from soak.clock import Clock
 from soak.criteria.rules import RequestTally
 from soak.detect.detector import Detector
-from soak.events import Emit
+from soak.events import Emit, EventType
 from soak.probes.gpu import GpuFreshness
 from soak.records import RunSink
 from soak.run.freshness import MetricsFreshness
 from soak.run.live_judge import LiveJudge
-from soak.samples import GpuSample, RequestRecord, Sample, ServerSample
+from soak.logsignatures import JIT_COMPILE
+from soak.samples import GpuSample, LogSample, RequestRecord, Sample, ServerSample
 from soak.counters import CounterDelta
 
 # The responder's "last minutes" come from here; bounded whatever the run's length.
@@ -59,6 +60,12 @@ class FanIn:
             change = self._gpu_freshness.observe(sample)
             if change is not None:
                 self._emit(change.pop("type"), **change)
+        if isinstance(sample, LogSample) and sample.signature == JIT_COMPILE:
+            # On the timeline, at the log probe's time: the incident and the report
+            # show it when it came shortly before a hang.
+            self._emit(EventType.JIT_COMPILE, kernel=sample.fields.get("kernel"),
+                       compiler=sample.fields.get("compiler"), worker=sample.fields.get("worker"),
+                       pid=sample.fields.get("pid"), line=sample.line[:500])
         if isinstance(sample, ServerSample):
             said = self._metrics_freshness.observe(sample)
             if said is not None:

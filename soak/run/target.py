@@ -28,7 +28,7 @@ from soak.proc.facts import Pin
 from soak.run.attached_target import AttachedTarget
 from soak.run.process_target import ProcessTarget
 from soak.target.config import AttachedTarget as AttachedTargetConfig
-from soak.target.config import LaunchedTarget, SimulatorTarget
+from soak.target.config import LaunchedTarget, SimulatorTarget, server_env
 
 if TYPE_CHECKING:
     from soak.run.guardian import Guardian
@@ -96,8 +96,9 @@ def build_target(
     on_log_error: Callable[[BaseException], None] | None = None,
     on_waiting: Callable[[str], None] | None = None,
 ) -> Target:
-    """The target the config names. ``extra_env`` (flight recorder, ownership
-    marker) goes to a server the harness starts; its output is redacted by
+    """The target the config names. A server the harness starts gets
+    ``server_env(config)`` (the launch's ``env`` over the ring-buffer interval) and
+    ``extra_env`` (flight recorder, ownership marker) on top; its output is redacted by
     ``redactor`` on its way to server.log, and ``guardian`` is told its PID."""
     api_key = api_key_from_env(config.api_key_env, environ)
     owned = {"redactor": redactor, "guardian": guardian, "on_log_error": on_log_error, "on_waiting": on_waiting}
@@ -107,7 +108,7 @@ def build_target(
             restart_command=lambda t: sim_command(config, run_dir, port=int(t.base_url.rsplit(":", 1)[1])),
             what="the simulator",
             run_dir=run_dir,
-            env=dict(extra_env or {}),
+            env={**server_env(config), **(extra_env or {})},
             port_file=Path(run_dir) / "sim.port",
             startup_timeout_s=config.startup_timeout,
             poll_interval_s=min(config.ready_poll_interval, 0.1),
@@ -122,7 +123,7 @@ def build_target(
             command=config.command,
             what=f"the launched server ({config.command[0]})",
             run_dir=run_dir,
-            env={**config.env, **(extra_env or {})},
+            env={**server_env(config), **(extra_env or {})},
             cwd=config.cwd,
             base_url=config.base_url,
             startup_timeout_s=config.startup_timeout,

@@ -218,7 +218,7 @@ def build_soak_run(
         sinks.append(exporter)
 
     from soak.detect.detector import Detector
-    from soak.probes.build import build_gpu_source, build_probes
+    from soak.probes.build import build_gpu_source, build_probes, open_gpu_source
     from soak.proc.snapshots import ProcSnapshots
 
     is_sim = layout.kind is TargetKind.SIMULATOR
@@ -228,10 +228,11 @@ def build_soak_run(
 
     async def gpu_source(base_url: str, *, session: OutboundSession) -> GpuSourceLike | None:
         source = build_gpu_source(config.probes, base_url=base_url, session=session, clock=clock,
-                                  is_simulator=is_sim)
-        if source is not None:
-            await source.open()  # NVML missing: GpuUnavailable, exit 3
-        return source
+                                  is_simulator=is_sim, root_pid=lambda: target.root_pid, proc=proc,
+                                  topology=layout.topology)
+        # NVML missing: GpuUnavailable, exit 3 (``auto`` on vLLM's CPU build: stage CPU)
+        return await open_gpu_source(source, config.probes, is_simulator=is_sim, clock=clock,
+                                     root_pid=lambda: target.root_pid, proc=proc, topology=layout.topology)
 
     # The target's root PID has one path to the parts that act on its processes:
     # the target itself, read by the probes (rebuilt for each life) and the responder.

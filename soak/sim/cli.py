@@ -122,6 +122,12 @@ def build_config(args: argparse.Namespace):
     keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "")
     if keep_alive.strip() not in ("", "0") and "keep_alive_on_engine_death" not in data:
         data["keep_alive_on_engine_death"] = True  # as vLLM reads it: any value but 0
+    ringbuffer = os.environ.get("VLLM_RINGBUFFER_WARNING_INTERVAL", "").strip()
+    if ringbuffer and data.get("ringbuffer_warning_interval") is None:
+        try:  # as vLLM reads it; fractions allowed here, for time-scaled tests
+            data["ringbuffer_warning_interval"] = float(ringbuffer)
+        except ValueError:
+            raise ArgumentError(f"VLLM_RINGBUFFER_WARNING_INTERVAL={ringbuffer!r} is not a number of seconds") from None
     if args.fault:
         data["faults"] = list(data.get("faults", [])) + [parse_fault_flag(f) for f in args.fault]
     for i, fault in enumerate(data.get("faults", []) or []):

@@ -30,7 +30,11 @@ class PpDeadlockFault(FaultTrigger):
     """vllm#53402: stages 0..pp-2 spin in a broadcast, the last stage idles."""
 
     kind: Literal["pp_deadlock"] = "pp_deadlock"
-    ringbuffer_warning_interval: Duration = 60.0  # VLLM_RINGBUFFER_WARNING_INTERVAL
+    # None: the server's (SimConfig.ringbuffer_warning_interval).
+    ringbuffer_warning_interval: Optional[Duration] = None
+    # The trigger vllm#53577 names: the last stage logs vLLM's jit_monitor line for this
+    # kernel as the deadlock begins (a first-time Triton compile mid-serve). None: no line.
+    jit_kernel: Optional[str] = None
     watchdog_timeout: Duration = 60.0  # the NCCL process group's timeout
     execute_timeout: Duration = 300.0  # VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
     seq_id: int = 40427
@@ -40,7 +44,7 @@ class PpDeadlockFault(FaultTrigger):
 
 class AllIdleDeadlockFault(FaultTrigger):
     kind: Literal["all_idle_deadlock"] = "all_idle_deadlock"
-    ringbuffer_warning_interval: Duration = 60.0
+    ringbuffer_warning_interval: Optional[Duration] = None
 
 
 class CrashFault(FaultTrigger):
@@ -123,6 +127,9 @@ class SimConfig(StrictModel):
     engine_death_shutdown: Duration = 5.0
     show_hidden_metrics_for_version: Optional[str] = None
     log_stats_interval: Duration = 10.0
+    # How often a stuck step logs the shm-broadcast line (VLLM_RINGBUFFER_WARNING_INTERVAL).
+    # None: that environment variable, as vLLM reads it, else vLLM's default of 60 s.
+    ringbuffer_warning_interval: Optional[Duration] = None
     process_name_prefix: str = "VLLM"
     worker_backend: Literal["cpu", "cuda"] = "cpu"
     worker_own_session: Optional[int] = None  # this worker rank calls setsid (kill-path tests)
@@ -135,6 +142,10 @@ class SimConfig(StrictModel):
         if value is not None and not 0 <= value < pp:
             raise ValueError(f"rank {value} is not a pipeline stage (pp_size {pp})")
         return value
+
+    @property
+    def ringbuffer_interval_s(self) -> float:
+        return 60.0 if self.ringbuffer_warning_interval is None else self.ringbuffer_warning_interval
 
     @property
     def spec_decode(self) -> bool:

@@ -10,8 +10,10 @@ detection latency.
 What each does (log lines as FACTS.md, intervals scaled by time_scale):
 
 - ``pp_deadlock``: no more engine steps; stages 0..pp-2 spin (100%), the last
-  stage idles (0%); every process ignores SIGTERM. The engine core prints the
-  shm-broadcast message every ``ringbuffer_warning_interval``; after
+  stage idles (0%); every process ignores SIGTERM. With ``jit_kernel`` the last
+  stage first logs vLLM's jit_monitor line for it. The engine core prints the
+  shm-broadcast message every ``ringbuffer_warning_interval`` (the fault's,
+  else the server's: VLLM_RINGBUFFER_WARNING_INTERVAL, default 60 s); after
   ``watchdog_timeout`` each spinning rank prints PyTorch's watchdog lines;
   after ``execute_timeout`` the engine core prints ``TimeoutError: RPC call to
   execute_model timed out.`` (``sample_tokens`` as 0.33) and the API server
@@ -55,6 +57,9 @@ SHM_MESSAGE = (
     "when some processes are hanging or doing some time-consuming work (e.g. compilation, "
     "weight/kv cache quantization)."
 )
+# vLLM's jit_monitor (a warning; 0.32's vllm/utils/jit_monitor.py words it so).
+JIT_MESSAGE = ("Triton kernel JIT compilation during inference: {kernel}. This causes a latency spike; "
+               "consider extending warmup to cover this shape/config.")
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
@@ -180,7 +185,7 @@ class FaultController:
         elif isinstance(spec, AllIdleDeadlockFault):
             server.frozen = True
             server.set_activity(Activity.ALL_IDLE_DEADLOCK)
-            self._spawn(self._shm_messages(spec.ringbuffer_warning_interval, None))
+            self._spawn(self._shm_messages(self._ringbuffer_interval(spec), None))
         elif isinstance(spec, CrashFault):
             self._spawn(self._crash(armed, spec))
         elif isinstance(spec, SlowFault):
@@ -216,6 +221,11 @@ class FaultController:
         pid = pids[rank] if rank < len(pids) else None
         return pid if pid is not None else self.server.log.pid
 
+    def _ringbuffer_interval(self, spec: PpDeadlockFault | AllIdleDeadlockFault) -> float:
+        """The fault's own interval, else the server's (VLLM_RINGBUFFER_WARNING_INTERVAL)."""
+        own = spec.ringbuffer_warning_interval
+        return self.server.config.ringbuffer_interval_s if own is None else own
+
     async def _shm_messages(self, interval: float, until: float | None) -> None:
         """The shm-broadcast message every interval, from the engine core, until ``until`` (sim s)."""
         server = self.server
@@ -237,7 +247,11 @@ class FaultController:
         server = self.server
         start = server.sim_now()
         events: list[tuple[float, int, str]] = []
-        interval = spec.ringbuffer_warning_interval
+        if spec.jit_kernel:
+            last = server.config.pp_size - 1
+            server.log.warning("jit_monitor.py:140", JIT_MESSAGE.format(kernel=spec.jit_kernel),
+                               who=f"Worker_PP{last}", pid=self._worker_pid(last))
+        interval = self._ringbuffer_interval(spec)
         if interval > 0:
             k = 1
             while k * interval < spec.execute_timeout:

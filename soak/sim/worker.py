@@ -13,6 +13,11 @@ Protocol: newline-delimited JSON commands on stdin, one object a line:
     {"state": "hold"}                hung, holding the GPU at 0%; ignores SIGTERM
     {"state": "exit", "code": 0}     exit now with this code
 
+With ``SOAK_SIM_BURN_CPU=1`` in its environment a worker also costs the CPU its
+state says (``spin``: a whole core, ``busy``: ``util`` of one, the others none),
+so the stage-CPU source (soak.probes.stage_cpu) reads the simulated pipeline's
+shapes as it reads vLLM's CPU build.
+
 A command may carry ``"ignore_sigterm": true|false`` to override the state's
 default (hung states ignore SIGTERM, the others do not). Unknown keys are ignored; a line that is not JSON is logged and skipped. After
 applying a command the worker writes ``"<rank> <state>\\n"`` to ``--ack-fd`` when
@@ -68,6 +73,9 @@ def run(rank: int, pp_size: int, gpu_index: int, *, ack_fd: int | None, title_pr
                 pass
 
     acknowledge()
+    burn = {"util": 0.0}
+    if os.environ.get("SOAK_SIM_BURN_CPU") == "1":
+        _start_burner(burn)
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -84,6 +92,8 @@ def run(rank: int, pp_size: int, gpu_index: int, *, ack_fd: int | None, title_pr
         if new_state == "exit":
             return int(command.get("code", 0))
         state = new_state
+        util = command.get("util", 0.0) if state == "busy" else 1.0 if state == "spin" else 0.0
+        burn["util"] = min(max(float(util), 0.0), 1.0) if isinstance(util, (int, float)) else 0.0
         ignore = command.get("ignore_sigterm")
         if not isinstance(ignore, bool):
             ignore = state in HUNG_STATES
@@ -94,6 +104,22 @@ def run(rank: int, pp_size: int, gpu_index: int, *, ack_fd: int | None, title_pr
         while time.monotonic() < deadline:
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
     return 0
+
+
+def _start_burner(burn: dict) -> None:
+    """Spin ``burn["util"]`` of every 20 ms on a daemon thread (the GIL leaves the
+    command loop its turns: it blocks on stdin, releasing it)."""
+    import threading
+
+    def loop() -> None:
+        while True:
+            start = time.monotonic()
+            busy_until = start + 0.02 * burn["util"]
+            while time.monotonic() < busy_until:
+                pass
+            time.sleep(max(0.0, start + 0.02 - time.monotonic()))
+
+    threading.Thread(target=loop, daemon=True, name="burn-cpu").start()
 
 
 def main(argv=None) -> int:

@@ -83,7 +83,40 @@ class _TargetBase(StrictModel):
         return _check_env_name(value)
 
 
-class SimulatorTarget(_TargetBase):
+RINGBUFFER_VARIABLE = "VLLM_RINGBUFFER_WARNING_INTERVAL"
+
+
+def _whole_seconds(value: Optional[float]) -> Optional[float]:
+    # vLLM reads the variable with int(): "2.5" would stop the server at start-up.
+    if value is not None and value != int(value):
+        raise ValueError(f"{value:g}s is not a whole number of seconds (vLLM reads {RINGBUFFER_VARIABLE} as an integer)")
+    return value
+
+
+class _StartedTarget(_TargetBase):
+    # VLLM_RINGBUFFER_WARNING_INTERVAL for a server the harness starts: vLLM logs "No
+    # available shared memory broadcast block found" this often while a step is stuck
+    # (its default, 60 s, is far slower than the harness's rules). None: leave vLLM's own.
+    # A value the launch's ``env`` sets (or, for the simulator, ``sim.ringbuffer_warning_interval``) wins.
+    ringbuffer_warning_interval: Optional[PositiveDuration] = 5.0
+
+    @field_validator("ringbuffer_warning_interval")
+    @classmethod
+    def _ringbuffer(cls, value: Optional[float]) -> Optional[float]:
+        return _whole_seconds(value)
+
+
+def server_env(config: "SimulatorTarget | LaunchedTarget") -> dict[str, str]:
+    """The environment the harness gives a server it starts, on top of its own:
+    the ring-buffer interval, under whatever the launch config sets itself."""
+    given = dict(config.env) if isinstance(config, LaunchedTarget) else {}
+    out: dict[str, str] = {}
+    if config.ringbuffer_warning_interval is not None:
+        out[RINGBUFFER_VARIABLE] = str(int(config.ringbuffer_warning_interval))
+    return {**out, **given}
+
+
+class SimulatorTarget(_StartedTarget):
     kind: Literal["simulator"] = "simulator"
     sim: SimConfig = SimConfig()
     startup_timeout: PositiveDuration = 60.0
@@ -91,7 +124,7 @@ class SimulatorTarget(_TargetBase):
     stop_timeout: PositiveDuration = 10.0
 
 
-class LaunchedTarget(_TargetBase):
+class LaunchedTarget(_StartedTarget):
     kind: Literal["launched"] = "launched"
     # A list of arguments, or one string split like a shell would (no shell runs).
     command: list[str]

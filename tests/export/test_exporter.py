@@ -139,6 +139,16 @@ def test_gpu_readings_per_gpu_and_a_failed_reading_keeps_the_last_good_one(make_
     assert value(scraped, "soak_probe_last_sample_timestamp_seconds", probe="gpu") == T0 + 1
 
 
+def test_stage_cpu_readings_are_exported_per_stage_never_as_gpus(make_exporter):
+    exporter = make_exporter()
+    exporter.on_sample(GpuSample(ts=T0, source=GpuSource.STAGE_CPU, gpus=(
+        GpuReading(index=0, util_pct=98.0, pids=(11,)), GpuReading(index=2, util_pct=0.5, pids=(12,)))))
+    scraped = scrape(exporter)
+    assert value(scraped, "soak_stage_cpu_percent", stage="0") == 98.0
+    assert value(scraped, "soak_stage_cpu_percent", stage="1") == 0.5
+    assert not [key for key in scraped if key[0] == "soak_gpu_utilization_percent"]
+
+
 def test_requests_tokens_and_latency_histograms(make_exporter):
     exporter = make_exporter()
     for i, (outcome, ttft) in enumerate([("ok", 0.4), ("ok", 12.0), ("timeout_stall", None)]):
@@ -222,6 +232,7 @@ def test_every_series_of_the_table_is_on_the_wire_and_nothing_else(make_exporter
     exporter = make_exporter()
     exporter.on_start(run_info())
     exporter.on_sample(deadlock_gpus(T0))
+    exporter.on_sample(GpuSample(ts=T0, source=GpuSource.STAGE_CPU, gpus=(GpuReading(index=0, util_pct=1.0),)))
     exporter.on_sample(HealthSample(ts=T0, ok=True, status=200))
     exporter.on_sample(LogSample(ts=T0, signature="engine_dead", line="EngineDeadError", fatal=True))
     exporter.on_assessment(

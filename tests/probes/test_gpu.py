@@ -259,4 +259,4 @@ def test_unknown_gpu_kind_names_the_known_ones(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_run_config(path)
     message = str(info.value)
-    assert "probes.gpu" in message and "unknown kind rocm, known: auto, sim, nvml, dcgm, none" in message
+    assert "probes.gpu" in message and "unknown kind rocm, known: auto, sim, nvml, dcgm, stage_cpu, none" in message

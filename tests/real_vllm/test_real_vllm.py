@@ -110,3 +110,29 @@ def test_vllms_own_rpc_timeout_and_engine_death_reach_the_log_rules_once(tmp_pat
     events = [json.loads(line) for line in open(out / "events.jsonl")]
     assert sum(1 for e in events if e["type"] == "incident") == 1
     assert not [p["pid"] for p in stopper.tree if alive(p["pid"])]
+
+
+def _injected(out: Path) -> dict:
+    """The injector's own line in server.log (scripts/real_vllm_faults.py): when and where it fired."""
+    for line in (out / "server.log").read_text(errors="replace").splitlines():
+        if "SOAK_FAULT_INJECTED " in line:
+            return json.loads(line.split("SOAK_FAULT_INJECTED ", 1)[1])
+    raise AssertionError("the fault never fired")
+
+
+@pytest.mark.parametrize("fault", ["skip_send:rank=0:step=150", "spin_last:step=150"])
+def test_a_fault_inside_vllms_own_pipeline_is_caught_and_its_whole_tree_killed(tmp_path, fault):
+    # (a) a send the next stage never sees: it blocks in gloo's recv; (c) the last
+    # stage spins deaf to SIGTERM. Every process stays alive: only progress tells.
+    config, _ = launch_config(tmp_path, duration="25m", env={"SOAK_VLLM_FAULT": fault})
+    out = tmp_path / "run"
+    soak = run_soak(config, out, timeout=1800)
+    assert soak.wait(timeout=2100) == 1, (tmp_path / "run.out").read_text()[-3000:]
+    injected = _injected(out)
+    [incident] = _summary(out)["incidents"]
+    assert incident["kind"] == "hang"
+    latency = incident["detected_at"] - injected["ts"]
+    print(f"{fault}: detected {latency:.1f} s after the injector's own stamp, rule {incident['rule']}")
+    assert 0 < latency < 60
+    killed = set(incident["killed_pids"])
+    assert injected["pid"] in killed and not [pid for pid in killed if alive(pid)]

@@ -142,3 +142,15 @@ def test_real_recorded_passing_run_renders(run_copy, schema):
     assert "Incident" not in page and "ok: 86" in page
     _check_images(page)
     schema.validate(str(run / "junit.xml"))
+
+
+def test_a_stage_cpu_run_says_stage_cpu_not_gpu(run_copy):
+    # vLLM's CPU build: the readings are each pipeline stage's CPU (soak.probes.stage_cpu)
+    run = run_copy("pass")
+    samples = run / "samples.jsonl"
+    samples.write_text(samples.read_text().replace('"source":"sim"', '"source":"stage_cpu"'))
+    done = _report(run)
+    assert done.returncode == 0, done.stderr
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "Stage CPU" in page and "GPU utilization" not in page
+    _check_images(page)
