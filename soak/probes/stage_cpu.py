@@ -161,9 +161,13 @@ class StageCpuSource:
         return stage_readings(before[1], after, elapsed_s=now - before[0], stage_of=self._stage_of)
 
     async def open(self) -> None:
-        """GpuUnavailable when the target shows no ``VLLM::Worker`` process: nothing to read."""
+        """GpuUnavailable when the target shows no ``VLLM::Worker`` process: nothing to read.
+        Before a launched or attached server has a root process its titles cannot be
+        checked: the source opens, and each reading says why while no worker shows."""
         from soak.errors import GpuUnavailable
 
+        if self._root_pid() is None:
+            return
         try:
             found = await asyncio.wait_for(asyncio.to_thread(self.workers), self._deadline_s + 3.0)
         except Exception as exc:

@@ -343,3 +343,24 @@ def test_auto_on_a_launched_server_without_nvml_reads_stage_cpu_and_catches_the_
     recorded = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     decision = next(e for e in recorded if e["type"] == "decision")
     assert decision["rule"] == "pp_tail_stall" and decision["evidence"]["signals"]["source"] == "stage_cpu", decision
+
+
+def test_an_explicit_stage_cpu_source_opens_before_a_launched_server_starts():
+    """``probes.gpu: stage_cpu`` is opened before a launched server exists: it opens,
+    reads nothing and says why; once a root shows without workers, open still refuses."""
+    explicit = ProbesConfig.model_validate({"gpu": {"kind": "stage_cpu"}})
+    root = {"pid": None}
+    source = asyncio.run(open_gpu_source(stage_cpu_source(clock=ManualClock(), root_pid=lambda: root["pid"],
+                                                          proc=None, topology=None),
+                                         explicit, is_simulator=False, clock=ManualClock(),
+                                         root_pid=lambda: root["pid"]))
+    sample = asyncio.run(source.read())
+    assert sample.source is GpuSource.STAGE_CPU and sample.gpus == () and sample.error
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        root["pid"] = plain.pid
+        with pytest.raises(GpuUnavailable, match="no VLLM::Worker"):
+            asyncio.run(source.open())
+    finally:
+        plain.kill()
+        plain.wait()
