@@ -150,6 +150,25 @@ def panels() -> list[list[Panel]]:
         ],
         [
             Panel(
+                "Stage CPU (no GPUs)",
+                "state-timeline",
+                [Target(f"max by (stage) (soak_stage_cpu_percent{{{BOX}}})", "stage {{stage}}")],
+                width=24,
+                height=6,
+                description=(
+                    "Each pipeline stage's worker CPU, % of one core, when the server has no GPUs (vLLM's CPU "
+                    "build; probes.gpu stage_cpu). Not a GPU reading: a stuck gloo pipeline sleeps where NCCL "
+                    "would spin, and a deaf last stage spins alone."
+                ),
+                unit="percent",
+                min=0,
+                max=100,
+                thresholds=_UTIL_THRESHOLDS,
+                options={"showValue": "never", "mergeValues": False, "rowHeight": 0.8, "alignValue": "left"},
+            ),
+        ],
+        [
+            Panel(
                 "Token rates",
                 "timeseries",
                 [

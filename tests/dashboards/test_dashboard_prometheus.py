@@ -40,6 +40,8 @@ from prom_helpers import Prometheus, free_port  # make_prometheus: conftest.py
 pytestmark = pytest.mark.timeout(90)
 
 SCRAPE_S = 1
+# The stage-CPU source's gauge exists only where the run reads stage CPU (no GPUs).
+STAGE_CPU_METRIC = "soak_stage_cpu_percent"
 # Grafana's variables as a person with "All" boxes and a short range sees them.
 GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$box": ".*"}
 
@@ -158,6 +160,8 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
     expressions = list(dashboard_expressions(load_dashboard())) + list(rule_expressions(load_rules()))
     empty = []
     for e in expressions:
+        if STAGE_CPU_METRIC in e.expr:
+            continue  # a GPU-less server's reading: test_the_stage_cpu_panel_reads_a_gpu_less_run
         expr = substitute(signal_of(e.expr) if e.condition else e.expr)
         if not has_data(prometheus.query_range(expr, start, end)):
             empty.append(f"{e.where}: {expr}")
@@ -180,3 +184,33 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
     # The harness is gone now, which is what SoakHarnessDown watches.
     up = prometheus.api("query", query='up{job="soak"}')["result"]
     assert [float(s["value"][1]) for s in up] == [0.0]
+
+
+def test_the_stage_cpu_panel_reads_a_gpu_less_run(soak_run, make_prometheus, monkeypatch):
+    """A run that reads stage CPU (the simulator's workers burning the CPU their
+    state says) fills the dashboard's stage-CPU panel, and no GPU panel claims it."""
+    exporter_port = free_port()
+    prometheus = make_prometheus({"soak": (f"127.0.0.1:{exporter_port}", "/metrics")})
+    monkeypatch.setenv("SOAK_SIM_BURN_CPU", "1")
+    config = {
+        "name": "stage-cpu-panel", "duration": "25s",
+        "target": {"kind": "simulator", "sim": {"time_scale": 10, "pp_size": 2}},
+        "probes": {"gpu": {"kind": "stage_cpu"}},
+        "workload": {"kind": "synthetic_agentic", "min_context_tokens": 600, "max_context_tokens": 1000,
+                     "start_context_tokens": {"dist": "uniform", "low": 600, "high": 700},
+                     "shared_prefix_tokens": 300, "tool_result_tokens": {"dist": "uniform", "low": 50, "high": 100},
+                     "output_tokens": 16, "think_time_s": 0.2},
+        "load": {"concurrency": 2, "drain": "2s"},
+        "exporter": {"port": exporter_port},
+        "view": {"mode": "plain", "plain_interval": "5s"},
+    }
+    start = time.time()
+    harness, out = soak_run(config)
+    panel = next(e for e in dashboard_expressions(load_dashboard()) if STAGE_CPU_METRIC in e.expr)
+    deadline = time.monotonic() + 60
+    while not has_data(prometheus.query_range(substitute(panel.expr), start, time.time())):
+        if harness.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{panel.where}: no stage CPU reached Prometheus:\n{out.read_text()[-3000:]}")
+        time.sleep(0.5)
+    gpu = prometheus.query_range("soak_gpu_utilization_percent", start, time.time())
+    assert not has_data(gpu), "a stage-CPU run must not publish GPU utilization"
