@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Deque
 
 from soak.detect.config import DetectorConfig
+from soak.detect.stage_shapes import ShapeRun, classify, fold, stage_levels
 from soak.logsignatures import JIT_COMPILE, SHM_BROADCAST_WAIT
 from soak.records import Topology
 from soak.samples import (
@@ -91,6 +92,8 @@ class SignalTracker:
         self.gpu_error: str | None = None
         self.tail_run: TailRun | None = None
         self._last_gpu_point: float = float("-inf")
+        # Stage CPU: the current run of a stuck shape (all asleep, or one stage spinning alone)
+        self.stage_run: ShapeRun | None = None
         # Server metrics
         self.server_ts: float | None = None
         self.server_values: dict[str, float] = {}
@@ -146,6 +149,14 @@ class SignalTracker:
         if self.client is not None:
             return self.client.in_flight > 0
         return None
+
+    @property
+    def requests_in_flight(self) -> int | None:
+        """How many of the client's requests are in flight, whatever the running gauge
+        says (a stuck engine publishes no new stats); the gauge only without a client."""
+        if self.client is not None:
+            return self.client.in_flight
+        return None if self.running is None else int(self.running)
 
     @property
     def cold(self) -> bool:
@@ -231,6 +242,8 @@ class SignalTracker:
         self.gpu_source = sample.source
         readings = {g.index: g for g in sample.gpus}
         self.gpu_levels = {g.index: g.util_pct for g in sample.gpus}
+        if sample.source is GpuSource.STAGE_CPU:
+            self._observe_stage_shape(sample.ts)
         tail = [readings[i] for i in self.topology.last_stage if i in readings]
         upstream = [readings[i] for i in self.topology.upstream if i in readings]
         if not tail or not upstream:
@@ -257,6 +270,15 @@ class SignalTracker:
                 run.last, run.points, run.tail_pct, run.upstream_pct = t, run.points + 1, tail_pct, up_pct
             else:
                 self.tail_run = None
+
+    def _observe_stage_shape(self, ts: float) -> None:
+        # A failed reading leaves the run as it is: the next reading's delta spans the
+        # gap (soak.probes.stage_cpu), so an asleep reading after it was asleep through it.
+        levels = stage_levels(self.gpu_levels, self.topology)
+        cfg = self.config.stage_cpu_stall
+        reading = None if levels is None else classify(levels, asleep_pct=cfg.asleep_pct, spin_pct=cfg.spin_pct)
+        self.stage_run = fold(self.stage_run, reading, ts=ts, levels=levels or (),
+                              in_flight=self.requests_in_flight or 0)
 
     def _observe_server(self, sample: ServerSample) -> None:
         if not sample.ok:

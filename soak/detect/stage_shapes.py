@@ -1,0 +1,95 @@
+"""The shapes of a stuck pipeline through the stage-CPU source (no GPUs).
+
+On vLLM's CPU build a rank blocked in gloo's receive sleeps; it does not spin as
+NCCL does on GPUs. Measured on the real server (docs/real-vllm.md): a skipped or
+late send leaves every stage asleep while the engine waits for the last stage's
+output; a deaf last stage spins at about one core while the stage before it sleeps
+waiting for the next RPC; a SIGSTOPped last stage reads 0% (state T) beside a
+sleeping stage 0. Two shapes cover them:
+
+- ``ASLEEP``: every stage at or under ``asleep_pct``. Names the last stage: the
+  engine waits for its output.
+- ``SPIN``: one stage after the first at or over ``spin_pct`` while every other
+  stage is asleep. Names the spinning stage. The first stage spinning beside an
+  idle tail is pp_tail_stall's shape (the GPU seed's), left to that rule.
+
+A run of readings in one shape is kept only while requests are in flight at each
+reading: stages asleep through an idle gap are no evidence, and a request that
+arrives after one starts a new run. Pure: every time comes from a reading's ``ts``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Mapping, Sequence
+
+from soak.records import Topology
+
+
+class StageShape(str, Enum):
+    ASLEEP = "asleep"
+    SPIN = "spin"
+
+
+@dataclass(frozen=True)
+class ShapeReading:
+    """One reading's shape and the stage an incident in it names."""
+
+    shape: StageShape
+    stage: int
+
+
+@dataclass
+class ShapeRun:
+    """Consecutive readings in one shape, naming one stage, with requests in flight."""
+
+    shape: StageShape
+    stage: int
+    since: float
+    last: float
+    points: int
+    levels: tuple[float, ...]  # the latest reading, per stage, first stage first
+    in_flight: int
+
+
+def stage_levels(levels: Mapping[int, float], topology: Topology) -> tuple[float, ...] | None:
+    """Each stage's percent (the busiest of its indices present), first stage first;
+    None when a stage has no reading (missing is never 0%)."""
+    out = []
+    for indices in topology.stages:
+        present = [levels[i] for i in indices if i in levels]
+        if not present:
+            return None
+        out.append(max(present))
+    return tuple(out)
+
+
+def classify(stages: Sequence[float], *, asleep_pct: float, spin_pct: float) -> ShapeReading | None:
+    """The stuck shape ``stages`` (percent of a core, first stage first) is in, or None."""
+    if len(stages) < 2:
+        return None
+    asleep = [v <= asleep_pct for v in stages]
+    if all(asleep):
+        return ShapeReading(StageShape.ASLEEP, len(stages) - 1)
+    spinning = [i for i, v in enumerate(stages) if v >= spin_pct]
+    if len(spinning) == 1 and spinning[0] > 0 and sum(asleep) == len(stages) - 1:
+        return ShapeReading(StageShape.SPIN, spinning[0])
+    return None
+
+
+def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, levels: tuple[float, ...],
+         in_flight: int) -> ShapeRun | None:
+    """The run after one reading at ``ts``: extended while the same shape names the same
+    stage with requests in flight, begun anew by another shape, ended otherwise."""
+    if reading is None or in_flight <= 0:
+        return None
+    if run is not None and ts <= run.last:
+        return run  # a reading out of order adds nothing
+    if run is None or run.shape is not reading.shape or run.stage != reading.stage:
+        return ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
+    run.last, run.points, run.levels, run.in_flight = ts, run.points + 1, levels, in_flight
+    return run
+
+
+__all__ = ["ShapeReading", "ShapeRun", "StageShape", "classify", "fold", "stage_levels"]
