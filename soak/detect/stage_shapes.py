@@ -79,17 +79,28 @@ def classify(stages: Sequence[float], *, asleep_pct: float, spin_pct: float) -> 
 
 
 def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, levels: tuple[float, ...],
-         in_flight: int) -> ShapeRun | None:
+         in_flight: int, asleep_pct: float) -> ShapeRun | None:
     """The run after one reading at ``ts``: extended while the same shape names the same
-    stage with requests in flight, begun anew by another shape, ended otherwise."""
-    if reading is None or in_flight <= 0:
+    stage with requests in flight, begun anew by another shape, ended otherwise.
+
+    A spinner may read low for one reading while every other stage stays asleep: the
+    kernel books a thread's run-queue wait when it next runs, so a spinner that waited
+    out a whole interval on a loaded box reads 0% there and 100% after (seen on the
+    rig at load 17). That dip keeps the run."""
+    if in_flight <= 0:
         return None
     if run is not None and ts <= run.last:
         return run  # a reading out of order adds nothing
-    if run is None or run.shape is not reading.shape or run.stage != reading.stage:
-        return ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
-    run.last, run.points, run.levels, run.in_flight = ts, run.points + 1, levels, in_flight
-    return run
+    if run is not None and _holds(run, reading, levels, asleep_pct):
+        run.last, run.points, run.levels, run.in_flight = ts, run.points + 1, levels, in_flight
+        return run
+    return None if reading is None else ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
+
+
+def _holds(run: ShapeRun, reading: ShapeReading | None, levels: tuple[float, ...], asleep_pct: float) -> bool:
+    if run.shape is StageShape.SPIN:  # the others stay asleep; the spinner's own reading may dip
+        return len(levels) > run.stage and all(v <= asleep_pct for i, v in enumerate(levels) if i != run.stage)
+    return reading is not None and reading.shape is run.shape and reading.stage == run.stage
 
 
 __all__ = ["ShapeReading", "ShapeRun", "StageShape", "classify", "fold", "stage_levels"]

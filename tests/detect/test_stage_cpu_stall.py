@@ -283,3 +283,17 @@ def test_a_hang_stays_hung_until_reset():
     det = only_stage_rule()
     decisions, _ = run(det, prefix + stuck(20.0, 60.0, (0.0, 0.0), tokens), 60.0)
     assert len(decisions) == 1 and det.state is DetectorState.HUNG
+
+
+def test_a_spinner_that_waited_out_a_reading_on_a_run_queue_keeps_its_run():
+    # the kernel books run-queue wait when the thread next runs: 0% once, then 100%
+    prefix, tokens = healthy(20.0)
+    levels = [(1.0, 100.0), (0.0, 98.0), (0.0, 0.0), (0.5, 100.0)] * 6
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    decisions, _ = run(only_stage_rule(), prefix + shape, 32.0)
+    [d] = decisions
+    assert d.evidence["shape"] == "spin" and d.decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
+    # an upstream stage waking up ends it: the pipeline moves
+    levels = [(1.0, 100.0), (0.0, 98.0), (60.0, 40.0), (0.5, 100.0)] * 6
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    assert run(only_stage_rule(), prefix + shape, 32.0)[0] == []
