@@ -161,6 +161,16 @@ class StageCpuSource:
         return len(placed) < wanted or not placed
 
     def read_blocking(self, now: float | None = None) -> tuple[StageCpu, ...]:
+        """One reading, the interval since the previous one's."""
+        at, after, stages = self._measure(now)
+        self._before = (at, after)
+        return stages
+
+    def _measure(self, now: float | None = None) -> tuple[float, Mapping[int, ProcCpu], tuple[StageCpu, ...]]:
+        """/proc now, and the stages' activity since the last reading delivered, which
+        this one becomes only once it is delivered: a read past its deadline is dropped,
+        and the next one spans its interval too (a stage asleep in it reads asleep
+        across the gap, not for the half second after a late read finished)."""
         root = self._root_pid()
         if root is None:
             raise RuntimeError("the target has no process to read")
@@ -181,10 +191,9 @@ class StageCpuSource:
                 del self._stage_of[pid]  # a reused PID that is no worker now
         self._stage_of = {pid: s for pid, s in self._stage_of.items() if pid in after}
         before = self._before
-        self._before = (now, after)
         if before is None:
-            return ()
-        return stage_readings(before[1], after, elapsed_s=now - before[0], stage_of=self._stage_of)
+            return now, after, ()
+        return now, after, stage_readings(before[1], after, elapsed_s=now - before[0], stage_of=self._stage_of)
 
     async def open(self) -> None:
         """GpuUnavailable when the target shows no ``VLLM::Worker`` process: nothing to read.
@@ -206,12 +215,13 @@ class StageCpuSource:
         if self._pending is not None and not self._pending.done():
             return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
                              error="stage CPU: the previous /proc read has not finished")
-        task = asyncio.ensure_future(asyncio.to_thread(self.read_blocking))
+        task = asyncio.ensure_future(asyncio.to_thread(self._measure))
         # a late read's failure is its own reading's, already reported: not an unretrieved error
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._pending = task
         try:
-            stages = await asyncio.wait_for(asyncio.shield(task), self._deadline_s)
+            at, after, stages = await asyncio.wait_for(asyncio.shield(task), self._deadline_s)
+            self._before = (at, after)
         except asyncio.TimeoutError:
             return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
                              error=f"stage CPU: /proc did not answer in {self._deadline_s:g}s")

@@ -448,3 +448,36 @@ def test_an_explicit_stage_cpu_source_opens_before_a_launched_server_starts():
     finally:
         plain.kill()
         plain.wait()
+
+
+def test_a_reading_after_a_late_one_spans_the_late_ones_interval():
+    # A read past its deadline is dropped; the next delivered reading covers the whole
+    # gap, so a worker busy during the gap is not read as asleep afterwards.
+    import threading
+
+    clock, gate, slow = ManualClock(), threading.Event(), {"on": False}
+    cpu = {10: ProcCpu(10, 5, 0.0, "S", ("VLLM::Worker_PP0",)), 11: ProcCpu(11, 5, 0.0, "S", ("VLLM::Worker_PP1",))}
+
+    def read(pids):
+        if slow["on"]:
+            gate.wait(5)
+        return {p: cpu[p] for p in pids if p in cpu}
+
+    source = StageCpuSource(clock=clock, root_pid=lambda: 1, descendants=lambda pid: frozenset(cpu), read=read,
+                            topology=Topology.pipeline(2), deadline_s=0.2)
+
+    async def go():
+        await source.read()  # the first reading: no delta yet
+        clock.advance(1.0)
+        cpu[10] = ProcCpu(10, 5, 1.0, "R", ("VLLM::Worker_PP0",))  # stage 0 works for that second
+        slow["on"] = True
+        late = await source.read()
+        gate.set()
+        await asyncio.sleep(0.3)  # the late read finishes and is dropped
+        slow["on"] = False
+        clock.advance(1.0)
+        return late, await source.read()
+
+    late, after = asyncio.run(go())
+    assert "did not answer" in late.error
+    assert [g.util_pct for g in after.gpus] == [50.0, 0.0]  # 1 s of work over the 2 s since the last reading
