@@ -51,6 +51,8 @@ class ShapeRun:
     points: int
     levels: tuple[float, ...]  # the latest reading, per stage, first stage first
     in_flight: int
+    blips: int = 0  # readings that broke the shape for one reading only
+    blip_pending: bool = False  # the latest reading was one
 
 
 def stage_levels(levels: Mapping[int, float], topology: Topology) -> tuple[float, ...] | None:
@@ -83,17 +85,22 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
     """The run after one reading at ``ts``: extended while the same shape names the same
     stage with requests in flight, begun anew by another shape, ended otherwise.
 
-    A spinner may read low for one reading while every other stage stays asleep: the
-    kernel books a thread's run-queue wait when it next runs, so a spinner that waited
-    out a whole interval on a loaded box reads 0% there and 100% after (seen on the
-    rig at load 17). That dip keeps the run."""
+    One reading out of shape is a blip, not an end, on a loaded box: the kernel books a
+    thread's run-queue wait when it next runs, so a sleeping rank's periodic wake-ups
+    read 20-70% for one reading, and a spinner that waited out a whole interval reads
+    0% there and 100% after (real CPU build and rig, load 17-19). Two in a row end
+    an asleep run; a spinning run holds while every other stage stays asleep."""
     if in_flight <= 0:
         return None
     if run is not None and ts <= run.last:
         return run  # a reading out of order adds nothing
-    if run is not None and _holds(run, reading, levels, asleep_pct):
-        run.last, run.points, run.levels, run.in_flight = ts, run.points + 1, levels, in_flight
-        return run
+    if run is not None:
+        if _holds(run, reading, levels, asleep_pct):
+            run.last, run.points, run.levels, run.in_flight, run.blip_pending = ts, run.points + 1, levels, in_flight, False
+            return run
+        if run.shape is StageShape.ASLEEP and not run.blip_pending:
+            run.blips, run.blip_pending, run.in_flight = run.blips + 1, True, in_flight
+            return run
     return None if reading is None else ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
 
 

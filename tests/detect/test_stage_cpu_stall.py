@@ -78,7 +78,7 @@ def stuck(start: float, until: float, levels: tuple[float, ...], tokens: int, in
 
 
 def test_the_shapes_of_the_real_cpu_build():
-    marks = {"asleep_pct": 10.0, "spin_pct": 75.0}
+    marks = {"asleep_pct": 30.0, "spin_pct": 75.0}
     assert classify((3.0, 0.0), **marks).shape is StageShape.ASLEEP  # (a)/(b), SIGSTOP
     assert classify((3.0, 0.0), **marks).stage == 1  # the engine waits for the last stage
     assert classify((2.0, 98.0), **marks) == classify((0.0, 100.0), **marks)  # (c): the tail spins
@@ -87,7 +87,7 @@ def test_the_shapes_of_the_real_cpu_build():
     assert classify((98.0, 2.0), **marks) is None  # the GPU seed's shape: pp_tail_stall's
     assert classify((55.0, 62.0), **marks) is None  # stages taking turns
     assert classify((5.0, 60.0), **marks) is None  # a tail half busy is working, not spinning
-    assert classify((20.0, 100.0), **marks) is None  # stage 0 awake beside a busy tail: a prefill's turn
+    assert classify((45.0, 100.0), **marks) is None  # stage 0 awake beside a busy tail: a prefill's turn
 
 
 def test_a_stage_with_no_reading_is_missing_not_asleep():
@@ -297,3 +297,16 @@ def test_a_spinner_that_waited_out_a_reading_on_a_run_queue_keeps_its_run():
     levels = [(1.0, 100.0), (0.0, 98.0), (60.0, 40.0), (0.5, 100.0)] * 6
     shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
     assert run(only_stage_rule(), prefix + shape, 32.0)[0] == []
+
+
+def test_a_sleeping_ranks_wake_up_read_once_is_a_blip_but_work_ends_the_run():
+    # Lag_send on the real CPU build at load 19: asleep stages read 4-26%, one reading 69%.
+    prefix, tokens = healthy(20.0)
+    levels = [(5.8, 13.1), (23.2, 20.0), (5.7, 17.7), (8.4, 8.6), (10.4, 69.2), (22.9, 4.4), (4.8, 7.3)] * 3
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    [d] = run(only_stage_rule(), prefix + shape, 31.0)[0]
+    assert d.evidence["shape"] == "asleep" and d.decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
+    # two readings in a row above the mark: a stage works, and the shape starts again after
+    levels = [(5.0, 5.0)] * 6 + [(60.0, 5.0), (55.0, 8.0)] + [(5.0, 5.0)] * 6 + [(60.0, 5.0), (55.0, 8.0)]
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    assert run(only_stage_rule(), prefix + shape, 28.0)[0] == []
