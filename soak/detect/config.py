@@ -71,8 +71,9 @@ class StageCpuStallConfig(StrictModel):
     ranks sleep in gloo's blocking receive, or whose last stage spins alone. On the
     real CPU build (docs/real-vllm.md) a skipped or late send leaves every stage
     asleep, a deaf last stage spins while the stage before it sleeps, and a SIGSTOP
-    of the last stage reads 0% everywhere; none is the GPU's "upstream bright, tail
-    dark" that pp_tail_stall reads. docs/detection.md has the shapes and margins."""
+    of the last stage reads 0% beside a stage 0 winding down; none is the GPU's
+    "upstream bright, tail dark" that pp_tail_stall reads. docs/detection.md has
+    the shapes and margins."""
 
     enabled: bool = True
     # At or under this a stage is asleep. A working CPU worker reads 40-100% (its

@@ -67,8 +67,11 @@ def _reasons(s: SignalTracker, cfg, run: ShapeRun, in_flight: int, elapsed: floa
                 else "no token since the shape began")
     requests = f"{in_flight} request{'s' if in_flight != 1 else ''} in flight"
     if run.shape is StageShape.ASLEEP:
-        what = (f"all stages asleep with {requests} and {no_token} "
-                f"(stage CPU, % of a core: {_levels(run)}; asleep <= {cfg.asleep_pct:g}%)")
+        who = ("all stages asleep" if all(v <= cfg.asleep_pct for v in run.levels)
+               else f"last stage {run.stage} asleep and no stage spinning")
+        what = (f"{who} with {requests} and {no_token} "
+                f"(stage CPU, % of a core: {_levels(run)}; asleep <= {cfg.asleep_pct:g}%, "
+                f"spinning >= {cfg.spin_pct:g}%)")
         why = (f"the engine waits for last stage {run.stage}'s output and no stage works on it: a send "
                f"skipped or paired with the wrong step (gloo's receive sleeps), or a stopped stage")
     else:

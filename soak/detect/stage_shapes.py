@@ -5,13 +5,16 @@ NCCL does on GPUs. Measured on the real server (docs/real-vllm.md): a skipped or
 late send leaves every stage asleep while the engine waits for the last stage's
 output; a deaf last stage spins at about one core while the stage before it sleeps
 waiting for the next RPC; a SIGSTOPped last stage reads 0% (state T) beside a
-sleeping stage 0. Two shapes cover them:
+sleeping stage 0 (which may finish a micro-batch first, at 30-50% for seconds).
+Two shapes cover them:
 
-- ``ASLEEP``: every stage at or under ``asleep_pct``. Names the last stage: the
-  engine waits for its output.
+- ``ASLEEP``: the last stage at or under ``asleep_pct`` and no stage upstream at
+  or over ``spin_pct``: every stage asleep, or the stages before the tail winding
+  down. Names the last stage: the engine waits for its output. (An upstream stage
+  spinning beside an idle tail is the GPU seed's shape, pp_tail_stall's.)
 - ``SPIN``: one stage after the first at or over ``spin_pct`` while every other
-  stage is asleep. Names the spinning stage. The first stage spinning beside an
-  idle tail is pp_tail_stall's shape (the GPU seed's), left to that rule.
+  stage is asleep. Names the spinning stage. (The first stage spinning beside an
+  idle tail is, again, pp_tail_stall's.)
 
 A run of readings in one shape is kept only while requests are in flight at each
 reading: stages asleep through an idle gap are no evidence, and a request that
@@ -72,7 +75,7 @@ def classify(stages: Sequence[float], *, asleep_pct: float, spin_pct: float) -> 
     if len(stages) < 2:
         return None
     asleep = [v <= asleep_pct for v in stages]
-    if all(asleep):
+    if asleep[-1] and all(v < spin_pct for v in stages[:-1]):
         return ShapeReading(StageShape.ASLEEP, len(stages) - 1)
     spinning = [i for i, v in enumerate(stages) if v >= spin_pct]
     if len(spinning) == 1 and spinning[0] > 0 and sum(asleep) == len(stages) - 1:

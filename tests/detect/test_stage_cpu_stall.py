@@ -84,6 +84,7 @@ def test_the_shapes_of_the_real_cpu_build():
     assert classify((2.0, 98.0), **marks) == classify((0.0, 100.0), **marks)  # (c): the tail spins
     assert classify((2.0, 98.0), **marks).stage == 1
     assert classify((0.0, 99.0, 1.0, 0.5), **marks).stage == 1  # a middle stage spinning alone
+    assert classify((45.0, 0.0), **marks).shape is StageShape.ASLEEP  # SIGSTOP: stage 0 winds down
     assert classify((98.0, 2.0), **marks) is None  # the GPU seed's shape: pp_tail_stall's
     assert classify((55.0, 62.0), **marks) is None  # stages taking turns
     assert classify((5.0, 60.0), **marks) is None  # a tail half busy is working, not spinning
@@ -306,7 +307,17 @@ def test_a_sleeping_ranks_wake_up_read_once_is_a_blip_but_work_ends_the_run():
     shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
     [d] = run(only_stage_rule(), prefix + shape, 31.0)[0]
     assert d.evidence["shape"] == "asleep" and d.decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
-    # two readings in a row above the mark: a stage works, and the shape starts again after
-    levels = [(5.0, 5.0)] * 6 + [(60.0, 5.0), (55.0, 8.0)] + [(5.0, 5.0)] * 6 + [(60.0, 5.0), (55.0, 8.0)]
+    # two readings in a row of the last stage working end it, and the shape starts again after
+    levels = [(5.0, 5.0)] * 6 + [(5.0, 60.0), (8.0, 55.0)] + [(5.0, 5.0)] * 6 + [(5.0, 60.0), (8.0, 55.0)]
     shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
     assert run(only_stage_rule(), prefix + shape, 28.0)[0] == []
+
+
+def test_a_stopped_tail_beside_a_stage_winding_down_says_so():
+    # SIGSTOP of the last stage on the real CPU build: stage 0 read 12-50% for seconds
+    prefix, tokens = healthy(20.0)
+    levels = [(12.4, 0.0), (17.8, 0.0), (37.2, 0.0), (41.7, 0.0), (49.9, 0.0), (46.2, 0.0), (26.8, 0.0)] * 3
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    [d] = run(only_stage_rule(), prefix + shape, 31.0)[0]
+    assert (d.evidence["shape"], d.evidence["stage"]) == ("asleep", 1)
+    assert d.reasons[0].startswith("last stage 1 asleep and no stage spinning with 3 requests in flight")
