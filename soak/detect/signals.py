@@ -92,7 +92,7 @@ class SignalTracker:
         self.gpu_error: str | None = None
         self.tail_run: TailRun | None = None
         self._last_gpu_point: float = float("-inf")
-        # Stage CPU: the current run of a stuck shape (all asleep, or one stage spinning alone)
+        # Stage CPU: the current run of a stuck shape (the tail asleep, or one stage spinning alone)
         self.stage_run: ShapeRun | None = None
         # Server metrics
         self.server_ts: float | None = None

@@ -72,7 +72,7 @@ def _worker(stage: int, args: argparse.Namespace, fault_at: float) -> None:
             continue
         if _busy(stage, args.stages, args.shape, t, step=args.step, cold=args.cold):
             _spin(min(now + 0.01, end))
-        elif t >= 0 and args.shape in ("idle", "spin_last"):
+        elif t >= 0 and args.shape in ("idle", "spin_last", "deadlock"):
             # a rank blocked in a receive sleeps in the kernel until the shape ends: waking
             # every 10 ms on a loaded box queued for a CPU each time and read 10-60% busy
             time.sleep(max(0.0, end - now))
