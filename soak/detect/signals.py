@@ -57,6 +57,7 @@ class TailRun:
     points: int
     tail_pct: float
     upstream_pct: float
+    dipped: bool = False  # stage CPU: the latest point was an upstream spinner's dip
 
 
 @dataclass
@@ -268,6 +269,12 @@ class SignalTracker:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
                 run = self.tail_run
                 run.last, run.points, run.tail_pct, run.upstream_pct = t, run.points + 1, tail_pct, up_pct
+                run.dipped = False
+            elif (sample.source is GpuSource.STAGE_CPU and self.tail_run is not None and not self.tail_run.dipped
+                  and tail_pct <= low_pct):
+                # A spinner that waited out a reading on a loaded box's run queue reads low
+                # there (its wait is booked when it next runs): one such dip keeps the run.
+                self.tail_run.dipped = True
             else:
                 self.tail_run = None
 

@@ -321,3 +321,18 @@ def test_a_stopped_tail_beside_a_stage_winding_down_says_so():
     [d] = run(only_stage_rule(), prefix + shape, 31.0)[0]
     assert (d.evidence["shape"], d.evidence["stage"]) == ("asleep", 1)
     assert d.reasons[0].startswith("last stage 1 asleep and no stage spinning with 3 requests in flight")
+
+
+def test_the_gpu_seeds_shape_through_stage_cpu_survives_one_spinner_dip():
+    # stage 0 spinning beside a dark tail, once read at 47% (its run-queue wait booked late)
+    prefix, tokens = healthy(20.0)
+    levels = [(100.0, 0.0)] * 4 + [(47.2, 0.0)] + [(100.0, 0.0)] * 4 + [(67.1, 0.0)] + [(100.0, 0.0)] * 8
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    decisions, _ = run(Detector(DetectorConfig(), topology=PP2), prefix + shape, 30.0)
+    assert [d.rule for d in decisions] == ["pp_tail_stall"]
+    assert decisions[0].decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
+    # a GPU source keeps its behaviour: a dip ends the run (NVML samples are no late-booked waits)
+    gpu = [cpu(s.ts - T0, *(g.util_pct for g in s.gpus), source=GpuSource.NVML) if isinstance(s, GpuSample) else s
+           for s in prefix + shape]
+    decisions, _ = run(Detector(DetectorConfig(), topology=PP2), gpu, 30.0)
+    assert [d.rule for d in decisions] == ["pp_tail_stall"] and decisions[0].decided_at - T0 > 25.0
