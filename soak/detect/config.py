@@ -66,6 +66,38 @@ class PpTailStallConfig(StrictModel):
         return self
 
 
+class StageCpuStallConfig(StrictModel):
+    """Stage CPU only (vLLM's CPU build, soak.probes.stage_cpu): a stuck pipeline whose
+    ranks sleep in gloo's blocking receive, or whose last stage spins alone. On the
+    real CPU build (docs/real-vllm.md) a skipped or late send leaves every stage
+    asleep, a deaf last stage spins while the stage before it sleeps, and a SIGSTOP
+    of the last stage reads 0% beside a stage 0 winding down; none is the GPU's
+    "upstream bright, tail dark" that pp_tail_stall reads. docs/detection.md has
+    the shapes and margins."""
+
+    enabled: bool = True
+    # At or under this a stage is asleep. A working CPU worker reads 40-100% (its
+    # OpenMP threads spin-wait after each parallel region); a rank asleep in gloo's
+    # receive or the shm queue read 4-26% on a box at load 19, its periodic wake-ups
+    # booked with their run-queue wait.
+    asleep_pct: float = Field(30.0, ge=0, le=100)
+    # At or over this a stage spins (CPU time plus run-queue wait: a loaded box
+    # does not hide a spinner).
+    spin_pct: float = Field(75.0, ge=0, le=100)
+    # How long a shape must hold, with requests in flight and no progress signal
+    # moving, before it is a hang. The longest healthy stretch measured on the
+    # real CPU build is in docs/detection.md.
+    window: Duration = 5.0
+    # A shape held this fraction of the window keeps the detector suspect.
+    suspect_fraction: float = Field(0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _marks(self) -> "StageCpuStallConfig":
+        if self.asleep_pct >= self.spin_pct:
+            raise ValueError("asleep_pct must be below spin_pct")
+        return self
+
+
 class LearnedThreshold(StrictModel):
     """A silence threshold learned from the run's own healthy gaps:
     ``clamp(longest recent healthy gap * safety_factor, floor, ceiling)``."""
@@ -127,6 +159,7 @@ class DetectorConfig(StrictModel):
     # Hysteresis: suspect goes back to healthy only after every rule stayed clear this long.
     clear_after: Duration = 5.0
     pp_tail_stall: PpTailStallConfig = PpTailStallConfig()
+    stage_cpu_stall: StageCpuStallConfig = StageCpuStallConfig()
     generation_frozen: GenerationFrozenConfig = GenerationFrozenConfig()
     client_stall: ClientStallConfig = ClientStallConfig()
     log_signature: LogSignatureConfig = LogSignatureConfig()

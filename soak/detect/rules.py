@@ -8,6 +8,7 @@ from typing import Callable
 
 from soak.detect.config import DetectorConfig
 from soak.detect.signals import SignalTracker
+from soak.detect.stage_rule import stage_cpu_stall
 from soak.records import IncidentKind, RuleState, RuleStatus
 from soak.samples import GpuSource
 
@@ -320,6 +321,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("server_gone", server_gone),
     ("log_signature", log_signature),
     ("pp_tail_stall", pp_tail_stall),
+    ("stage_cpu_stall", stage_cpu_stall),
     ("generation_frozen", generation_frozen),
     ("client_stall", client_stall),
 )

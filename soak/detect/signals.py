@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Deque
 
 from soak.detect.config import DetectorConfig
+from soak.detect.stage_shapes import ShapeRun, classify, fold, stage_levels
 from soak.logsignatures import JIT_COMPILE, SHM_BROADCAST_WAIT
 from soak.records import Topology
 from soak.samples import (
@@ -56,6 +57,7 @@ class TailRun:
     points: int
     tail_pct: float
     upstream_pct: float
+    dipped: bool = False  # stage CPU: the latest point was an upstream spinner's dip
 
 
 @dataclass
@@ -91,6 +93,8 @@ class SignalTracker:
         self.gpu_error: str | None = None
         self.tail_run: TailRun | None = None
         self._last_gpu_point: float = float("-inf")
+        # Stage CPU: the current run of a stuck shape (the tail asleep, or one stage spinning alone)
+        self.stage_run: ShapeRun | None = None
         # Server metrics
         self.server_ts: float | None = None
         self.server_values: dict[str, float] = {}
@@ -146,6 +150,14 @@ class SignalTracker:
         if self.client is not None:
             return self.client.in_flight > 0
         return None
+
+    @property
+    def requests_in_flight(self) -> int | None:
+        """How many of the client's requests are in flight, whatever the running gauge
+        says (a stuck engine publishes no new stats); the gauge only without a client."""
+        if self.client is not None:
+            return self.client.in_flight
+        return None if self.running is None else int(self.running)
 
     @property
     def cold(self) -> bool:
@@ -231,6 +243,8 @@ class SignalTracker:
         self.gpu_source = sample.source
         readings = {g.index: g for g in sample.gpus}
         self.gpu_levels = {g.index: g.util_pct for g in sample.gpus}
+        if sample.source is GpuSource.STAGE_CPU:
+            self._observe_stage_shape(sample.ts)
         tail = [readings[i] for i in self.topology.last_stage if i in readings]
         upstream = [readings[i] for i in self.topology.upstream if i in readings]
         if not tail or not upstream:
@@ -255,8 +269,23 @@ class SignalTracker:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
                 run = self.tail_run
                 run.last, run.points, run.tail_pct, run.upstream_pct = t, run.points + 1, tail_pct, up_pct
+                run.dipped = False
+            elif (sample.source is GpuSource.STAGE_CPU and self.tail_run is not None and not self.tail_run.dipped
+                  and tail_pct <= low_pct):
+                # A spinner that waited out a reading on a loaded box's run queue reads low
+                # there (its wait is booked when it next runs): one such dip keeps the run.
+                self.tail_run.dipped = True
             else:
                 self.tail_run = None
+
+    def _observe_stage_shape(self, ts: float) -> None:
+        # A failed reading leaves the run as it is: the next reading's delta spans the
+        # gap (soak.probes.stage_cpu), so an asleep reading after it was asleep through it.
+        levels = stage_levels(self.gpu_levels, self.topology)
+        cfg = self.config.stage_cpu_stall
+        reading = None if levels is None else classify(levels, asleep_pct=cfg.asleep_pct, spin_pct=cfg.spin_pct)
+        self.stage_run = fold(self.stage_run, reading, ts=ts, levels=levels or (),
+                              in_flight=self.requests_in_flight or 0, asleep_pct=cfg.asleep_pct)
 
     def _observe_server(self, sample: ServerSample) -> None:
         if not sample.ok:

@@ -122,7 +122,7 @@ class StageCpuSource:
                  descendants: Callable[[int], frozenset[int]],
                  topology: Topology | None = None,
                  read: Callable[[Sequence[int]], Mapping[int, ProcCpu]] = read_cpu,
-                 deadline_s: float = 2.0, why: str = "") -> None:
+                 deadline_s: float = 2.0, why: str = "", rewalk_s: float = 5.0) -> None:
         self._clock = clock
         self._root_pid = root_pid
         self._descendants = descendants
@@ -132,6 +132,17 @@ class StageCpuSource:
         self._before: tuple[float, Mapping[int, ProcCpu]] | None = None
         self._stage_of: dict[int, int] = {}
         self._why = why  # how it came to be chosen (auto without NVML), said in its failed readings
+        # The tree walk (every process on the box) is what a loaded box makes slow:
+        # 20-540 ms against 2-9 ms for reading two workers (load 13 on 2 cores), and
+        # with a walk per reading the source missed its deadline 57 times in ten
+        # minutes of a real soak, leaving gaps of up to 15 s. Known workers are read
+        # alone; the tree is walked again for a new root, a stage without a worker
+        # (start-up, a worker gone) or every ``rewalk_s``.
+        self._rewalk_s = rewalk_s
+        self._walked: tuple[int, float] | None = None  # (root, monotonic time) of the last walk
+        # One read at a time: a read past its deadline still runs in its thread, and
+        # reads queued behind it would only slow it further.
+        self._pending: asyncio.Future | None = None
 
     def workers(self) -> dict[int, int]:
         """The target's workers now: PID -> stage (a bare ``Worker`` is not placed yet)."""
@@ -142,23 +153,47 @@ class StageCpuSource:
         cpu = self._read(sorted(pids))
         return {pid: stage for pid, p in cpu.items() if (stage := worker_stage(p.cmdline)) is not None}
 
-    def read_blocking(self, now: float) -> tuple[StageCpu, ...]:
+    def _must_walk(self, root: int, now: float) -> bool:
+        if self._walked is None or self._walked[0] != root or now - self._walked[1] >= self._rewalk_s:
+            return True
+        placed = set(self._stage_of.values())
+        wanted = len(self._topology.stages) if self._topology is not None else 1
+        return len(placed) < wanted or not placed
+
+    def read_blocking(self, now: float | None = None) -> tuple[StageCpu, ...]:
+        """One reading, the interval since the previous one's."""
+        at, after, stages = self._measure(now)
+        self._before = (at, after)
+        return stages
+
+    def _measure(self, now: float | None = None) -> tuple[float, Mapping[int, ProcCpu], tuple[StageCpu, ...]]:
+        """/proc now, and the stages' activity since the last reading delivered, which
+        this one becomes only once it is delivered: a read past its deadline is dropped,
+        and the next one spans its interval too (a stage asleep in it reads asleep
+        across the gap, not for the half second after a late read finished)."""
         root = self._root_pid()
         if root is None:
             raise RuntimeError("the target has no process to read")
-        pids = set(self._descendants(root)) | {root}
+        if self._must_walk(root, self._clock.monotonic()):
+            pids = set(self._descendants(root)) | {root}
+            self._walked = (root, self._clock.monotonic())
+        else:
+            pids = set(self._stage_of)
+        # The interval ends when /proc is read, not when the read was asked for (a
+        # starved thread may wait for the interpreter first).
+        now = self._clock.monotonic() if now is None else now
         after = self._read(sorted(pids))
         for pid, p in after.items():
-            if pid not in self._stage_of:
-                stage = worker_stage(p.cmdline)
-                if stage is not None:
-                    self._stage_of[pid] = stage
+            stage = worker_stage(p.cmdline)
+            if stage is not None:
+                self._stage_of[pid] = stage
+            elif pid in self._stage_of and p.cmdline:
+                del self._stage_of[pid]  # a reused PID that is no worker now
         self._stage_of = {pid: s for pid, s in self._stage_of.items() if pid in after}
         before = self._before
-        self._before = (now, after)
         if before is None:
-            return ()
-        return stage_readings(before[1], after, elapsed_s=now - before[0], stage_of=self._stage_of)
+            return now, after, ()
+        return now, after, stage_readings(before[1], after, elapsed_s=now - before[0], stage_of=self._stage_of)
 
     async def open(self) -> None:
         """GpuUnavailable when the target shows no ``VLLM::Worker`` process: nothing to read.
@@ -177,9 +212,16 @@ class StageCpuSource:
 
     async def read(self) -> GpuSample:
         ts = self._clock.now()
+        if self._pending is not None and not self._pending.done():
+            return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
+                             error="stage CPU: the previous /proc read has not finished")
+        task = asyncio.ensure_future(asyncio.to_thread(self._measure))
+        # a late read's failure is its own reading's, already reported: not an unretrieved error
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._pending = task
         try:
-            stages = await asyncio.wait_for(asyncio.to_thread(self.read_blocking, self._clock.monotonic()),
-                                            self._deadline_s)
+            at, after, stages = await asyncio.wait_for(asyncio.shield(task), self._deadline_s)
+            self._before = (at, after)
         except asyncio.TimeoutError:
             return GpuSample(ts=ts, source=GpuSource.STAGE_CPU, gpus=(),
                              error=f"stage CPU: /proc did not answer in {self._deadline_s:g}s")
@@ -194,6 +236,7 @@ class StageCpuSource:
 
     async def aclose(self) -> None:
         self._before = None
+        self._pending = None
 
 
 __all__ = ["StageCpu", "StageCpuSource", "process_utilization", "stage_readings", "to_gpu_readings", "worker_stage"]

@@ -14,7 +14,10 @@ Shapes (after ``--after`` seconds of the healthy shape):
 - ``deadlock``: the seed's shape: stages 0..N-2 spin (busy-waiting in an
   unmatched collective), the last stage sleeps;
 - ``stopped``: the last stage SIGSTOPs itself (state T, no CPU), the others spin;
-- ``idle``: every stage sleeps (a gap between turns, no request);
+- ``idle``: every stage sleeps (a gap between turns, no request; with requests in
+  flight, the real CPU build's skipped send: gloo's receive sleeps);
+- ``spin_last``: the last stage spins while the others sleep (the real CPU build's
+  deaf last stage);
 - ``cold``: stage 0 busy for ``--cold`` seconds while the others sleep (a long
   cold prefill or a first-time compile), then healthy again.
 """
@@ -28,7 +31,7 @@ import signal
 import sys
 import time
 
-SHAPES = ("healthy", "deadlock", "stopped", "idle", "cold")
+SHAPES = ("healthy", "deadlock", "stopped", "idle", "cold", "spin_last")
 
 
 def _title(text: str) -> None:
@@ -50,6 +53,8 @@ def _busy(stage: int, stages: int, shape: str, t: float, *, step: float, cold: f
         return stage < stages - 1
     if t >= 0 and shape == "idle":
         return False
+    if t >= 0 and shape == "spin_last":
+        return stage == stages - 1
     if t >= 0 and shape == "cold" and t < cold:
         return stage == 0
     return int((t + 1e6) / step) % stages == stage
@@ -67,6 +72,10 @@ def _worker(stage: int, args: argparse.Namespace, fault_at: float) -> None:
             continue
         if _busy(stage, args.stages, args.shape, t, step=args.step, cold=args.cold):
             _spin(min(now + 0.01, end))
+        elif t >= 0 and args.shape in ("idle", "spin_last", "deadlock"):
+            # a rank blocked in a receive sleeps in the kernel until the shape ends: waking
+            # every 10 ms on a loaded box queued for a CPU each time and read 10-60% busy
+            time.sleep(max(0.0, end - now))
         else:
             time.sleep(0.01)
     os._exit(0)
