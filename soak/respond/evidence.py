@@ -212,3 +212,37 @@ def ptrace_refused(output: str) -> bool:
 def flight_recorder_summary(directory: Path) -> Any:
     """The per-rank table of the dumps in ``directory`` (``soak.flightrec.dumps``), as JSON."""
     return summarize_dumps(directory).to_json()
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, utime+stime in ticks) from /proc/<pid>/stat, None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # the command may hold spaces and parentheses
+    try:
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_states(pids: Sequence[int], *, interval_s: float = 0.25) -> dict[str, Any]:
+    """Each PID's state letter and cores busy over ``interval_s``, read before py-spy
+    pauses the processes: a stopped worker (T) and a spinning one (R, ~1 core) look
+    alike in a stack, and py-spy cannot tell a stop."""
+    first = {pid: _proc_stat(pid) for pid in pids}
+    started = time.monotonic()
+    time.sleep(interval_s)
+    elapsed = max(time.monotonic() - started, 1e-3)
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, Any] = {}
+    for pid in pids:
+        a, b = first.get(pid), _proc_stat(pid)
+        if b is None:
+            continue
+        cpu = round((b[1] - a[1]) / ticks / elapsed, 2) if a is not None else None
+        # The state at the first read: py-spy has not attached yet.
+        out[str(pid)] = {"state": (a or b)[0], "cpu": cpu}
+    return {"interval_s": interval_s, "pids": out}
