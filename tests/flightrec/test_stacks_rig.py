@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -46,15 +46,6 @@ def torch_python() -> str:
     if python is None:
         pytest.skip("no torch: set SOAK_TORCH_PYTHON or run scripts/real-vllm setup")
     return python
-
-
-@dataclass
-class FakeTarget:
-    base_url: str
-    root_pid: int | None
-    log_path: Path | None = None
-    flight_recorder_pipe_stem: str | None = None
-    identity: None = None
 
 
 @pytest.fixture
@@ -94,8 +85,10 @@ async def _respond(tmp_path: Path, root: int) -> tuple:
                      "flight_recorder_wait": 1.0, "budget": 60.0, "metrics_timeout": 0.5},
     })
     responder = Responder(config, run_dir=run_dir, gpu_source=None, clock=SystemClock(), recent_samples=lambda: [],
-                          target=FakeTarget(base_url=f"http://127.0.0.1:{free_port()}", root_pid=root,
-                                            flight_recorder_pipe_stem=str(run_dir / "nccl" / "pipe_rank_")))
+                          # what the responder reads of a target (soak.respond.target_tree.TargetLike)
+                          target=SimpleNamespace(base_url=f"http://127.0.0.1:{free_port()}", root_pid=root,
+                                                 log_path=None, identity=None,
+                                                 flight_recorder_pipe_stem=str(run_dir / "nccl" / "pipe_rank_")))
     now = time.time()
     decision = Decision(rule="stage_stall", kind=IncidentKind.HANG, onset_at=now - 5, decided_at=now,
                         reasons=("stage 1 idle",), evidence={})
