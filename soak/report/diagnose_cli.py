@@ -102,7 +102,7 @@ def latest_incident(path: Path) -> Path | None:
 def run(*, path: Path, as_json: bool) -> int:
     from soak.flightrec.diagnose import diagnose, format_table
     from soak.flightrec.dumps import dump_files
-    from soak.flightrec.stackfiles import read_diagnosis, stack_diagnosis
+    from soak.flightrec.stackfiles import diagnosis_record, read_diagnosis, stack_diagnosis
     from soak.flightrec.stacks import format_places
 
     if not path.exists():
@@ -117,8 +117,11 @@ def run(*, path: Path, as_json: bool) -> int:
         # No dumps: the ranks' groups could not be asked (gloo), or the recorder was off.
         said = (read_diagnosis(incident) or {}).get("flight_recorder") if incident is not None else None
         note = f"flight recorder: {said or 'no dumps in this incident'}"
-        if as_json:
-            print(json.dumps({"flight_recorder": note, "line": stacks.line, "stacks": stacks.to_json()}, indent=2))
+        if as_json:  # diagnosis.json's schema, and the rank at the top for scripts
+            found = diagnosis_record(flight_recorder=said or "no dumps in this incident", fr_line=None,
+                                     fr_detail=None, places={}, stacks=stacks)
+            found["faulty_rank"] = (found["faulty"] or {}).get("rank")
+            print(json.dumps(found, indent=2))
         else:
             print(note)
             print(f"py-spy: {stacks.line}")
@@ -136,6 +139,7 @@ def run(*, path: Path, as_json: bool) -> int:
         out = result.to_json()
         if fallback is not None:
             out["stacks"] = fallback.to_json()
+            out["faulty_rank"] = fallback.faulty.rank if fallback.faulty is not None else None
         print(json.dumps(out, indent=2))
     else:
         print(result.line)

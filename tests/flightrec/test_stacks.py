@@ -163,3 +163,16 @@ def test_any_text_parses_and_any_workers_diagnose_without_raising(text, wheres):
     junk = Worker(pid=9, title="VLLM::Worker_PP0", stack=parse_py_spy(text))
     found = diagnose_stacks([junk, *(_worker(s + 1, w) for s, w in enumerate(wheres))])
     assert found.faulty is None or found.faulty in found.places
+
+
+def test_soak_diagnose_falls_back_to_the_stacks_and_says_the_flight_recorder_gave_nothing(capsys):
+    from soak.report.diagnose_cli import run
+
+    assert run(path=REAL / "skip_send", as_json=False) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "flight recorder: no dumps in this incident"
+    assert out[1].startswith("py-spy: pp group: rank 0 (stage 0, PID 6741) is behind")
+    assert any(row.endswith("<- behind") and " 6741 " in row for row in out[2:])
+    assert run(path=REAL / "spin_last", as_json=True) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert found["faulty_rank"] == 1 and found["faulty"]["pid"] == 7001 and found["reason"] == "spinning"
