@@ -2,7 +2,8 @@
 
 Files (ARCHITECTURE.md): ``incident.json``, ``samples.jsonl``, ``gpus.json``,
 ``processes.json``, ``metrics.txt``, ``log_tail.txt``, ``watchdog.json``,
-``py-spy-<pid>.txt``, ``flight_recorder/``, ``flight_recorder_summary.json``.
+``py-spy-<pid>.txt``, ``process_states.json``, ``flight_recorder/``,
+``flight_recorder_summary.json``, ``diagnosis.json``.
 Every file is written whole to a temporary name and renamed, so a harness killed
 mid-incident leaves complete files or none.
 """
