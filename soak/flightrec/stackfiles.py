@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from soak.bounds import InputRejected, read_file
-from soak.flightrec.stacks import Place, StackDiagnosis, Worker, diagnose_stacks, parse_py_spy
+from soak.flightrec.stacks import Place, Stack, StackDiagnosis, Worker, diagnose_stacks, parse_py_spy
 from soak.jsonl import read_json
 from soak.metric_names import ProcessRole, parse_process_title
 
@@ -52,27 +52,36 @@ def workers_from_bundle(incident: Path) -> list[Worker]:
     for proc in procs if isinstance(procs, list) else []:
         if not isinstance(proc, dict) or not isinstance(proc.get("pid"), int) or proc["pid"] in seen:
             continue
-        title = _title(proc)
-        parsed = parse_process_title(title)
-        if parsed is None or parsed.role is not ProcessRole.WORKER:
-            continue
         pid = proc["pid"]
-        seen.add(pid)
         state = states.get(str(pid)) if isinstance(states.get(str(pid)), dict) else {}
+        stack = _stack(incident / f"py-spy-{pid}.txt")
+        # The title at the incident: the tree's record may hold the command line a worker
+        # had before vLLM titled it (a process first seen at start-up).
+        titles = [state.get("title") if isinstance(state.get("title"), str) else None,
+                  stack.title if stack is not None else None, _title(proc)]
+        title = next((t for t in titles if t and _is_worker(t)), None)
+        if title is None:
+            continue
+        seen.add(pid)
         letter = state.get("state") if isinstance(state.get("state"), str) else None
         cpu = state.get("cpu") if isinstance(state.get("cpu"), (int, float)) else None
-        workers.append(Worker(pid=pid, title=title, state=letter, stack=_stack(incident / f"py-spy-{pid}.txt"),
+        workers.append(Worker(pid=pid, title=title, state=letter, stack=stack if stack and stack.threads else None,
                               cpu=cpu))
     return workers
 
 
-def _stack(path: Path):
+def _is_worker(title: str) -> bool:
+    parsed = parse_process_title(title)
+    return parsed is not None and parsed.role is ProcessRole.WORKER
+
+
+def _stack(path: Path) -> Stack | None:
+    """The dump as parsed; its header's title even where py-spy failed (a stopped process)."""
     try:
         text = read_file(path, limit=MAX_STACK_BYTES).decode("utf-8", "replace")
     except (OSError, InputRejected):
         return None
-    stack = parse_py_spy(text)
-    return stack if stack.threads else None
+    return parse_py_spy(text)
 
 
 def stack_diagnosis(incident: Path) -> StackDiagnosis | None:

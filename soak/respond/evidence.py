@@ -229,6 +229,17 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def _title_now(pid: int) -> str | None:
+    """The process's title now: the tree's record keeps the command line it had when
+    first seen, and vLLM titles its workers (setproctitle) after they start."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(4096)
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip() or None
+
+
 def process_states(pids: Sequence[int], *, interval_s: float = 0.25) -> dict[str, Any]:
     """Each PID's state letter and cores busy over ``interval_s``, read before py-spy
     pauses the processes: a stopped worker (T) and a spinning one (R, ~1 core) look
@@ -245,5 +256,5 @@ def process_states(pids: Sequence[int], *, interval_s: float = 0.25) -> dict[str
             continue
         cpu = round((b[1] - a[1]) / ticks / elapsed, 2) if a is not None else None
         # The state at the first read: py-spy has not attached yet.
-        out[str(pid)] = {"state": (a or b)[0], "cpu": cpu}
+        out[str(pid)] = {"state": (a or b)[0], "cpu": cpu, "title": _title_now(pid)}
     return {"interval_s": interval_s, "pids": out}

@@ -44,10 +44,37 @@ def test_a_real_spinning_last_stage_is_named_while_the_first_waits():
     assert "gpu_worker.py:1316 Worker.execute_model" in found.line
 
 
+def test_a_real_lagged_send_names_the_sender_though_the_tree_recorded_untitled_workers():
+    fault = _fault("lag_send")
+    procs = json.loads((REAL / "lag_send" / "processes.json").read_text())["processes"]
+    assert not any("Worker" in p["name"] for p in procs)  # first seen before vLLM titled them
+    found = stack_diagnosis(REAL / "lag_send")
+    assert found.reason is Reason.MISSING_SEND
+    assert (found.faulty.rank, found.faulty.pid) == (fault["rank"], fault["pid"])
+
+
+def test_a_real_skipped_send_met_at_shutdown_still_names_the_sender():
+    found = stack_diagnosis(REAL / "skip_send_at_shutdown")
+    assert found.faulty.pid == _fault("skip_send_at_shutdown")["pid"] and found.reason is Reason.MISSING_SEND
+
+
+def test_a_real_stopped_worker_has_no_stack_and_only_its_state_names_it(tmp_path):
+    fault = _fault("sigstop")
+    shutil.copytree(REAL / "sigstop", tmp_path / "inc")
+    found = stack_diagnosis(tmp_path / "inc")
+    assert found.faulty is None  # py-spy could not suspend it: "Failed to suspend process"
+    stopped = next(p for p in found.places if p.pid == fault["pid"])
+    assert stopped.stage == 1 and stopped.top is None
+    (tmp_path / "inc" / "process_states.json").write_text(json.dumps(
+        {"pids": {str(fault["pid"]): {"state": "T", "cpu": 0.0, "title": "VLLM::Worker_PP1"}}}))
+    found = stack_diagnosis(tmp_path / "inc")
+    assert found.reason is Reason.STOPPED and (found.faulty.rank, found.faulty.pid) == (1, fault["pid"])
+
+
 def test_only_workers_count_and_a_missing_stack_reads_as_no_stack(tmp_path):
     shutil.copytree(REAL / "skip_send", tmp_path / "inc")
     workers = workers_from_bundle(tmp_path / "inc")
-    assert sorted(w.title for w in workers) == ["VLLM::Worker_PP0 VLLM::Worker_PP0", "VLLM::Worker_PP1 VLLM::Worker_PP1"]
+    assert sorted(w.title for w in workers) == ["VLLM::Worker_PP0", "VLLM::Worker_PP1"]
     for f in (tmp_path / "inc").glob("py-spy-*.txt"):
         f.unlink()
     assert stack_diagnosis(tmp_path / "inc") is None
