@@ -71,6 +71,17 @@ def test_a_real_stopped_worker_has_no_stack_and_only_its_state_names_it(tmp_path
     assert found.reason is Reason.STOPPED and (found.faulty.rank, found.faulty.pid) == (1, fault["pid"])
 
 
+def test_real_bundles_with_process_states_name_the_skipper_and_the_stopped_stage():
+    skip = stack_diagnosis(REAL / "skip_send_with_states")
+    assert (skip.faulty.rank, skip.faulty.pid, skip.reason) == (0, _fault("skip_send_with_states")["pid"],
+                                                                Reason.MISSING_SEND)
+    assert skip.blocked.state == "S" and skip.blocked.call == "recv"
+    stop = stack_diagnosis(REAL / "sigstop_with_states")
+    fault = _fault("sigstop_with_states")
+    assert (stop.faulty.rank, stop.faulty.pid, stop.reason) == (1, fault["pid"], Reason.STOPPED)
+    assert stop.line.startswith(f"rank 1 (stage 1, PID {fault['pid']}) is behind: stopped (state T)")
+
+
 def test_only_workers_count_and_a_missing_stack_reads_as_no_stack(tmp_path):
     shutil.copytree(REAL / "skip_send", tmp_path / "inc")
     workers = workers_from_bundle(tmp_path / "inc")
