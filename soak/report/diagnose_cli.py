@@ -89,18 +89,63 @@ def main(args: argparse.Namespace) -> int:
     return run(path=args.path, as_json=args.json)
 
 
+def latest_incident(path: Path) -> Path | None:
+    """``path`` itself when it is an incident bundle, else a run's latest incident."""
+    from soak.store.rundir import RunDir
+
+    if (path / "processes.json").is_file():
+        return path
+    found = RunDir(path).incident_dirs() if path.is_dir() else []
+    return found[-1] if found else None
+
+
 def run(*, path: Path, as_json: bool) -> int:
     from soak.flightrec.diagnose import diagnose, format_table
+    from soak.flightrec.dumps import dump_files
+    from soak.flightrec.stackfiles import diagnosis_record, read_diagnosis, stack_diagnosis
+    from soak.flightrec.stacks import format_places
 
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    folder, incident = find_dump_dir(path)
+    incident = incident or latest_incident(path)
+    stacks = stack_diagnosis(incident) if incident is not None else None
+    if not dump_files(folder):
+        if stacks is None:
+            raise UsageError(f"{path}: no flight-recorder dumps (files named ..._<rank>) and no py-spy stacks "
+                             f"of vLLM workers")
+        # No dumps: the ranks' groups could not be asked (gloo), or the recorder was off.
+        said = (read_diagnosis(incident) or {}).get("flight_recorder") if incident is not None else None
+        note = f"flight recorder: {said or 'no dumps in this incident'}"
+        if as_json:  # diagnosis.json's schema, and the rank at the top for scripts
+            found = diagnosis_record(flight_recorder=said or "no dumps in this incident", fr_line=None,
+                                     fr_detail=None, places={}, stacks=stacks)
+            found["faulty_rank"] = (found["faulty"] or {}).get("rank")
+            print(json.dumps(found, indent=2))
+        else:
+            print(note)
+            print(f"py-spy: {stacks.line}")
+            print(format_places(stacks))
+        sys.stdout.flush()
+        return 1 if stacks.named else 0
     dumps, incident = load(path)
     try:
         result = diagnose(dumps, places=places_from_incident(incident))
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
         raise UsageError(f"{path}: dumps not understood ({type(exc).__name__}: {exc})"[:300]) from exc
+    # Dumps in step (gloo records no send/recv): the stacks may still name the rank.
+    fallback = stacks if stacks is not None and stacks.named and not result.diverged else None
     if as_json:
-        print(json.dumps(result.to_json(), indent=2))
+        out = result.to_json()
+        if fallback is not None:
+            out["stacks"] = fallback.to_json()
+            out["faulty_rank"] = fallback.faulty.rank if fallback.faulty is not None else None
+        print(json.dumps(out, indent=2))
     else:
         print(result.line)
         print(format_table(result))
+        if fallback is not None:
+            print(f"py-spy: {fallback.line}")
+            print(format_places(fallback))
     sys.stdout.flush()
-    return 1 if result.diverged else 0
+    return 1 if result.diverged or fallback is not None else 0

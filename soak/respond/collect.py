@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
+from soak.flightrec.stackfiles import DIAGNOSIS_FILE, STATES_FILE, diagnosis_record, read_diagnosis, stack_diagnosis
+from soak.jsonl import read_json
 from soak.proc.facts import Member
 from soak.proc.read import running
 from soak.redact import Redactor
@@ -106,6 +108,9 @@ class EvidenceCollector:
                 return
             limit = asyncio.Semaphore(4)
             results: dict[int, str | None] = {}
+            pids = [m.pid for m in members if running(m.pin)]
+            states = await asyncio.to_thread(ev.process_states, pids)
+            bundle.write_json(bundle.dir / STATES_FILE, states)
 
             async def one(pid: int) -> None:
                 async with limit:
@@ -121,7 +126,7 @@ class EvidenceCollector:
                         ok, note = False, str(exc)
                     results[pid] = None if ok else note
 
-            await asyncio.gather(*(one(m.pid) for m in members if running(m.pin)))
+            await asyncio.gather(*(one(pid) for pid in pids))
             failed = {pid: note for pid, note in results.items() if note}
             bundle.record(
                 "py_spy",
@@ -131,8 +136,11 @@ class EvidenceCollector:
                 note=("; ".join(f"{pid}: {note}" for pid, note in sorted(failed.items()))[:1000] if failed else None),
             )
 
+        fr_said: dict[str, str] = {"line": "not collected"}
+
         async def flight_step() -> None:
             if not cfg.flight_recorder:
+                fr_said["line"] = "disabled by config"
                 bundle.record("flight_recorder", ok=True, elapsed_s=0.0, note="disabled by config")
                 return
             stem = self._target.flight_recorder_pipe_stem or cfg.flight_recorder_pipe_stem or self._fr_paths.pipe_stem
@@ -154,8 +162,10 @@ class EvidenceCollector:
                     bundle.write_json(bundle.dir / "flight_recorder_summary.json", summary)
             missing = len(written) - len(dumps) if len(dumps) < len(written) else 0
             note_parts = []
+            fr_said["line"] = f"{len(dumps)} dump{'s' if len(dumps) != 1 else ''}" if dumps else NO_DUMP
             if not written:
-                note_parts.append("no rank pipe open" + (f" ({'; '.join(pipe_notes)})" if pipe_notes else f" under {stem}"))
+                note_parts.append("no rank pipe open" + (f" ({'; '.join(pipe_notes)})" if pipe_notes else f" under {stem}")
+                                  + ("" if dumps else f": {NO_PIPE_WHY}"))
             if missing:
                 note_parts.append(f"{missing} of {len(written)} asked ranks did not dump in time")
             if summary_note:
@@ -179,12 +189,36 @@ class EvidenceCollector:
             ("flight_recorder", flight_step, cfg.flight_recorder_wait + 1.0),
         ]
         await asyncio.gather(*(bundle.step(name, make, left(limit)) for name, make, limit in steps))
-        # The watchdog lines need the log tail.
+        # The watchdog lines need the log tail; the diagnosis needs the stacks and the dumps.
         await bundle.step(
             "watchdog",
             lambda: asyncio.to_thread(_write_watchdog, bundle, samples, log_tail.get("text")),
             left(budget),
         )
+        await bundle.step("diagnosis", lambda: asyncio.to_thread(write_diagnosis, bundle, fr_said["line"]),
+                          left(budget))
+
+
+# torch opens the dump pipe in ProcessGroupNCCL only (the CPU build's libtorch has no
+# TORCH_NCCL_DEBUG_INFO_PIPE_FILE at all); gloo records collectives, never send/recv,
+# and hands its buffer only to _dump_fr_trace() called inside the process (FACTS.md).
+NO_PIPE_WHY = ("torch serves the dump pipe for NCCL groups only; gloo groups (the CPU build) "
+               "cannot be asked from outside and record no send/recv")
+NO_DUMP = "no dump: no rank opened a dump pipe (gloo groups have none and record no send/recv)"
+
+
+def write_diagnosis(bundle: ev.Bundle, flight_recorder: str) -> None:
+    """``diagnosis.json``: the flight recorder's divergence, else the stacks' faulty rank."""
+    fr = read_json(bundle.dir / "flight_recorder_summary.json")
+    fr = fr if isinstance(fr, dict) else {}
+    detail = fr.get("diagnosis_detail") if isinstance(fr.get("diagnosis_detail"), dict) else None
+    fr_line = str(fr["diagnosis"])[:500] if fr.get("diagnosis") else None
+    if fr_line:
+        flight_recorder = f"{flight_recorder}: {fr_line}"
+    stacks = stack_diagnosis(bundle.dir)
+    places = {w.rank: {"stage": w.stage, "pid": w.pid} for w in (stacks.places if stacks else ()) if w.rank is not None}
+    bundle.write_json(bundle.dir / DIAGNOSIS_FILE, diagnosis_record(
+        flight_recorder=flight_recorder, fr_line=fr_line, fr_detail=detail, places=places, stacks=stacks))
 
 
 def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | None) -> None:
@@ -193,8 +227,25 @@ def _write_watchdog(bundle: ev.Bundle, samples: Sequence[Sample], tail: str | No
 
 def diagnosis_line(path: Path) -> str | None:
     """The diagnosis the flight-recorder step wrote beside the dumps, if any."""
-    from soak.jsonl import read_json
-
     data = read_json(path)  # bounded in size and nesting; None where it cannot be read
     line = data.get("diagnosis") if isinstance(data, dict) else None
     return str(line)[:500] if line else None
+
+
+def incident_diagnosis(incident: Path) -> tuple[str | None, str | None]:
+    """(the record's diagnosis line, the clause for the incident's summary) from
+    ``diagnosis.json``; the flight recorder's own line where that file is absent."""
+    found = read_diagnosis(incident)
+    if found is None:
+        line = diagnosis_line(incident / "flight_recorder_summary.json")
+        return line, (f"flight recorder: {line}" if line else None)
+    line = str(found["line"])[:800] if found.get("line") else None
+    fr = str(found.get("flight_recorder") or "")[:300]
+    if found.get("source") == "flight_recorder":
+        return line, f"flight recorder: {line}"
+    if found.get("source") == "py-spy":
+        return line, f"py-spy: {line} (flight recorder: {fr})" if fr else f"py-spy: {line}"
+    # Neither named a rank: the flight recorder's own line (dumps in step), as before;
+    # what the stacks show stays in diagnosis.json and `soak diagnose`.
+    fr_line = diagnosis_line(incident / "flight_recorder_summary.json")
+    return fr_line, (f"flight recorder: {fr_line}" if fr_line else None)

@@ -2,7 +2,8 @@
 
 Files (ARCHITECTURE.md): ``incident.json``, ``samples.jsonl``, ``gpus.json``,
 ``processes.json``, ``metrics.txt``, ``log_tail.txt``, ``watchdog.json``,
-``py-spy-<pid>.txt``, ``flight_recorder/``, ``flight_recorder_summary.json``.
+``py-spy-<pid>.txt``, ``process_states.json``, ``flight_recorder/``,
+``flight_recorder_summary.json``, ``diagnosis.json``.
 Every file is written whole to a temporary name and renamed, so a harness killed
 mid-incident leaves complete files or none.
 """
@@ -212,3 +213,48 @@ def ptrace_refused(output: str) -> bool:
 def flight_recorder_summary(directory: Path) -> Any:
     """The per-rank table of the dumps in ``directory`` (``soak.flightrec.dumps``), as JSON."""
     return summarize_dumps(directory).to_json()
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, utime+stime in ticks) from /proc/<pid>/stat, None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # the command may hold spaces and parentheses
+    try:
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def _title_now(pid: int) -> str | None:
+    """The process's title now: the tree's record keeps the command line it had when
+    first seen, and vLLM titles its workers (setproctitle) after they start."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(4096)
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip() or None
+
+
+def process_states(pids: Sequence[int], *, interval_s: float = 0.25) -> dict[str, Any]:
+    """Each PID's state letter and cores busy over ``interval_s``, read before py-spy
+    pauses the processes: a stopped worker (T) and a spinning one (R, ~1 core) look
+    alike in a stack, and py-spy cannot tell a stop."""
+    first = {pid: _proc_stat(pid) for pid in pids}
+    started = time.monotonic()
+    time.sleep(interval_s)
+    elapsed = max(time.monotonic() - started, 1e-3)
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, Any] = {}
+    for pid in pids:
+        a, b = first.get(pid), _proc_stat(pid)
+        if b is None:
+            continue
+        cpu = round((b[1] - a[1]) / ticks / elapsed, 2) if a is not None else None
+        # The state at the first read: py-spy has not attached yet.
+        out[str(pid)] = {"state": (a or b)[0], "cpu": cpu, "title": _title_now(pid)}
+    return {"interval_s": interval_s, "pids": out}

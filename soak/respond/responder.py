@@ -24,7 +24,7 @@ from soak.records import GpuSourceLike
 from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
 from soak.redact import Redactor
 from soak.respond import evidence as ev
-from soak.respond.collect import EvidenceCollector, diagnosis_line
+from soak.respond.collect import EvidenceCollector, incident_diagnosis
 from soak.respond.config import ResponseConfig
 from soak.respond.flight import FlightRecorderPaths, default_flight_recorder_paths, ownership_variable
 from soak.respond.gpu import GpuRelease
@@ -201,10 +201,10 @@ class Responder:
         gpu_free_s = release.free_at - kill.killed_at if release.free_at is not None else None
         if gpu_free_s is not None and gpu_free_s < 0:
             gpu_free_s = 0.0
-        diagnosis = diagnosis_line(bundle.dir / "flight_recorder_summary.json")
+        diagnosis, clause = incident_diagnosis(bundle.dir)
         summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
-        if diagnosis:
-            summary += f"; flight recorder: {diagnosis}"
+        if clause:
+            summary += f"; {clause}"
         jit = ev.jit_precursor_note(ev.jit_precursors(
             self._recent_samples() or (), since=detected_at - self._config.evidence.samples_window, until=detected_at),
             onset_at)
