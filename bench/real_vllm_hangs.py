@@ -48,6 +48,8 @@ from typing import Any
 import psutil
 import yaml
 
+from soak.respond.target_tree import same_process_pid as alive
+
 FORMS = {
     "skip_send": "skip_send:rank=0:step={step}",
     "lag_send": "lag_send:rank=0:step={step}",
@@ -159,13 +161,6 @@ def snapshot(procs: list[psutil.Process], window_s: float = 1.0) -> list[dict]:
         except psutil.Error:
             continue
     return rows
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 @dataclass
