@@ -153,7 +153,9 @@ def test_vllms_own_rpc_timeout_and_engine_death_reach_the_log_rules_once(tmp_pat
     # stage source: the stage rules stay inactive).
     config, _ = launch_config(
         tmp_path, duration="25m",
-        env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "20", "SOAK_VLLM_FAULT": f"sigstop:step={STEP}"},
+        # the shm-broadcast line at vLLM's default 60 s, not the harness's 5 s: it would settle first
+        env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "20", "SOAK_VLLM_FAULT": f"sigstop:step={STEP}",
+             "VLLM_RINGBUFFER_WARNING_INTERVAL": "60"},
         detector={"generation_frozen": {"enabled": False}, "client_stall": {"enabled": False}},
         gpu="none",
     )
