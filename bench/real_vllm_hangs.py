@@ -17,7 +17,8 @@ While the run goes, it follows server.log for the injector's stamps
 that launch's tree (state, % of a core over one second, the /dev/shm files it
 holds); after the harness's incident it checks what is left of the tree. Once
 every fault has had its incident (and the healthy launch after them has served
-``--healthy`` seconds) the run is stopped (SIGINT, as an operator).
+``--healthy`` seconds) the run is stopped (SIGTERM, as a supervisor: a SIGINT
+from a background job is ignored by an inherited SIG_IGN, soak.run.signals).
 
 Per hang it prints: the form, detection delay from the stamp, the rule, the
 stage the incident names (the stage left waiting: the sender's next stage for a
@@ -237,7 +238,7 @@ class Watcher:
 def diagnosed_rank(incident_dir: Path) -> tuple[int | None, str]:
     """The faulty rank `soak diagnose` names, and its one line (whatever version of diagnose)."""
     done = subprocess.run([sys.executable, "-m", "soak", "diagnose", str(incident_dir), "--json"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     text = done.stdout.strip() or done.stderr.strip()
     try:
         obj = json.loads(done.stdout)
@@ -390,7 +391,7 @@ def main() -> int:
             time.sleep(1.0)
     finally:
         if soak.poll() is None:
-            soak.send_signal(signal.SIGINT)
+            soak.send_signal(signal.SIGTERM)
         try:
             soak.wait(timeout=900)
         except subprocess.TimeoutExpired:

@@ -4,9 +4,12 @@ Installed into the `.real-vllm` venv by `scripts/real-vllm setup` (as
 ``soak_vllm_faults.py`` beside a ``.pth`` line that imports it), never part of
 soak's wheel. It does nothing unless the server's environment names a fault:
 
-    SOAK_VLLM_FAULT=skip_send:rank=0:step=40     (a) pipeline rank 0 skips its 40th send of
-                                                     intermediate tensors: the next stage blocks
-                                                     in the receive nobody matches
+    SOAK_VLLM_FAULT=skip_send:rank=0:step=40     (a) pipeline rank 0 skips its sends of
+                                                     intermediate tensors from its 40th on: the
+                                                     next stage blocks in the receive nobody
+                                                     matches (the engine schedules at most one
+                                                     more step behind it, so one or two sends
+                                                     are skipped; why not one: docs/real-vllm.md)
     SOAK_VLLM_FAULT=lag_send:rank=0:step=40      (b) from its 40th send on, rank 0's payloads go
                                                      out one step late (a one-deep FIFO between the
                                                      stage and the wire): the receiver's step k
@@ -65,8 +68,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 ENV = "SOAK_VLLM_FAULT"
 PLAN_ENV = "SOAK_VLLM_FAULTS"
@@ -281,10 +285,17 @@ def patch(module: Any, launch: Launch | Fault) -> None:
             return original_isend(self, tensor_dict, *args, **kwargs)
         state["send"] += 1
         n = state["send"]
-        if fault.kind == "lag_send" and n > fault.step:
-            late, state["held"] = state["held"], _hold(tensor_dict)
-            return original_isend(self, late, *args, **kwargs)
-        if n != fault.step:
+        if n < fault.step:
+            return original_isend(self, tensor_dict, *args, **kwargs)
+        if n > fault.step:
+            if fault.kind == "skip_send":
+                # A payload sent after the skipped one would be paired with the skipped
+                # step (vLLM raises on the size, or computes on the wrong one): the
+                # receiver must find nothing on the wire.
+                return []
+            if fault.kind == "lag_send":
+                late, state["held"] = state["held"], _hold(tensor_dict)
+                return original_isend(self, late, *args, **kwargs)
             return original_isend(self, tensor_dict, *args, **kwargs)
         launch.announce(fault, self.rank_in_group)
         if fault.kind == "skip_send":

@@ -138,7 +138,7 @@ def test_launches_registered_from_processes_keep_their_order_and_repeat_their_in
 
     def reg(key: str) -> int:
         done = subprocess.run([sys.executable, "-c", program, str(state), key], capture_output=True, text=True,
-                              timeout=60, env={k: v for k, v in os.environ.items() if k not in ENVS})
+                              timeout=60, env={k: v for k, v in os.environ.items() if k not in ENVS}, check=False)
         assert done.returncode == 0, done.stderr
         return int(done.stdout)
 
@@ -189,7 +189,7 @@ def _fake_parallel_state(world: int = 2) -> tuple[Any, list[tuple[int, str, int]
 @settings(max_examples=60, deadline=None)
 @given(step=st.integers(1, 30), steps=st.integers(1, 40), kind=st.sampled_from(["skip_send", "extra_send"]),
        rank=st.integers(0, 1), mine=st.integers(0, 1))
-def test_a_send_fault_changes_exactly_one_send_of_one_rank_on_the_pipeline(step, steps, kind, rank, mine) -> None:
+def test_a_send_fault_changes_the_sends_of_one_rank_on_the_pipeline_from_its_step(step, steps, kind, rank, mine) -> None:
     module, log = _fake_parallel_state()
     faults.patch(module, faults.Fault(kind=kind, step=step, rank=rank))
     module.pp.rank_in_group = mine
@@ -204,7 +204,8 @@ def test_a_send_fault_changes_exactly_one_send_of_one_rank_on_the_pipeline(step,
     if not hit:
         assert sent == list(range(1, steps + 1))
     elif kind == "skip_send":
-        assert sent == [n for n in range(1, steps + 1) if n != step] and returned[step - 1] == []
+        # nothing from the skipped step on: no later payload can stand in for the missing one
+        assert sent == list(range(1, step)) and returned[step - 1:] == [[]] * (steps - step + 1)
     else:
         assert sent == sorted([*range(1, steps + 1), step])
 
@@ -271,15 +272,16 @@ def test_in_a_real_interpreter_the_hook_patches_vllms_module_on_import_and_the_f
                "from vllm.distributed import parallel_state as ps\n"
                "print([len(ps.get_pp_group().isend_tensor_dict({})) for _ in range(3)])\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "SOAK_VLLM_FAULT": "skip_send:rank=0:step=2"}
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[2, 0, 2]"  # the second send skipped, the others whole
+    assert done.stdout.strip() == "[2, 0, 0]"  # sends skipped from the second on
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("SOAK_FAULT_INJECTED ")]
     said = json.loads(line.split(" ", 1)[1])
     assert (said["kind"], said["rank"], said["step"], said["pid"]) == ("skip_send", 0, 2, said["pid"]) \
         and said["ts"] > 1.7e9
     unset = subprocess.run([sys.executable, "-c", program], env={**env, "SOAK_VLLM_FAULT": ""},
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, check=False)
     assert unset.stdout.strip() == "[2, 2, 2]" and "SOAK_FAULT_INJECTED" not in unset.stderr
 
 
@@ -331,11 +333,11 @@ def test_a_plan_gives_each_engine_launch_its_own_entry_and_healthy_past_the_end(
            "SOAK_VLLM_FAULTS": "skip_send:rank=0:step=2,none,lag_send:rank=0:step=2",
            "SOAK_VLLM_FAULT_STATE": str(tmp_path / "state")}
     launches = [subprocess.run([sys.executable, "-c", _ENGINE, _WORKER, str(tmp_path / "site")], env=env,
-                               capture_output=True, text=True, timeout=120) for _ in range(4)]
+                               capture_output=True, text=True, timeout=120, check=False) for _ in range(4)]
     for done in launches:
         assert done.returncode == 0, done.stderr
     rank0 = [[line for line in d.stdout.splitlines()][:4] for d in launches]
-    assert rank0[0] == ["wire 1", "wire 3", "returned [2, 0, 2]", "wire 1"]       # (a) the 2nd send skipped
+    assert rank0[0] == ["wire 1", "returned [2, 0, 0]", "wire 1", "wire 2"]       # (a) skipped from the 2nd on
     assert rank0[1] == ["wire 1", "wire 2", "wire 3", "returned [2, 2, 2]"]       # none: healthy
     assert rank0[2] == ["wire 1", "wire 2", "returned [2, 0, 2]", "wire 1"]       # (b) the 2nd held, sent at the 3rd
     assert rank0[3] == ["wire 1", "wire 2", "wire 3", "returned [2, 2, 2]"]       # past the end: healthy
@@ -386,7 +388,8 @@ def test_a_spec_the_injector_cannot_read_stops_the_process_at_start_with_one_lin
     env = {**{k: v for k, v in os.environ.items() if k not in ENVS},
            **{k: v.format(state=tmp_path / "state") for k, v in environ.items()}}
     done = subprocess.run([sys.executable, "-c", "import site, sys; site.addsitedir(sys.argv[1]); print('started')",
-                           str(tmp_path / "site")], env=env, capture_output=True, text=True, timeout=60)
+                           str(tmp_path / "site")], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 2 and "started" not in done.stdout
     (line,) = done.stderr.splitlines()  # one line, no traceback
     assert line.startswith("soak fault injector: SOAK_VLLM_FAULT") and line.endswith("refusing to start")

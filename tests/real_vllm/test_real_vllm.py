@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,8 @@ PLAN = [
     "none",                            # healthy: must stay free of incidents
 ]
 FAULTS = len(PLAN) - 1
-HEALTHY_S = 150.0  # the healthy stretch, from the last relaunch
+DURATION = "11m"  # the load's time: one cold start (not counted), four hangs and relaunches, the rest healthy
+MIN_HEALTHY_S = 60.0  # the healthy stretch must be at least this long to mean anything
 DETECT_BOUND_S = 90.0  # generous: the goal (10 s median, 20 s max) is the bench's to measure
 
 
@@ -46,24 +46,20 @@ def _jsonl(path: Path) -> list[dict]:
 
 def test_a_plan_of_hangs_inside_vllm_each_caught_and_cleaned_up_then_a_healthy_stretch(tmp_path):
     bench = hangs_bench()
-    config, _ = launch_config(tmp_path, duration="40m")
+    # The run ends by its own duration, so the healthy launch's last requests drain
+    # (an interrupt would cut them, and a cut request's tokens are the server's only).
+    config, _ = launch_config(tmp_path, duration=DURATION)
     bench.plan_config(config, config, plan=PLAN, state_dir=tmp_path / "faults", max_restarts=FAULTS + 1)
     out = tmp_path / "run"
     soak = run_soak(config, out)
     watcher = bench.Watcher(out, give_up_s=DETECT_BOUND_S + 30)
     thread = watcher.start()
-    deadline = time.time() + 2000
     try:
-        while soak.poll() is None and time.time() < deadline:
-            relaunched = [e for e in list(watcher.events) if e.get("type") == "restart_done"]
-            settled = len(watcher.stamps) >= FAULTS and all(s["pid"] in watcher.after_kill for s in watcher.stamps)
-            if settled and len(relaunched) >= FAULTS and time.time() - relaunched[FAULTS - 1]["ts"] >= HEALTHY_S:
-                break
-            time.sleep(1.0)
+        soak.wait(timeout=2100)
     finally:
         if soak.poll() is None:
-            soak.send_signal(signal.SIGINT)  # an operator's stop: drain, stop the server, write the summary
-        soak.wait(timeout=600)
+            soak.send_signal(signal.SIGTERM)  # a supervisor's stop: summary and report still written
+            soak.wait(timeout=600)
         watcher.stop.set()
         thread.join(timeout=60)
     ran = (tmp_path / "run.out").read_text()[-3000:]
@@ -83,6 +79,11 @@ def test_a_plan_of_hangs_inside_vllm_each_caught_and_cleaned_up_then_a_healthy_s
         assert_caught_and_cleaned_up(out, row, incidents, bench)
         assert row["rule"] in report
     relaunched = [e for e in watcher.events if e.get("type") == "restart_done"]
+    [stopped] = [e for e in watcher.events if e.get("type") == "load_stopped"]
+    healthy_s = stopped["ts"] - relaunched[FAULTS - 1]["ts"]
+    print(f"healthy stretch {healthy_s:.0f} s")
+    assert healthy_s >= MIN_HEALTHY_S, f"the healthy launch served {healthy_s:.0f} s of {DURATION}: a box this slow " \
+        "needs a longer duration"
     assert_healthy_stretch(out, since=relaunched[FAULTS - 1]["ts"])
 
 
