@@ -235,26 +235,43 @@ class Watcher:
                                          "shm_before": shm, "shm_left": [s for s in shm if os.path.exists(s)]}
 
 
+def rank_in(obj: Any) -> int | None:
+    """The faulty rank a diagnosis names: ``faulty_rank`` (soak diagnose --json),
+    ``faulty.rank`` (diagnosis.json), or the one odd rank of a diverged group (the
+    flight-recorder match). Never guessed from prose: a blocked rank is not the faulty one."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("faulty_rank"), int):
+        return obj["faulty_rank"]
+    faulty = obj.get("faulty")
+    if isinstance(faulty, dict) and isinstance(faulty.get("rank"), int):
+        return faulty["rank"]
+    for group in obj.get("groups") or []:
+        odd = group.get("odd_ranks") if isinstance(group, dict) else None
+        if group.get("kind") not in (None, "none") and odd and len(odd) == 1:
+            return int(odd[0])
+    return None
+
+
 def diagnosed_rank(incident_dir: Path) -> tuple[int | None, str]:
-    """The faulty rank `soak diagnose` names, and its one line (whatever version of diagnose)."""
+    """The faulty rank the incident's diagnosis names (its diagnosis.json, else
+    `soak diagnose INCIDENT --json`), and the diagnosis' line."""
+    try:
+        recorded = json.loads((incident_dir / "diagnosis.json").read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if rank_in(recorded) is not None:
+        return rank_in(recorded), str(recorded.get("line", ""))[:200]
     done = subprocess.run([sys.executable, "-m", "soak", "diagnose", str(incident_dir), "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
-    text = done.stdout.strip() or done.stderr.strip()
     try:
         obj = json.loads(done.stdout)
     except ValueError:
         obj = None
     if isinstance(obj, dict):
-        for key in ("faulty_rank", "behind_rank", "rank_behind", "culprit_rank", "suspect_rank"):
-            if isinstance(obj.get(key), int):
-                return obj[key], str(obj.get("line", ""))
-        for group in obj.get("groups") or []:
-            odd = group.get("odd_ranks") if isinstance(group, dict) else None
-            if group.get("kind") not in (None, "none") and odd and len(odd) == 1:
-                return int(odd[0]), str(obj.get("line", ""))
-        text = str(obj.get("line", text))
-    m = re.search(r"\brank (\d+) (?:is |never |did not |has not |posted |sent |lags|behind)", text)
-    return (int(m.group(1)) if m else None), text.splitlines()[0][:200] if text else ""
+        return rank_in(obj), str(obj.get("line", ""))[:200]
+    text = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return None, text[0][:200] if text else ""
 
 
 def incident_stage(incident_dir: Path) -> int | None:

@@ -98,3 +98,9 @@ def test_the_diagnosed_rank_is_read_from_what_diagnose_prints(tmp_path, monkeypa
     assert bench.diagnosed_rank(Path(tmp_path))[0] == 1
     said["out"] = "soak diagnose: no flight-recorder dumps"
     assert bench.diagnosed_rank(Path(tmp_path)) == (None, "soak diagnose: no flight-recorder dumps")
+    # prose naming a blocked rank is not a faulty rank
+    said["out"] = json.dumps({"line": "rank 1 is blocked in recv_object from rank 0", "groups": []})
+    assert bench.diagnosed_rank(Path(tmp_path))[0] is None
+    # the incident's own diagnosis.json first
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"faulty": {"rank": 0, "stage": 0}, "line": "y"}))
+    assert bench.diagnosed_rank(Path(tmp_path)) == (0, "y")
