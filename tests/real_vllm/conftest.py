@@ -7,16 +7,12 @@ takes minutes on two shared cores, so the default test run skips them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import random
-import signal
 import subprocess
 import sys
-import threading
-import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -60,10 +56,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def launch_config(tmp_path: Path, *, duration: str, env: dict | None = None, detector: dict | None = None,
-                  response: dict | None = None) -> tuple[Path, str]:
+                  response: dict | None = None, gpu: str = "stage_cpu") -> tuple[Path, str]:
     """The launch example, on a free port, written into tmp_path."""
     config = yaml.safe_load((REPO / "examples" / "real-vllm-launch.yaml").read_text())
-    port = free_port()
+    # SOAK_REAL_VLLM_PORT: a port agreed with whoever else runs servers on this machine
+    port = int(os.environ.get("SOAK_REAL_VLLM_PORT") or free_port())
     base = f"http://127.0.0.1:{port}"
     config["target"]["command"] = [str(REPO / "scripts" / "real-vllm"), "serve", "--pp", "2", "--port", str(port)]
     config["target"]["base_url"] = base
@@ -74,88 +71,14 @@ def launch_config(tmp_path: Path, *, duration: str, env: dict | None = None, det
         config["detector"] = detector
     if response:
         config["response"] = {**config["response"], **response}
+    # the stage-CPU source outright: what stage_cpu_stall reads where there is no GPU
+    config.setdefault("probes", {})["gpu"] = {"kind": gpu}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, base
 
 
-def generation_tokens(base_url: str) -> float | None:
-    try:
-        with urllib.request.urlopen(base_url + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except Exception:
-        return None
-    total = None
-    for line in text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
-            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-    return total
-
-
-@dataclass
-class Stopper:
-    """SIGSTOPs the last stage's worker of the server under `soak run` at a random
-    moment after the server has generated tokens: a real stage that stops
-    answering, with nothing in the process state a deadlock would not show."""
-
-    soak: subprocess.Popen
-    base_url: str
-    title: str = "VLLM::Worker_PP1"
-    min_delay: float = 3.0
-    max_delay: float = 20.0
-    seed: int | None = None
-    stop_at: float | None = None
-    worker_pid: int | None = None
-    tree: list[dict] = field(default_factory=list)
-    shm: set[str] = field(default_factory=set)
-    error: str | None = None
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, daemon=True)
-        thread.start()
-        return thread
-
-    def _run(self) -> None:
-        from soak.proc.shm import shm_paths_of
-
-        rng = random.Random(self.seed)
-        deadline = time.time() + 1500
-        root = psutil.Process(self.soak.pid)
-        worker = None
-        while worker is None and time.time() < deadline and self.soak.poll() is None:
-            for proc in root.children(recursive=True):
-                try:
-                    cmd = proc.cmdline()
-                except psutil.Error:
-                    continue
-                if cmd and cmd[0].strip() == self.title:
-                    worker = proc
-            time.sleep(1.0)
-        if worker is None:
-            self.error = "the worker never appeared"
-            return
-        before = None
-        while time.time() < deadline and self.soak.poll() is None:
-            tokens = generation_tokens(self.base_url)
-            if tokens is not None and before is not None and tokens > before:
-                break
-            before = tokens if tokens is not None else before
-            time.sleep(1.0)
-        time.sleep(rng.uniform(self.min_delay, self.max_delay))
-        try:
-            api = worker.parent().parent()
-            procs = [api, *api.children(recursive=True)]
-            self.tree = [{"pid": p.pid, "cmdline": [c for c in p.cmdline() if c][:6]} for p in procs]
-            for p in procs:
-                self.shm |= shm_paths_of(p.pid)
-            self.worker_pid = worker.pid
-            worker.send_signal(signal.SIGSTOP)
-            self.stop_at = time.time()
-        except psutil.Error as exc:
-            self.error = f"could not stop the worker: {exc}"
-
-
-def run_soak(config: Path, out: Path, *, timeout: float) -> subprocess.Popen:
+def run_soak(config: Path, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "soak", "run", str(config), "--out", str(out)],
         cwd=REPO, stdout=open(out.parent / (out.name + ".out"), "wb"), stderr=subprocess.STDOUT,
@@ -167,3 +90,12 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def hangs_bench() -> Any:
+    """bench/real_vllm_hangs.py: the plan, the stamp watcher and the per-hang rows the tier asserts on."""
+    spec = importlib.util.spec_from_file_location("real_vllm_hangs", REPO / "bench" / "real_vllm_hangs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
