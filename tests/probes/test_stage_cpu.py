@@ -43,6 +43,11 @@ def test_utilization_with_run_queue_wait_stays_within_one_core(a, b, wa, wb, dt)
     assert util is not None and 0.0 <= util <= 100.0
 
 
+# At time scale 20 the simulated engine's 300 s RPC timeout is 15 s of wall time:
+# under CI load the engine died (server_gone) before a starved stage reading came.
+# These tests are about the stage rule, so the deadlock never times out here.
+NO_TIMEOUTS = {"watchdog_timeout": "100000s", "execute_timeout": "100000s"}
+
 def test_a_spinner_starved_of_cpu_still_reads_busy():
     # measured on a loaded 2-core box: 0.14 s on a CPU, 0.88 s waiting for one, in 1 s
     util = process_utilization(ProcCpu(3, 1, 10.0, "R", wait_s=5.0), ProcCpu(3, 1, 10.14, "R", wait_s=5.88),
@@ -349,7 +354,7 @@ def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
     config = {
         "name": "stagecpu", "duration": "40s",
         "target": {"kind": "simulator", "sim": {"time_scale": 20, "pp_size": 2,
-                                                "faults": [{"kind": "pp_deadlock", "at": "200s"}]}},
+                                                "faults": [{"kind": "pp_deadlock", "at": "200s", **NO_TIMEOUTS}]}},
         "workload": {"kind": "synthetic_agentic", "min_context_tokens": 2000, "max_context_tokens": 6000,
                      "start_context_tokens": {"dist": "uniform", "low": 2000, "high": 2400},
                      "shared_prefix_tokens": 1000, "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
@@ -398,7 +403,7 @@ def test_auto_on_a_launched_server_without_nvml_reads_stage_cpu_and_catches_the_
         port = s.getsockname()[1]
     sim = tmp_path / "sim.yaml"
     sim.write_text(yaml.safe_dump({"time_scale": 20, "pp_size": 2,
-                                   "faults": [{"kind": "pp_deadlock", "at": "200s"}]}), encoding="utf-8")
+                                   "faults": [{"kind": "pp_deadlock", "at": "200s", **NO_TIMEOUTS}]}), encoding="utf-8")
     config = {
         "name": "stagecpu-auto", "duration": "40s",
         "target": {"kind": "launched", "base_url": f"http://127.0.0.1:{port}", "pp_size": 2,
