@@ -29,6 +29,8 @@ class GpuRelease:
     free_after_s: float | None  # from the start of the wait (the SIGKILL)
     last: GpuSample | None
     notes: tuple[str, ...]
+    # The source reads processes, not GPUs (stage CPU): there was nothing to release.
+    no_gpus: bool = False
 
 
 def learn_baselines(samples: Iterable[Sample], into: dict[int, float] | None = None) -> dict[int, float]:
@@ -162,6 +164,7 @@ async def wait_gpus_free(
                     None, None, None, last,
                     (f"no GPUs: the stage CPU source read the target's processes ({error}); "
                      "every target PID is gone",),
+                    no_gpus=True,
                 )
             if source == GpuSource.SIM and pids_gone():
                 # The simulated GPUs lived in the simulated server: no one is left to ask.

@@ -261,6 +261,8 @@ def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float,
         text += f", {len(result.survivors)} survived"
     if release.released:
         text += f"; GPUs free {gpu_free_s:.2f}s after the kill" if gpu_free_s is not None else "; GPUs free"
+    elif release.no_gpus:
+        text += "; no GPUs (stage CPU), every process gone"
     elif release.released is None:
         text += "; GPU release not confirmed by the GPU source"
     else:
