@@ -57,7 +57,7 @@ class TailRun:
     points: int
     tail_pct: float
     upstream_pct: float
-    dipped: bool = False  # stage CPU: the latest point was an upstream spinner's dip
+    dipped: bool = False  # stage CPU: the latest point was out of marks (one is a blip)
 
 
 @dataclass
@@ -270,10 +270,11 @@ class SignalTracker:
                 run = self.tail_run
                 run.last, run.points, run.tail_pct, run.upstream_pct = t, run.points + 1, tail_pct, up_pct
                 run.dipped = False
-            elif (sample.source is GpuSource.STAGE_CPU and self.tail_run is not None and not self.tail_run.dipped
-                  and tail_pct <= low_pct):
-                # A spinner that waited out a reading on a loaded box's run queue reads low
-                # there (its wait is booked when it next runs): one such dip keeps the run.
+            elif sample.source is GpuSource.STAGE_CPU and self.tail_run is not None and not self.tail_run.dipped:
+                # On a loaded box the kernel books a thread's run-queue wait when it next
+                # runs: a spinner that waited out a reading reads low there, a sleeper's
+                # wake-up reads high. One reading out of marks keeps the run (as in
+                # stage_cpu_stall's shapes); two in a row end it.
                 self.tail_run.dipped = True
             else:
                 self.tail_run = None

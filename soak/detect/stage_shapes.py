@@ -91,8 +91,11 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
     One reading out of shape is a blip, not an end, on a loaded box: the kernel books a
     thread's run-queue wait when it next runs, so a sleeping rank's periodic wake-ups
     read 20-70% for one reading, and a spinner that waited out a whole interval reads
-    0% there and 100% after (real CPU build and rig, load 17-19). Two in a row end
-    an asleep run; a spinning run holds while every other stage stays asleep."""
+    0% there and 100% after (real CPU build and rig, load 17-19). Either shape, the
+    same rule: one reading out of shape keeps the run, two in a row end it (a real
+    deaf last stage's sleeping neighbour read 32-51% once every few seconds, which
+    ended a spin run that a one-reading blip keeps). A spinning run holds while every
+    other stage stays asleep, whatever the spinner itself reads."""
     if in_flight <= 0:
         return None
     if run is not None and ts <= run.last:
@@ -101,7 +104,7 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
         if _holds(run, reading, levels, asleep_pct):
             run.last, run.points, run.levels, run.in_flight, run.blip_pending = ts, run.points + 1, levels, in_flight, False
             return run
-        if run.shape is StageShape.ASLEEP and not run.blip_pending:
+        if not run.blip_pending:
             run.blips, run.blip_pending, run.in_flight = run.blips + 1, True, in_flight
             return run
     return None if reading is None else ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)

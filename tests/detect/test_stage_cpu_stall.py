@@ -294,10 +294,21 @@ def test_a_spinner_that_waited_out_a_reading_on_a_run_queue_keeps_its_run():
     decisions, _ = run(only_stage_rule(), prefix + shape, 32.0)
     [d] = decisions
     assert d.evidence["shape"] == "spin" and d.decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
-    # an upstream stage waking up ends it: the pipeline moves
-    levels = [(1.0, 100.0), (0.0, 98.0), (60.0, 40.0), (0.5, 100.0)] * 6
+    # an upstream stage working two readings in a row ends it: the pipeline moves
+    levels = [(1.0, 100.0), (0.0, 98.0), (60.0, 40.0), (55.0, 100.0)] * 6
     shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
     assert run(only_stage_rule(), prefix + shape, 32.0)[0] == []
+
+
+def test_a_deaf_last_stages_neighbour_waking_once_keeps_the_spin_run():
+    # spin_last on the real CPU build (bench hang 5): stage 0 asleep but read 32% and 42%
+    # once each; without the blip the run began again each time and the log rule decided at 11 s
+    prefix, tokens = healthy(20.0)
+    stage0 = [23, 23, 13, 18, 12, 32, 18, 20, 6, 29, 22, 28, 28, 18, 18, 17, 42, 16, 10, 11, 14]
+    shape = [s for k, a in enumerate(stage0) for s in (cpu(20.0 + k * GPU_DT, a, 100.0), client(20.0 + k * GPU_DT, tokens))]
+    [d] = run(only_stage_rule(), prefix + shape, 31.0)[0]
+    assert (d.evidence["shape"], d.evidence["stage"]) == ("spin", 1)
+    assert d.decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
 
 
 def test_a_sleeping_ranks_wake_up_read_once_is_a_blip_but_work_ends_the_run():
@@ -336,3 +347,62 @@ def test_the_gpu_seeds_shape_through_stage_cpu_survives_one_spinner_dip():
            for s in prefix + shape]
     decisions, _ = run(Detector(DetectorConfig(), topology=PP2), gpu, 30.0)
     assert [d.rule for d in decisions] == ["pp_tail_stall"] and decisions[0].decided_at - T0 > 25.0
+
+
+# -- blips: one reading out of shape keeps a run, two in a row end it ----------------
+
+stuck_shapes = st.sampled_from([
+    ("stage_cpu_stall", (st.floats(0.0, 30.0), st.floats(0.0, 30.0))),  # every stage asleep
+    ("stage_cpu_stall", (st.floats(0.0, 30.0), st.floats(75.0, 100.0))),  # the tail spinning alone
+    ("pp_tail_stall", (st.floats(75.0, 100.0), st.floats(0.0, 30.0))),  # the GPU seed's shape
+])
+working = st.tuples(st.floats(31.0, 74.0), st.floats(31.0, 74.0))  # both stages at work: no stuck shape
+
+
+def stage_named(decision) -> int | None:
+    return decision.evidence.get("stage", decision.evidence.get("signals", {}).get("tail_stage"))
+
+
+def only_stage_rules() -> Detector:
+    off = {"enabled": False}
+    return Detector(DetectorConfig.model_validate({
+        "generation_frozen": off, "client_stall": off, "server_gone": off, "log_signature": off}), topology=PP2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), shape=stuck_shapes, prefix_s=st.integers(2, 20))
+def test_single_readings_out_of_shape_never_hide_a_stuck_pipeline(data, shape, prefix_s):
+    """Whatever one reading out of shape reads, a stuck pipeline in which no two come in
+    a row is decided by its stage rule, naming the last stage, within the window and two
+    readings (the blip may fall on the window's last reading)."""
+    rule, (a, b) = shape
+    n = int(WINDOW / GPU_DT) + 6
+    blips = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    blips = [x and not (k and blips[k - 1]) and k not in (0, n - 1) for k, x in enumerate(blips)]
+    prefix, tokens = healthy(float(prefix_s))
+    shape_samples = []
+    for k, blip in enumerate(blips):
+        t = prefix_s + k * GPU_DT
+        reading = data.draw(st.tuples(levels, levels) if blip else st.tuples(a, b))
+        shape_samples += [cpu(t, *reading), client(t, tokens)]
+    decisions, _ = run(only_stage_rules(), prefix + shape_samples, prefix_s + n * GPU_DT + 2.0)
+    assert decisions, "a stuck pipeline went undecided"
+    d = decisions[0]
+    assert d.rule == rule and stage_named(d) == 1
+    assert d.decided_at - T0 <= prefix_s + WINDOW + 2 * GPU_DT + STEP
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), shape=stuck_shapes, period=st.integers(3, int(WINDOW / GPU_DT)))
+def test_two_readings_at_work_in_a_row_end_every_stuck_run(data, shape, period):
+    """A pipeline whose stages both work for two readings at least every window is moving:
+    the stage rules stay quiet however stuck it looks between (the generic rules watch
+    tokens)."""
+    _, (a, b) = shape
+    prefix, tokens = healthy(5.0)
+    samples, t = list(prefix), 5.0
+    for k in range(60):
+        reading = data.draw(working if k % period in (0, 1) else st.tuples(a, b))
+        samples += [cpu(t, *reading), client(t, tokens)]
+        t += GPU_DT
+    assert run(only_stage_rules(), samples, t)[0] == []
