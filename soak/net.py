@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from soak.errors import TransportError
+from soak.printable import printable
 
 # A Location is the server's text: kept short, and redacted (a signed URL carries its signature).
 _LOCATION_CHARS = 300
@@ -37,9 +38,7 @@ def _redacted_location(location: str | None) -> str:
         return "(no Location header)"
     from soak.redact import Redactor
 
-    text = Redactor().text(str(location))
-    text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= _LOCATION_CHARS else text[:_LOCATION_CHARS] + "..."
+    return printable(Redactor().text(str(location)), limit=_LOCATION_CHARS)
 
 
 class RedirectRefused(TransportError, aiohttp.ClientError):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from soak.plain import plain
+from soak.printable import printable
 
 MAX_SHIFT = 16
 
@@ -83,6 +84,10 @@ class Diagnosis:
         return plain(self)  # plain JSON types: tuples as lists, keys as strings, so it round-trips
 
 
+# A collective's or group's name longer than this is cut ("nccl:all_reduce", "pp_broadcast").
+NAME_LIMIT = 100
+
+
 def _int(v: Any) -> int | None:
     try:
         return int(v)
@@ -98,7 +103,7 @@ def _is_p2p(e: Mapping[str, Any]) -> bool:
 
 
 def _op(e: Mapping[str, Any]) -> str:
-    name = str(e.get("profiling_name", "?"))
+    name = printable(str(e.get("profiling_name", "?")), limit=NAME_LIMIT)
     return name.split(":", 1)[1] if ":" in name else name
 
 
@@ -189,6 +194,8 @@ def _best_shift(odd: dict[int, tuple], ref: dict[int, tuple], seq: int, prefer: 
 def diagnose_group(name: str, desc: str, members: tuple[int, ...],
                    per_rank: Mapping[int, Mapping[str, Any]], places: Mapping[int, RankPlace]) -> GroupDiagnosis:
     """``per_rank``: rank -> {"entries": {seq: entry}, "last_enqueued", "last_completed"}."""
+    # Group names come from the dumps, which the target's processes wrote.
+    name, desc = printable(name, limit=NAME_LIMIT), printable(desc, limit=NAME_LIMIT)
     label = desc if desc and desc != "undefined" else name
     sigs: dict[int, dict[int, tuple]] = {r: {s: _signature(e) for s, e in d["entries"].items()} for r, d in per_rank.items()}
     dumped = tuple(sorted(per_rank))

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from soak.bounds import InputRejected, read_file
-from soak.flightrec.stacks import Place, Stack, StackDiagnosis, Worker, diagnose_stacks, parse_py_spy
+from soak.flightrec.stacks import MAX_FIELD, Place, Stack, StackDiagnosis, Worker, diagnose_stacks, parse_py_spy
 from soak.jsonl import read_json
+from soak.printable import printable
 from soak.metric_names import ProcessRole, parse_process_title
 
 DIAGNOSIS_FILE = "diagnosis.json"
@@ -59,7 +60,8 @@ def workers_from_bundle(incident: Path) -> list[Worker]:
         # had before vLLM titled it (a process first seen at start-up).
         titles = [state.get("title") if isinstance(state.get("title"), str) else None,
                   stack.title if stack is not None else None, _title(proc)]
-        title = next((t for t in titles if t and _is_worker(t)), None)
+        # Made printable before it is read, so the title named is the title shown.
+        title = next((t for t in (printable(t, limit=MAX_FIELD) for t in titles if t) if _is_worker(t)), None)
         if title is None:
             continue
         seen.add(pid)

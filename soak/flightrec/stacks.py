@@ -27,9 +27,14 @@ from typing import Any, Iterable, Sequence
 
 from soak.metric_names import ProcessRole, parse_process_title
 from soak.plain import plain
+from soak.printable import printable
 
+# A frame, title or thread name longer than this is cut (a path is rarely over 200).
+MAX_FIELD = 300
 _PROCESS = re.compile(r"^Process (\d+): (.*)$")
-_THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: \"(.*)\")?\s*$")
+# The closing quote is optional: py-spy prints a thread's name raw, and a name with a
+# line break in it ends the header line early.
+_THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: \"(.*?)\"?)?\s*$")
 _FRAME = re.compile(r"^\s+(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 
 # torch.distributed calls a worker blocks in, by the function py-spy names.
@@ -105,19 +110,23 @@ def parse_py_spy(text: str) -> Stack:
         if head is not None and current is not None:
             threads.append(Thread(head[0], head[1], head[2], tuple(current)))
 
-    for raw in text.splitlines():
+    # Every field is the traced process's text (its title, its code's names and paths):
+    # made printable here, so no escape or line break reaches a summary line or terminal.
+    for raw in text.split("\n"):  # py-spy ends lines with \n; a \r or \x85 in a name is not a line end
         m = _PROCESS.match(raw)
         if m and pid is None:
-            pid, title = int(m.group(1)), m.group(2).strip()
+            pid, title = int(m.group(1)), printable(m.group(2).strip(), limit=MAX_FIELD)
             continue
         m = _THREAD.match(raw)
         if m:
             close()
-            head, current = (m.group(1), m.group(2), m.group(3) or ""), []
+            head = (m.group(1), printable(m.group(2), limit=MAX_FIELD), printable(m.group(3) or "", limit=MAX_FIELD))
+            current = []
             continue
         m = _FRAME.match(raw)
         if m and current is not None:
-            current.append(Frame(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None))
+            current.append(Frame(printable(m.group(1), limit=MAX_FIELD), printable(m.group(2), limit=MAX_FIELD),
+                                 int(m.group(3)) if m.group(3) else None))
     close()
     return Stack(pid=pid, title=title, threads=tuple(threads))
 

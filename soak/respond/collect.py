@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from soak.flightrec.stackfiles import DIAGNOSIS_FILE, STATES_FILE, diagnosis_record, read_diagnosis, stack_diagnosis
 from soak.jsonl import read_json
+from soak.printable import printable
 from soak.proc.facts import Member
 from soak.proc.read import running
 from soak.redact import Redactor
@@ -229,7 +230,8 @@ def diagnosis_line(path: Path) -> str | None:
     """The diagnosis the flight-recorder step wrote beside the dumps, if any."""
     data = read_json(path)  # bounded in size and nesting; None where it cannot be read
     line = data.get("diagnosis") if isinstance(data, dict) else None
-    return str(line)[:500] if line else None
+    # The file sits in a run directory anyone may have edited: printable, bounded.
+    return printable(str(line), limit=500) if line else None
 
 
 def incident_diagnosis(incident: Path) -> tuple[str | None, str | None]:
