@@ -77,7 +77,7 @@ def _reasons(s: SignalTracker, cfg, run: ShapeRun, in_flight: int, elapsed: floa
     else:
         what = (f"stage {run.stage} spins alone with {requests} and {no_token} "
                 f"(stage CPU, % of a core: {_levels(run)}; spinning >= {cfg.spin_pct:g}%, "
-                f"the others asleep <= {cfg.asleep_pct:g}%)")
+                f"no other stage there)")
         why = (f"stage {run.stage} is busy in a loop that yields no output while the stages beside it "
                f"wait for it")
     held = f"shape held for {run.last - run.since:.1f}s over {run.points} readings; no progress signal " \

@@ -12,9 +12,13 @@ Two shapes cover them:
   or over ``spin_pct``: every stage asleep, or the stages before the tail winding
   down. Names the last stage: the engine waits for its output. (An upstream stage
   spinning beside an idle tail is the GPU seed's shape, pp_tail_stall's.)
-- ``SPIN``: one stage after the first at or over ``spin_pct`` while every other
-  stage is asleep. Names the spinning stage. (The first stage spinning beside an
-  idle tail is, again, pp_tail_stall's.)
+- ``SPIN``: one stage after the first at or over ``spin_pct`` and no other stage
+  there: the one spinning stage. Names it. (The first stage spinning beside an idle
+  tail is, again, pp_tail_stall's.) The others need not read asleep: on a loaded box
+  a deaf last stage's neighbour, asleep waiting for the next RPC, read 52-56% for
+  three readings in a row (its wake-ups booked with their run-queue wait), which
+  ended the run when the others had to be asleep, and the decision came from the log
+  rule at 11 s, naming no stage.
 
 A run of readings in one shape is kept only while requests are in flight at each
 reading: stages asleep through an idle gap are no evidence, and a request that
@@ -78,13 +82,13 @@ def classify(stages: Sequence[float], *, asleep_pct: float, spin_pct: float) -> 
     if asleep[-1] and all(v < spin_pct for v in stages[:-1]):
         return ShapeReading(StageShape.ASLEEP, len(stages) - 1)
     spinning = [i for i, v in enumerate(stages) if v >= spin_pct]
-    if len(spinning) == 1 and spinning[0] > 0 and sum(asleep) == len(stages) - 1:
+    if len(spinning) == 1 and spinning[0] > 0:
         return ShapeReading(StageShape.SPIN, spinning[0])
     return None
 
 
 def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, levels: tuple[float, ...],
-         in_flight: int, asleep_pct: float) -> ShapeRun | None:
+         in_flight: int, spin_pct: float) -> ShapeRun | None:
     """The run after one reading at ``ts``: extended while the same shape names the same
     stage with requests in flight, begun anew by another shape, ended otherwise.
 
@@ -94,14 +98,14 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
     0% there and 100% after (real CPU build and rig, load 17-19). Either shape, the
     same rule: one reading out of shape keeps the run, two in a row end it (a real
     deaf last stage's sleeping neighbour read 32-51% once every few seconds, which
-    ended a spin run that a one-reading blip keeps). A spinning run holds while every
-    other stage stays asleep, whatever the spinner itself reads."""
+    ended a spin run that a one-reading blip keeps). A spinning run holds while no
+    other stage spins, whatever the spinner itself reads."""
     if in_flight <= 0:
         return None
     if run is not None and ts <= run.last:
         return run  # a reading out of order adds nothing
     if run is not None:
-        if _holds(run, reading, levels, asleep_pct):
+        if _holds(run, reading, levels, spin_pct):
             run.last, run.points, run.levels, run.in_flight, run.blip_pending = ts, run.points + 1, levels, in_flight, False
             return run
         if not run.blip_pending:
@@ -110,9 +114,9 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
     return None if reading is None else ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
 
 
-def _holds(run: ShapeRun, reading: ShapeReading | None, levels: tuple[float, ...], asleep_pct: float) -> bool:
-    if run.shape is StageShape.SPIN:  # the others stay asleep; the spinner's own reading may dip
-        return len(levels) > run.stage and all(v <= asleep_pct for i, v in enumerate(levels) if i != run.stage)
+def _holds(run: ShapeRun, reading: ShapeReading | None, levels: tuple[float, ...], spin_pct: float) -> bool:
+    if run.shape is StageShape.SPIN:  # no other stage spins; the spinner's own reading may dip
+        return len(levels) > run.stage and all(v < spin_pct for i, v in enumerate(levels) if i != run.stage)
     return reading is not None and reading.shape is run.shape and reading.stage == run.stage
 
 

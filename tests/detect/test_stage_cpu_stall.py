@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from soak.detect import Detector, DetectorConfig
-from soak.detect.stage_shapes import StageShape, classify, stage_levels
+from soak.detect.stage_shapes import ShapeReading, StageShape, classify, stage_levels
 from soak.records import DetectorState, RuleState, Topology
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, ServerSample
 
@@ -88,7 +88,11 @@ def test_the_shapes_of_the_real_cpu_build():
     assert classify((98.0, 2.0), **marks) is None  # the GPU seed's shape: pp_tail_stall's
     assert classify((55.0, 62.0), **marks) is None  # stages taking turns
     assert classify((5.0, 60.0), **marks) is None  # a tail half busy is working, not spinning
-    assert classify((45.0, 100.0), **marks) is None  # stage 0 awake beside a busy tail: a prefill's turn
+    # Stage 0 awake beside a spinning tail is still the tail spinning alone (on a loaded box a
+    # sleeping neighbour reads 50-60% for readings on end): a prefill's turn there moves KV
+    # usage within the window, and the window with no progress is what tells them apart.
+    assert classify((55.0, 100.0), **marks) == ShapeReading(StageShape.SPIN, 1)
+    assert classify((80.0, 100.0), **marks) is None  # both spinning: a pipeline at full speed
 
 
 def test_a_stage_with_no_reading_is_missing_not_asleep():
@@ -294,8 +298,8 @@ def test_a_spinner_that_waited_out_a_reading_on_a_run_queue_keeps_its_run():
     decisions, _ = run(only_stage_rule(), prefix + shape, 32.0)
     [d] = decisions
     assert d.evidence["shape"] == "spin" and d.decided_at - T0 <= 20.0 + WINDOW + GPU_DT + STEP
-    # an upstream stage working two readings in a row ends it: the pipeline moves
-    levels = [(1.0, 100.0), (0.0, 98.0), (60.0, 40.0), (55.0, 100.0)] * 6
+    # another stage spinning two readings in a row ends it: the pipeline moves
+    levels = [(1.0, 100.0), (0.0, 98.0), (90.0, 40.0), (85.0, 100.0)] * 6
     shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
     assert run(only_stage_rule(), prefix + shape, 32.0)[0] == []
 
@@ -353,10 +357,10 @@ def test_the_gpu_seeds_shape_through_stage_cpu_survives_one_spinner_dip():
 
 stuck_shapes = st.sampled_from([
     ("stage_cpu_stall", (st.floats(0.0, 30.0), st.floats(0.0, 30.0))),  # every stage asleep
-    ("stage_cpu_stall", (st.floats(0.0, 30.0), st.floats(75.0, 100.0))),  # the tail spinning alone
+    ("stage_cpu_stall", (st.floats(0.0, 74.0), st.floats(75.0, 100.0))),  # the tail the one stage spinning
     ("pp_tail_stall", (st.floats(75.0, 100.0), st.floats(0.0, 30.0))),  # the GPU seed's shape
 ])
-working = st.tuples(st.floats(31.0, 74.0), st.floats(31.0, 74.0))  # both stages at work: no stuck shape
+busy = st.tuples(st.floats(75.0, 100.0), st.floats(75.0, 100.0))  # both stages busy: no stuck shape
 
 
 def stage_named(decision) -> int | None:
@@ -394,15 +398,15 @@ def test_single_readings_out_of_shape_never_hide_a_stuck_pipeline(data, shape, p
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), shape=stuck_shapes, period=st.integers(3, int(WINDOW / GPU_DT)))
-def test_two_readings_at_work_in_a_row_end_every_stuck_run(data, shape, period):
-    """A pipeline whose stages both work for two readings at least every window is moving:
+def test_two_readings_busy_in_a_row_end_every_stuck_run(data, shape, period):
+    """A pipeline whose stages are both busy for two readings at least every window is moving:
     the stage rules stay quiet however stuck it looks between (the generic rules watch
     tokens)."""
     _, (a, b) = shape
     prefix, tokens = healthy(5.0)
     samples, t = list(prefix), 5.0
     for k in range(60):
-        reading = data.draw(working if k % period in (0, 1) else st.tuples(a, b))
+        reading = data.draw(busy if k % period in (0, 1) else st.tuples(a, b))
         samples += [cpu(t, *reading), client(t, tokens)]
         t += GPU_DT
     assert run(only_stage_rules(), samples, t)[0] == []
