@@ -286,7 +286,7 @@ class SignalTracker:
         cfg = self.config.stage_cpu_stall
         reading = None if levels is None else classify(levels, asleep_pct=cfg.asleep_pct, spin_pct=cfg.spin_pct)
         self.stage_run = fold(self.stage_run, reading, ts=ts, levels=levels or (),
-                              in_flight=self.requests_in_flight or 0, spin_pct=cfg.spin_pct)
+                              in_flight=self.requests_in_flight or 0)
 
     def _observe_server(self, sample: ServerSample) -> None:
         if not sample.ok:

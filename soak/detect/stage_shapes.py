@@ -88,7 +88,7 @@ def classify(stages: Sequence[float], *, asleep_pct: float, spin_pct: float) -> 
 
 
 def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, levels: tuple[float, ...],
-         in_flight: int, spin_pct: float) -> ShapeRun | None:
+         in_flight: int) -> ShapeRun | None:
     """The run after one reading at ``ts``: extended while the same shape names the same
     stage with requests in flight, begun anew by another shape, ended otherwise.
 
@@ -97,27 +97,21 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
     read 20-70% for one reading, and a spinner that waited out a whole interval reads
     0% there and 100% after (real CPU build and rig, load 17-19). Either shape, the
     same rule: one reading out of shape keeps the run, two in a row end it (a real
-    deaf last stage's sleeping neighbour read 32-51% once every few seconds, which
-    ended a spin run that a one-reading blip keeps). A spinning run holds while no
-    other stage spins, whatever the spinner itself reads."""
+    deaf last stage's sleeping neighbour read 32-51% once every few seconds). A run
+    is extended only by a reading in its own shape: a spinning run whose spinner
+    reads asleep twice is no longer a spin, whatever the others read."""
     if in_flight <= 0:
         return None
     if run is not None and ts <= run.last:
         return run  # a reading out of order adds nothing
     if run is not None:
-        if _holds(run, reading, levels, spin_pct):
+        if reading is not None and reading.shape is run.shape and reading.stage == run.stage:
             run.last, run.points, run.levels, run.in_flight, run.blip_pending = ts, run.points + 1, levels, in_flight, False
             return run
         if not run.blip_pending:
             run.blips, run.blip_pending, run.in_flight = run.blips + 1, True, in_flight
             return run
     return None if reading is None else ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
-
-
-def _holds(run: ShapeRun, reading: ShapeReading | None, levels: tuple[float, ...], spin_pct: float) -> bool:
-    if run.shape is StageShape.SPIN:  # no other stage spins; the spinner's own reading may dip
-        return len(levels) > run.stage and all(v < spin_pct for i, v in enumerate(levels) if i != run.stage)
-    return reading is not None and reading.shape is run.shape and reading.stage == run.stage
 
 
 __all__ = ["ShapeReading", "ShapeRun", "StageShape", "classify", "fold", "stage_levels"]
