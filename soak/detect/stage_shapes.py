@@ -60,6 +60,11 @@ class ShapeRun:
     in_flight: int
     blips: int = 0  # readings that broke the shape for one reading only
     blip_pending: bool = False  # the latest reading was one
+    # That reading's own shape and time: if the next reading is in that shape too, the
+    # new shape began at the blip, not after it.
+    blip_reading: ShapeReading | None = None
+    blip_ts: float = 0.0
+    blip_levels: tuple[float, ...] = ()
 
 
 def stage_levels(levels: Mapping[int, float], topology: Topology) -> tuple[float, ...] | None:
@@ -110,7 +115,10 @@ def fold(run: ShapeRun | None, reading: ShapeReading | None, *, ts: float, level
             return run
         if not run.blip_pending:
             run.blips, run.blip_pending, run.in_flight = run.blips + 1, True, in_flight
+            run.blip_reading, run.blip_ts, run.blip_levels = reading, ts, levels
             return run
+        if reading is not None and reading == run.blip_reading:
+            return ShapeRun(reading.shape, reading.stage, run.blip_ts, ts, 2, levels, in_flight)
     return None if reading is None else ShapeRun(reading.shape, reading.stage, ts, ts, 1, levels, in_flight)
 
 

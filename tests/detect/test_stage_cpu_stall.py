@@ -410,3 +410,14 @@ def test_two_readings_busy_in_a_row_end_every_stuck_run(data, shape, period):
         samples += [cpu(t, *reading), client(t, tokens)]
         t += GPU_DT
     assert run(only_stage_rules(), samples, t)[0] == []
+
+
+def test_a_new_shape_that_ended_the_old_run_began_at_its_first_reading():
+    # bench spin_last, load 10: the spinner dipped once (all asleep) just as tokens stopped,
+    # then spun; the spin run is timed from its first reading, not its second
+    prefix, tokens = healthy(20.0)
+    levels = [(4.2, 0.8), (8.1, 100.0), (8.7, 100.0)] + [(10.0, 100.0)] * 14
+    shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
+    [d] = run(only_stage_rule(), prefix + shape, 30.0)[0]
+    assert (d.evidence["shape"], d.evidence["stage"]) == ("spin", 1)
+    assert d.decided_at - T0 <= 20.0 + GPU_DT + WINDOW + STEP
