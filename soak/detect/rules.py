@@ -52,13 +52,20 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
             evidence={"thresholds": thresholds},
         )
     last_progress = s.last_progress_at
-    if last_progress is not None and last_progress > run.since + cfg.progress_grace:
+    # Progress past the grace (a scrape that lands just after the stop reports the last
+    # tokens before it) restarts the clock at that progress: a pattern that began while
+    # the pipeline still moved (a loaded box's readings, a run the blips kept) is timed
+    # from when it stopped moving, not cleared for as long as the pattern lasts.
+    moved = last_progress is not None and last_progress > run.since + cfg.progress_grace
+    start = last_progress if moved else run.since
+    elapsed = run.last - start
+    if moved and elapsed < window:
         return RuleStatus(
             name, RuleState.CLEAR, threshold_s=window,
-            reasons=(f"progress continued {last_progress - run.since:.1f}s into the {what} pattern",),
+            reasons=(f"progress {last_progress - run.since:.1f}s into the {what} pattern; "
+                     f"{max(0.0, elapsed):.1f}s without since",),
             evidence={"thresholds": thresholds},
         )
-    elapsed = run.last - run.since
     tail = ",".join(str(i) for i in s.topology.last_stage)
     reasons = (
         (f"last stage {len(s.topology.stages) - 1} CPU at {run.tail_pct:g}% of a core "

@@ -421,3 +421,35 @@ def test_a_new_shape_that_ended_the_old_run_began_at_its_first_reading():
     [d] = run(only_stage_rule(), prefix + shape, 30.0)[0]
     assert (d.evidence["shape"], d.evidence["stage"]) == ("spin", 1)
     assert d.decided_at - T0 < 20.0 + 2 * GPU_DT + WINDOW  # timed from the reading at 20.5, not 21.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(moving_s=st.integers(3, 30), source=st.sampled_from([GpuSource.STAGE_CPU, GpuSource.NVML]),
+       gap=st.integers(1, 2))
+def test_the_seeds_shape_is_timed_from_the_last_progress_not_cleared_by_it(moving_s, source, gap):
+    """The GPU seed's shape (stage 0 spinning, the tail dark) seen while tokens still came
+    (a loaded box's readings, a run the blips kept) decides one window after they stop
+    (progress within the grace of the shape's start is the last scrape before the stop),
+    and not while tokens keep coming (here at most a second apart)."""
+    window = DetectorConfig().pp_tail_stall.marks(source)[2]
+    samples, tokens, t = [], 0, 0.0
+    while t < 3.0:  # a healthy start, so the server life has its first token
+        tokens += 1
+        samples += [cpu(t, 60.0, 60.0, source=source), client(t, tokens)]
+        t = round(t + GPU_DT, 6)
+    k = 0
+    while t < 3.0 + moving_s:
+        if k % gap == 0:
+            tokens += 1
+        samples += [cpu(t, 100.0, 0.0, source=source), client(t, tokens)]
+        t, k = round(t + GPU_DT, 6), k + 1
+    last_progress = min(s.ts for s in samples if isinstance(s, ClientSample) and s.tokens_total == tokens) - T0
+    # progress within the grace of the pattern's start is the scrape that lands just after the stop
+    start = last_progress if last_progress > 3.0 + DetectorConfig().pp_tail_stall.progress_grace else 3.0
+    end = t + window + 3.0
+    samples += stuck(t, end, (100.0, 0.0), tokens)
+    samples = [cpu(s.ts - T0, *(g.util_pct for g in s.gpus), source=source) if isinstance(s, GpuSample) else s
+               for s in samples]
+    decisions, _ = run(only_stage_rules(), samples, end)
+    assert [d.rule for d in decisions] == ["pp_tail_stall"]
+    assert start + window <= decisions[0].decided_at - T0 <= start + window + GPU_DT + STEP
