@@ -5,7 +5,9 @@
 command-line flag, whose error names the flag and exits 2. ``format_duration``
 writes seconds back either exactly, in the form the parser reads (``1h6m``,
 ``45s``: plans, the live view), or approximately for a sentence (``66 min``,
-``1.5 h``: MTBF statements, reports, history).
+``1.5 h``: MTBF statements, reports, history). ``format_latency`` writes a
+latency in the unit that keeps it readable (``651 us``, ``12.3 ms``, ``7.46 s``),
+never ``0.000651 s``.
 """
 
 from __future__ import annotations
@@ -84,4 +86,39 @@ def format_duration(seconds: float | None, *, approx: bool = False) -> str:
     return "".join(parts)
 
 
-__all__ = ["duration_flag", "format_duration", "parse_duration"]
+# (unit, seconds in one) from the smallest; a value is written in the largest unit it reaches.
+_LATENCY_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
+
+
+def format_latency(seconds: float | None) -> str:
+    """A latency with three significant digits in us under a millisecond, ms under
+    a second, else s: ``651 us``, ``12.3 ms``, ``7.46 s``, ``65.2 s``; ``—`` for
+    none. The threshold parser reads each form back (``< 651 us``)."""
+    if seconds is None or math.isnan(seconds):
+        return "\u2014"
+    if math.isinf(seconds):
+        return "inf s" if seconds > 0 else "-inf s"
+    if seconds == 0:
+        return "0 s"
+    sign, size = ("-" if seconds < 0 else ""), abs(seconds)
+    index = 0
+    while index + 1 < len(_LATENCY_UNITS) and size >= _LATENCY_UNITS[index + 1][1]:
+        index += 1
+    while True:
+        unit, scale = _LATENCY_UNITS[index]
+        text = _three_digits(size / scale)
+        # 999.96 us rounds to "1000": that is 1.00 ms, written in the next unit.
+        if float(text) < 1000 or index + 1 == len(_LATENCY_UNITS):
+            return f"{sign}{text} {unit}"
+        index += 1
+
+
+def _three_digits(value: float) -> str:
+    if value >= 99.95:
+        return f"{value:.0f}"
+    if value >= 9.995:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+__all__ = ["duration_flag", "format_duration", "format_latency", "parse_duration"]
