@@ -91,9 +91,9 @@ _LATENCY_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
 
 
 def format_latency(seconds: float | None) -> str:
-    """A latency with three significant digits in us under a millisecond, ms under
-    a second, else s: ``651 us``, ``12.3 ms``, ``7.46 s``, ``65.2 s``; ``—`` for
-    none. The threshold parser reads each form back (``< 651 us``)."""
+    """A latency to three significant digits (trailing zeros dropped) in us under
+    a millisecond, ms under a second, else s: ``651 us``, ``12.3 ms``, ``35 ms``,
+    ``7.46 s``; ``—`` for none. The threshold parser reads each back (``< 651 us``)."""
     if seconds is None or math.isnan(seconds):
         return "\u2014"
     if math.isinf(seconds):
@@ -114,11 +114,10 @@ def format_latency(seconds: float | None) -> str:
 
 
 def _three_digits(value: float) -> str:
-    if value >= 99.95:
-        return f"{value:.0f}"
-    if value >= 9.995:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
+    decimals = 0 if value >= 99.95 else 1 if value >= 9.995 else 2
+    text = f"{value:.{decimals}f}"
+    # 35 ms, 1.2 s: trailing zeros add no digit a reader needs
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 __all__ = ["duration_flag", "format_duration", "format_latency", "parse_duration"]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
+from soak.durations import format_latency
 from soak.thresholds.expr import Condition, ThresholdSyntaxError, parse_condition
 from soak.thresholds.metrics import RUN_METRICS, Better, Quantity, run_value, window_values
 
@@ -105,7 +106,7 @@ def format_value(metric_name: str, value: float | None) -> str:
         return "no data"
     q = RUN_METRICS[metric_name].quantity
     if q is Quantity.DURATION:
-        return f"{value * 1000:.4g} ms" if abs(value) < 1 else f"{value:.4g} s"
+        return format_latency(value)
     if q is Quantity.RATIO:
         return f"{value * 100:.4g}%"
     if q is Quantity.RATE:
