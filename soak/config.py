@@ -65,7 +65,7 @@ def load_run_config(path: str | Path, *, duration: float | None = None) -> RunCo
         # base_dir: a workload given as a path is resolved beside the config file.
         config = RunConfig.model_validate(data, context={"base_dir": Path(path).parent})
     except ValidationError as exc:
-        raise validation_error_to_config_error(exc, path, data=data) from exc
+        raise validation_error_to_config_error(exc, path, data=data, model=RunConfig) from exc
     check_run_config(config, path)
     return config
 

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
 from soak.durations import format_latency
+from soak.thresholds.config import unknown_metric_message
 from soak.thresholds.expr import Condition, ThresholdSyntaxError, parse_condition
 from soak.thresholds.metrics import RUN_METRICS, Better, Quantity, run_value, window_values
 
@@ -78,8 +79,7 @@ def compile_thresholds(section: Mapping[str, Any] | None) -> tuple[Threshold, ..
     out: list[Threshold] = []
     for name, rule in (section or {}).items():
         if name not in RUN_METRICS or not RUN_METRICS[name].thresholdable:
-            known = ", ".join(m.name for m in RUN_METRICS.values() if m.thresholdable)
-            raise ThresholdConfigError(f"thresholds.{name}", f"unknown metric {name!r}, known: {known}")
+            raise ThresholdConfigError(f"thresholds.{name}", unknown_metric_message(name))
         if isinstance(rule, Mapping):
             rule_get = rule.get
         else:
