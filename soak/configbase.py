@@ -20,7 +20,8 @@ from soak.durations import parse_duration
 from soak.errors import ConfigError
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Seconds; YAML may say 90, "90s", "66m", "1h30m"."""
+"""Seconds; YAML says "90s", "66m", "1h30m", "250ms" (a bare 90 is read as seconds, and
+``soak.config.load_run_config`` warns: one line naming the file, line and field)."""
 
 
 class StrictModel(BaseModel):

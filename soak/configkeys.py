@@ -6,6 +6,8 @@ likely a misspelling of (``load.concurency: unknown key; did you mean
 location (tagged-union branches, dicts, lists) to the section that refused the
 key; ``key_line(path, keys)`` finds the key in the file's YAML nodes, whose marks
 keep the line the parsed mapping has lost. Both are read only on an error.
+``bare_durations(model, data)`` finds durations written without a unit (``30``
+where ``30s`` was meant, or ``30m``), for the warning the loader gives.
 """
 
 from __future__ import annotations
@@ -84,6 +86,64 @@ def section_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
     return list(members[0].model_fields) if len(members) == 1 else []
 
 
+def _is_duration(annotation: Any, metadata: Sequence[Any] = ()) -> bool:
+    """Is this a ``soak.configbase.Duration`` (parsed by ``parse_duration``)?"""
+    from soak.durations import parse_duration
+
+    found = list(metadata)
+    while typing.get_origin(annotation) is typing.Annotated:
+        found.extend(typing.get_args(annotation)[1:])
+        annotation = typing.get_args(annotation)[0]
+    return any(getattr(m, "func", None) is parse_duration for m in found)
+
+
+def _bare(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    try:
+        float(str(value).strip())
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
+def bare_durations(model: type[BaseModel], data: Any) -> list[tuple[list[str | int], Any]]:
+    """(keys, value) of every duration in ``data`` (a config as parsed) written as a
+    bare number, in the order of the data."""
+    found: list[tuple[list[str | int], Any]] = []
+
+    def visit(annotation: Any, metadata: Sequence[Any], value: Any, keys: list[str | int]) -> None:
+        inner = _unwrap(annotation)
+        options = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, types.UnionType) else ()
+        if _is_duration(annotation, metadata) or any(_is_duration(m) for m in options):
+            if _bare(value):
+                found.append((keys, value))
+            return
+        members = _members(annotation)
+        models = [m for m in members if _is_model(m)]
+        if models and isinstance(value, dict):
+            chosen = [m for m in models if value.get("kind") in _tags(m)] or models[:1]
+            for key, item in value.items():
+                field = chosen[0].model_fields.get(key) if isinstance(key, str) else None
+                if field is not None:
+                    visit(field.annotation, field.metadata, item, [*keys, key])
+            return
+        if len(members) != 1:
+            return
+        origin, args = typing.get_origin(members[0]), typing.get_args(members[0])
+        if origin is dict and len(args) == 2 and isinstance(value, dict):
+            for key, item in value.items():
+                visit(args[1], (), item, [*keys, key])
+        elif origin in (list, tuple) and args and isinstance(value, list):
+            for index, item in enumerate(value):
+                visit(args[0], (), item, [*keys, index])
+
+    visit(model, (), data, [])
+    return found
+
+
 def suggestion(key: str, known: Sequence[str]) -> str | None:
     """The known key ``key`` most likely misspells, or None."""
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -136,4 +196,4 @@ def _line_in(node: Any, keys: Sequence[str | int]) -> int | None:
     return line
 
 
-__all__ = ["key_line", "key_lines", "section_keys", "suggestion", "unknown_key_message"]
+__all__ = ["bare_durations", "key_line", "key_lines", "section_keys", "suggestion", "unknown_key_message"]

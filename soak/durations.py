@@ -1,8 +1,9 @@
 """Durations: the one parser (config values and command-line flags) and the one formatter.
 
-``parse_duration`` reads what a config or a flag may say (``90``, ``"90s"``,
-``"66m"``, ``"1h30m"``, ``"250ms"``); ``duration_flag`` is the same for a
-command-line flag, whose error names the flag and exits 2. ``format_duration``
+``parse_duration`` reads what a config may say (``"90s"``, ``"66m"``,
+``"1h30m"``, ``"250ms"``; a bare ``90`` is seconds, which the config loader warns
+about); ``duration_flag`` is the same for a command-line flag, whose error names
+the flag and exits 2, and which refuses a bare number. ``format_duration``
 writes seconds back either exactly, in the form the parser reads (``1h6m``,
 ``45s``: plans, the live view), or approximately for a sentence (``66 min``,
 ``1.5 h``: MTBF statements, reports, history). ``format_latency`` writes a
@@ -50,9 +51,19 @@ def parse_duration(value: Any) -> float:
 
 def duration_flag(text: str | None, *, flag: str = "--duration", positive: bool = False) -> float | None:
     """Seconds from a command-line flag's value (``66m``), None when not given;
-    a bad value is an ArgumentError naming ``flag`` (exit 2)."""
+    a bad value, or a number without a unit (``40``), is an ArgumentError naming
+    ``flag`` (exit 2)."""
     if text is None:
         return None
+    bare = text.strip()
+    try:
+        float(bare)
+    except ValueError:
+        pass
+    else:
+        # As thresholds refuse "< 90": a bare number could mean seconds or minutes,
+        # and `--duration 40` quietly soaking 40 s instead of 40 min wastes a night.
+        raise ArgumentError(f"{flag}: {bare!r} has no unit: write {bare}s or {bare}m")
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
