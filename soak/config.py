@@ -7,8 +7,9 @@ the file and the field.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import Field, ValidationError
 
@@ -47,9 +48,11 @@ class RunConfig(StrictModel):
     pushgateway: PushgatewayConfig = PushgatewayConfig()
 
 
-def load_run_config(path: str | Path, *, duration: float | None = None) -> RunConfig:
+def load_run_config(path: str | Path, *, duration: float | None = None,
+                    warn: Callable[[str], None] | None = None) -> RunConfig:
     """Read, validate and check a run config; ``duration`` (seconds, from
-    ``--duration``) overrides the file's. Every failure is one ``ConfigError``."""
+    ``--duration``) overrides the file's. Every failure is one ``ConfigError``.
+    ``warn`` hears one line about durations written without a unit (default: stderr)."""
     data = read_yaml(path)
     if data is None or data == {}:
         # An empty file is a mistake (a wrong path, a truncated copy), not a request
@@ -59,15 +62,51 @@ def load_run_config(path: str | Path, *, duration: float | None = None) -> RunCo
         )
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=path)
+    if "kind" in data and "workload" not in data:
+        raise ConfigError("a workload file, not a run config: name it in one (workload: PATH), "
+                          "as examples/real-vllm-attach.yaml does", path=path, field="kind")
     if duration is not None:
         data = {**data, "duration": duration}
     try:
         # base_dir: a workload given as a path is resolved beside the config file.
         config = RunConfig.model_validate(data, context={"base_dir": Path(path).parent})
     except ValidationError as exc:
-        raise validation_error_to_config_error(exc, path, data=data) from exc
+        raise validation_error_to_config_error(exc, path, data=data, model=RunConfig) from exc
     check_run_config(config, path)
+    line = bare_duration_warning(path, data, overridden=duration is not None)
+    if line is not None:
+        (warn or _stderr)(line)
     return config
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def bare_duration_warning(path: str | Path, data: dict[str, Any], *, overridden: bool = False) -> str | None:
+    """One line naming the durations the file gives as bare numbers (read as
+    seconds, kept for the configs that say ``duration: 300``), or None."""
+    from soak.configkeys import bare_durations, key_lines
+
+    found = [(keys, value) for keys, value in bare_durations(RunConfig, data)
+             if not (overridden and keys == ["duration"])]
+    if not found:
+        return None
+    lines = key_lines(path, [keys for keys, _ in found])
+    names = [_dotted(keys) for keys, _ in found]
+    if len(found) == 1:
+        value = found[0][1]
+        where = f"{path}:{lines[0]}" if lines[0] is not None else str(path)
+        return (f"warning: {where}: {names[0]}: {value} has no unit and is read as {value}s; "
+                f"write {value}s (or {value}m if minutes were meant)")
+    shown = [f"{n} (line {ln})" if ln is not None else n for n, ln in zip(names, lines)][:5]
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return (f"warning: {path}: {len(found)} durations have no unit and are read as seconds: "
+            f"{', '.join(shown)}{more}; write the unit (30s, 30m)")
+
+
+def _dotted(keys: list[str | int]) -> str:
+    return "".join(f"[{k}]" if isinstance(k, int) else ("." if i else "") + str(k) for i, k in enumerate(keys))
 
 
 def check_run_config(config: RunConfig, path: str | Path) -> None:

@@ -20,7 +20,8 @@ from soak.durations import parse_duration
 from soak.errors import ConfigError
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Seconds; YAML may say 90, "90s", "66m", "1h30m"."""
+"""Seconds; YAML says "90s", "66m", "1h30m", "250ms" (a bare 90 is read as seconds, and
+``soak.config.load_run_config`` warns: one line naming the file, line and field)."""
 
 
 class StrictModel(BaseModel):
@@ -62,27 +63,36 @@ def load_yaml(text: str, *, limits: Limits = LIMITS) -> Any:
     return bounded_load_yaml(text, loader=_StrictLoader, limits=limits)
 
 
-def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
-    """pydantic's error location as a dotted path; tagged-union branch names dropped.
+def data_path(loc: tuple[Any, ...], data: Any = None) -> list[str | int]:
+    """pydantic's error location as the keys and indices of the input: validator
+    steps and tagged-union branch names dropped.
 
     With ``data`` (the input that failed), a step that is not a key of the
     mapping at that point, and not the last step (a missing field), is a union
     branch's tag (its ``kind``, given or defaulted) and is dropped.
     """
-    parts: list[str] = []
+    keys: list[str | int] = []
     node = data
     for position, item in enumerate(loc):
         last = position == len(loc) - 1
         if isinstance(item, int):
-            parts.append(f"[{item}]")
+            keys.append(item)
             node = node[item] if isinstance(node, list) and -len(node) <= item < len(node) else None
             continue
         if isinstance(item, str) and (item.startswith("function-") or "[" in item):
             continue
         if isinstance(node, dict) and item not in node and not last and node.get("kind", item) == item:
             continue  # the union's tag (given, or defaulted): the branch, not a field
-        parts.append(("." if parts else "") + str(item))
+        keys.append(item)
         node = node.get(item) if isinstance(node, dict) else None
+    return keys
+
+
+def field_path(loc: tuple[Any, ...], data: Any = None) -> str:
+    """pydantic's error location as a dotted path (``load.timeouts.stall``,
+    ``workload.sessions[0]``); tagged-union branch names dropped (``data_path``)."""
+    parts = [f"[{k}]" if isinstance(k, int) else ("." if i else "") + str(k)
+             for i, k in enumerate(data_path(loc, data))]
     return "".join(parts) or "<root>"
 
 
@@ -104,15 +114,35 @@ def _message(error: Mapping[str, Any]) -> str:
 
 
 def validation_error_to_config_error(
-    exc: ValidationError, path: str | Path, prefix: str = "", data: Any = None
+    exc: ValidationError, path: str | Path, prefix: str = "", data: Any = None,
+    model: type[BaseModel] | None = None,
 ) -> ConfigError:
-    first = exc.errors(include_url=False)[0]
+    """The first error as one ``ConfigError``. With ``model`` (the model that was
+    validated) an unknown key comes first, says which known key it is likely a
+    misspelling of, and names its line in the file at ``path``."""
+    errors = exc.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"] if model is not None else []
+    line = None
+    if unknown:
+        from soak.configkeys import key_lines
+
+        # A misspelt key is also a missing one ("base_ur" leaves base_url unset): the key
+        # is the cause. Of several, the first in the file, as a person reads it.
+        lines = key_lines(path, [data_path(tuple(e["loc"]), data) for e in unknown])
+        line, first = min(zip(lines, unknown), key=lambda pair: pair[0] if pair[0] is not None else 1 << 62)
+    else:
+        first = errors[0]
     field = field_path(tuple(first["loc"]), data)
     if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
         field = f"{field}.kind" if field != "<root>" else "kind"
     if prefix:
         field = f"{prefix}.{field}" if field != "<root>" else prefix
-    return ConfigError(_message(first), path=path, field=field)
+    if not unknown:
+        return ConfigError(_message(first), path=path, field=field)
+    from soak.configkeys import unknown_key_message
+
+    assert model is not None
+    return ConfigError(unknown_key_message(model, tuple(first["loc"])), path=path, field=field, line=line)
 
 
 def read_yaml(path: str | Path, *, error: type[ConfigError] = ConfigError, limits: Limits = LIMITS) -> Any:

@@ -1,11 +1,14 @@
 """Durations: the one parser (config values and command-line flags) and the one formatter.
 
-``parse_duration`` reads what a config or a flag may say (``90``, ``"90s"``,
-``"66m"``, ``"1h30m"``, ``"250ms"``); ``duration_flag`` is the same for a
-command-line flag, whose error names the flag and exits 2. ``format_duration``
+``parse_duration`` reads what a config may say (``"90s"``, ``"66m"``,
+``"1h30m"``, ``"250ms"``; a bare ``90`` is seconds, which the config loader warns
+about); ``duration_flag`` is the same for a command-line flag, whose error names
+the flag and exits 2, and which refuses a bare number. ``format_duration``
 writes seconds back either exactly, in the form the parser reads (``1h6m``,
 ``45s``: plans, the live view), or approximately for a sentence (``66 min``,
-``1.5 h``: MTBF statements, reports, history).
+``1.5 h``: MTBF statements, reports, history). ``format_latency`` writes a
+latency in the unit that keeps it readable (``651 us``, ``12.3 ms``, ``7.46 s``),
+never ``0.000651 s``.
 """
 
 from __future__ import annotations
@@ -48,9 +51,19 @@ def parse_duration(value: Any) -> float:
 
 def duration_flag(text: str | None, *, flag: str = "--duration", positive: bool = False) -> float | None:
     """Seconds from a command-line flag's value (``66m``), None when not given;
-    a bad value is an ArgumentError naming ``flag`` (exit 2)."""
+    a bad value, or a number without a unit (``40``), is an ArgumentError naming
+    ``flag`` (exit 2)."""
     if text is None:
         return None
+    bare = text.strip()
+    try:
+        float(bare)
+    except ValueError:
+        pass
+    else:
+        # As thresholds refuse "< 90": a bare number could mean seconds or minutes,
+        # and `--duration 40` quietly soaking 40 s instead of 40 min wastes a night.
+        raise ArgumentError(f"{flag}: {bare!r} has no unit: write {bare}s or {bare}m")
     try:
         seconds = parse_duration(text)
     except ValueError as exc:
@@ -84,4 +97,38 @@ def format_duration(seconds: float | None, *, approx: bool = False) -> str:
     return "".join(parts)
 
 
-__all__ = ["duration_flag", "format_duration", "parse_duration"]
+# (unit, seconds in one) from the smallest; a value is written in the largest unit it reaches.
+_LATENCY_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
+
+
+def format_latency(seconds: float | None) -> str:
+    """A latency to three significant digits (trailing zeros dropped) in us under
+    a millisecond, ms under a second, else s: ``651 us``, ``12.3 ms``, ``35 ms``,
+    ``7.46 s``; ``—`` for none. The threshold parser reads each back (``< 651 us``)."""
+    if seconds is None or math.isnan(seconds):
+        return "\u2014"
+    if math.isinf(seconds):
+        return "inf s" if seconds > 0 else "-inf s"
+    if seconds == 0:
+        return "0 s"
+    sign, size = ("-" if seconds < 0 else ""), abs(seconds)
+    index = 0
+    while index + 1 < len(_LATENCY_UNITS) and size >= _LATENCY_UNITS[index + 1][1]:
+        index += 1
+    while True:
+        unit, scale = _LATENCY_UNITS[index]
+        text = _three_digits(size / scale)
+        # 999.96 us rounds to "1000": that is 1.00 ms, written in the next unit.
+        if float(text) < 1000 or index + 1 == len(_LATENCY_UNITS):
+            return f"{sign}{text} {unit}"
+        index += 1
+
+
+def _three_digits(value: float) -> str:
+    decimals = 0 if value >= 99.95 else 1 if value >= 9.995 else 2
+    text = f"{value:.{decimals}f}"
+    # 35 ms, 1.2 s: trailing zeros add no digit a reader needs
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+__all__ = ["duration_flag", "format_duration", "format_latency", "parse_duration"]

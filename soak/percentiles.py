@@ -8,6 +8,10 @@ from typing import Iterable, Literal
 
 Method = Literal["linear", "nearest_rank"]
 
+# The quantiles every latency table lists (summary.json's latency block, thresholds,
+# the report, the end of a run): p95 beside p90 and p99, as k6 and vLLM's dashboard show it.
+LATENCY_QUANTILES: tuple[str, ...] = ("p50", "p90", "p95", "p99")
+
 
 def percentile(values: Iterable[float], q: float, *, method: Method = "linear") -> float | None:
     """The ``q``-th percentile (``q`` in 0..100) of ``values``; None when there are none.
@@ -26,6 +30,17 @@ def percentiles(values: Iterable[float], qs: Iterable[float], *, method: Method 
     return [_at(ordered, q, method) for q in qs]
 
 
+def latency_stats(values: Iterable[float]) -> dict[str, float | None]:
+    """mean, p50, p90, p95, p99 and max of ``values`` (None each where there are
+    none): summary.json's latency block, one per latency."""
+    ordered = sorted(values)
+    stats: dict[str, float | None] = {"mean": sum(ordered) / len(ordered) if ordered else None}
+    for name in LATENCY_QUANTILES:
+        stats[name] = _at(ordered, float(name[1:]), "linear")
+    stats["max"] = ordered[-1] if ordered else None
+    return stats
+
+
 def _at(ordered: list[float], q: float, method: Method) -> float | None:
     if not ordered:
         return None
@@ -37,4 +52,4 @@ def _at(ordered: list[float], q: float, method: Method) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-__all__ = ["percentile", "percentiles"]
+__all__ = ["LATENCY_QUANTILES", "latency_stats", "percentile", "percentiles"]

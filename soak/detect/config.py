@@ -1,7 +1,8 @@
 """Detector rules and thresholds (section ``detector:`` of a run config).
 
 Each rule has its own block so a config can tune or switch off one rule
-without restating the others. Durations accept ``90``, ``"90s"``, ``"2m"``.
+without restating the others. Durations take a unit: ``"90s"``, ``"2m"`` (a bare ``90`` is
+read as seconds, with a warning).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan
 from soak.events import EventType
 from soak.jsonl import typed_fields
-from soak.percentiles import percentiles
+from soak.percentiles import latency_stats
 from soak.counters import CounterDelta
 from soak.store.rundir import RunDir
 from soak.store.summary import (
@@ -180,7 +180,7 @@ class Recorded:
     thresholds: tuple[Threshold, ...] | None  # None: the run configured none
     thresholds_error: str | None  # a recorded thresholds section that no longer compiles
     requests: RequestDigest
-    latency: Mapping[str, Mapping[str, float | None]]  # ok, measured requests: mean, p50, p90, p99, max
+    latency: Mapping[str, Mapping[str, float | None]]  # ok, measured requests: mean, p50, p90, p95, p99, max
     window_requests: tuple[Mapping[str, Any], ...] | None  # WINDOW_FIELDS of every request, for windows
     samples: SampleDigest
     incidents: tuple[Mapping[str, Any], ...]  # the events' and incidents/N's, merged
@@ -194,12 +194,6 @@ class Recorded:
         """This record with the ``run_ended`` event the run just wrote (as written,
         ts and mono included), so the end of a run never reads its files again."""
         return replace(self, events=self.events.with_run_ended(typed_fields(dict(event), EVENT_TYPES)))
-
-
-def latency_stats(values: Sequence[float]) -> dict[str, float | None]:
-    p50, p90, p99 = percentiles(values, (50, 90, 99))
-    return {"mean": sum(values) / len(values) if values else None, "p50": p50, "p90": p90, "p99": p99,
-            "max": max(values) if values else None}
 
 
 def criteria_of(section: Mapping[str, Any] | None, config: Mapping[str, Any], *,

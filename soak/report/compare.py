@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from soak.durations import format_latency
 from soak.report.plots import bin_edges, counter_rate
 from soak.report.rundir import RunData
 from soak.report.stats import (
@@ -120,6 +121,8 @@ def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: 
                                               better=Better.HIGHER, confidence=confidence)),
         ("ttft_p50", compare_quantiles("TTFT p50", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.50,
                                        better=Better.LOWER, confidence=confidence, resamples=resamples)),
+        ("ttft_p95", compare_quantiles("TTFT p95", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.95,
+                                       better=Better.LOWER, confidence=confidence, resamples=resamples)),
         ("ttft_p99", compare_quantiles("TTFT p99", "s", _ok(a, "ttft_s"), _ok(b, "ttft_s"), 0.99,
                                        better=Better.LOWER, confidence=confidence, resamples=resamples)),
         ("itl_mean", compare_means("ITL (mean per request)", "s", _ok(a, "itl_mean_s"), _ok(b, "itl_mean_s"),
@@ -148,6 +151,8 @@ def _num(v: float | None, unit: str) -> str:
         return "inf"
     if unit == "":
         return f"{v * 100:.2f}%"
+    if unit == "s":
+        return format_latency(v)  # 651 us, not 0.000651
     if abs(v) >= 100:
         return f"{v:,.0f}"
     return f"{v:.3g}"
@@ -170,10 +175,17 @@ def format_comparison(c: Comparison) -> str:
         elif d.a.value is not None and d.b.value is not None:
             delta = d.b.value - d.a.value
             rel = f" ({delta / d.a.value * 100:+.1f}%)" if d.a.value else ""
-            change = (f"{delta * 100:+.2f} pts" if d.unit == "" else f"{delta:+.3g} {d.unit}") + rel
+            if d.unit == "":
+                change = f"{delta * 100:+.2f} pts"
+            elif d.unit == "s":
+                change = ("+" if delta >= 0 else "") + format_latency(delta)
+            else:
+                change = f"{delta:+.3g} {d.unit}"
+            change += rel
         else:
             change = "—"
-        unit = f" ({d.unit})" if d.unit and d.unit != "" else ""
+        # A latency carries its own unit in every cell (us, ms or s), so the metric names none.
+        unit = f" ({d.unit})" if d.unit and d.unit != "s" else ""
         rows.append((d.metric + unit, _est(d.a, d.unit), _est(d.b, d.unit), change,
                      "—" if d.p_value is None else ("<0.005" if d.p_value == 0 else f"{d.p_value:.3g}"), d.verdict.value))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

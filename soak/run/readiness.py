@@ -83,7 +83,7 @@ async def _ready_once(session, base: str, *, total_s: float) -> tuple[str, ...]:
             raise _Refused(f"answers {path} with HTTP {response.status}: the credentials are refused "
                            "(target.api_key_env)")
         if response.status != 200:
-            raise _NotYet(f"{path} answered HTTP {response.status}")
+            raise _NotYet(f"{path} answered HTTP {response.status}{_path_hint(base, response.status)}")
     try:
         body = response.json()
     except InputRejected as exc:
@@ -91,6 +91,15 @@ async def _ready_once(session, base: str, *, total_s: float) -> tuple[str, ...]:
     data = body.get("data") if isinstance(body, dict) else None
     names = tuple(m.get("id") for m in (data if isinstance(data, list) else []) if isinstance(m, dict))
     return tuple(n for n in names if isinstance(n, str) and n)
+
+
+def _path_hint(base: str, status: int) -> str:
+    """A 404 under a base URL with a path (a proxy prefix, a /v1 the config let
+    through): say the server's root is what the harness wants."""
+    from urllib.parse import urlsplit
+
+    prefix = urlsplit(base).path.rstrip("/")
+    return f" (target.base_url has the path {prefix}: give the server's root)" if status == 404 and prefix else ""
 
 
 def _why(exc: BaseException) -> str:

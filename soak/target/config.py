@@ -53,7 +53,13 @@ def _check_url(value: str) -> str:
     if parts.query or parts.fragment or value.endswith(("?", "#")):
         raise ValueError("a base URL has no query or fragment (scheme://host:port/path): credentials go in "
                          "target.api_key_env, never in the URL")
-    return value.rstrip("/")
+    base = value.rstrip("/")
+    if base.lower().endswith("/v1"):
+        # OpenAI clients want .../v1; the harness adds /v1/... itself and asks /health at
+        # the root, which a /v1 base turns into /v1/health: 404, read as "not ready".
+        raise ValueError(f"{Redactor().text(value)!r} ends in /v1: drop it and give the server's root "
+                         f"({Redactor().text(base[:-3])!r}); the harness adds /v1/... and /health itself")
+    return base
 
 
 def _check_env_name(value: Optional[str]) -> Optional[str]:

@@ -24,10 +24,20 @@ from soak.configbase import Duration, StrictModel
 from soak.thresholds.metrics import RUN_METRICS
 
 
-def _known_metric(name: str) -> str:
+def unknown_metric_message(name: str) -> str:
+    """One line for a metric no threshold can name: the one it likely misspells first."""
+    from soak.configkeys import suggestion
+
     known = [m.name for m in RUN_METRICS.values() if m.thresholdable]
-    if name not in known:
-        raise ValueError(f"unknown metric {name!r}, known: {', '.join(known)}")
+    near = suggestion(name, known)
+    if near is not None:
+        return f"unknown metric {name!r}; did you mean {near!r}? (known: {', '.join(known)})"
+    return f"unknown metric {name!r}, known: {', '.join(known)}"
+
+
+def _known_metric(name: str) -> str:
+    if name not in RUN_METRICS or not RUN_METRICS[name].thresholdable:
+        raise ValueError(unknown_metric_message(name))
     return name
 
 

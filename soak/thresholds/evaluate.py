@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
+from soak.durations import format_latency
+from soak.thresholds.config import unknown_metric_message
 from soak.thresholds.expr import Condition, ThresholdSyntaxError, parse_condition
 from soak.thresholds.metrics import RUN_METRICS, Better, Quantity, run_value, window_values
 
@@ -77,8 +79,7 @@ def compile_thresholds(section: Mapping[str, Any] | None) -> tuple[Threshold, ..
     out: list[Threshold] = []
     for name, rule in (section or {}).items():
         if name not in RUN_METRICS or not RUN_METRICS[name].thresholdable:
-            known = ", ".join(m.name for m in RUN_METRICS.values() if m.thresholdable)
-            raise ThresholdConfigError(f"thresholds.{name}", f"unknown metric {name!r}, known: {known}")
+            raise ThresholdConfigError(f"thresholds.{name}", unknown_metric_message(name))
         if isinstance(rule, Mapping):
             rule_get = rule.get
         else:
@@ -105,7 +106,7 @@ def format_value(metric_name: str, value: float | None) -> str:
         return "no data"
     q = RUN_METRICS[metric_name].quantity
     if q is Quantity.DURATION:
-        return f"{value * 1000:.4g} ms" if abs(value) < 1 else f"{value:.4g} s"
+        return format_latency(value)
     if q is Quantity.RATIO:
         return f"{value * 100:.4g}%"
     if q is Quantity.RATE:

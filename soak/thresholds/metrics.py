@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
-from soak.percentiles import percentile
+from soak.percentiles import LATENCY_QUANTILES, percentile
 from soak.summary_file import RunSummary
 
 
@@ -45,6 +45,9 @@ class RunMetric:
     thresholdable: bool = True
 
 
+LATENCY_STATS = (*LATENCY_QUANTILES, "mean", "max")
+
+
 def _latency(stat: str, q: str, label: str) -> RunMetric:
     return RunMetric(f"{stat}_{q}", f"{label} {q}", Quantity.DURATION, Better.LOWER, ("latency", f"{stat}_s", q))
 
@@ -52,11 +55,12 @@ def _latency(stat: str, q: str, label: str) -> RunMetric:
 RUN_METRICS: dict[str, RunMetric] = {
     m.name: m
     for m in (
-        *(_latency("ttft", q, "TTFT") for q in ("p50", "p90", "p99", "mean", "max")),
-        *(_latency("tpot", q, "TPOT") for q in ("p50", "p90", "p99", "mean", "max")),
-        *(_latency("e2e", q, "end-to-end latency") for q in ("p50", "p90", "p99", "mean", "max")),
-        RunMetric("itl_p50", "ITL (per-request median), p50 over requests", Quantity.DURATION, Better.LOWER,
-                  ("latency", "itl_p50_s", "p50")),
+        *(_latency("ttft", q, "TTFT") for q in LATENCY_STATS),
+        *(_latency("tpot", q, "TPOT") for q in LATENCY_STATS),
+        *(_latency("e2e", q, "end-to-end latency") for q in LATENCY_STATS),
+        # ITL: each request's median gap, then the quantile over requests (summary.json's itl_p50_s block).
+        *(RunMetric(f"itl_{q}", f"ITL (per-request median), {q} over requests", Quantity.DURATION, Better.LOWER,
+                    ("latency", "itl_p50_s", q)) for q in LATENCY_QUANTILES),
         RunMetric("itl_mean", "ITL (mean per request)", Quantity.DURATION, Better.LOWER, thresholdable=False),
         RunMetric("itl_p99_p50", "ITL p99 per request, p50 over requests", Quantity.DURATION, Better.LOWER,
                   thresholdable=False),
@@ -147,9 +151,10 @@ def window_values(requests: Iterable[Mapping[str, Any]], server: Sequence[tuple[
                 lat[stat].append(value)
     out: dict[str, float | None] = {}
     for stat in ("ttft", "tpot", "e2e"):
-        for which in ("p50", "p90", "p99", "mean", "max"):
+        for which in LATENCY_STATS:
             out[f"{stat}_{which}"] = _stat(lat[stat], which)
-    out["itl_p50"] = percentile(lat["itl_p50"], 50)
+    for which in LATENCY_QUANTILES:
+        out[f"itl_{which}"] = _stat(lat["itl_p50"], which)
     out["error_rate"] = error_rate_of(by_outcome)
     out["output_tokens_per_s"] = generated / span_s if span_s > 0 else None
     out["requests_per_s"] = measured / span_s if span_s > 0 else None

@@ -59,7 +59,11 @@ def test_bad_expressions_say_what_is_wrong(metric, text, words):
 def test_compile_names_the_field_of_a_bad_metric_or_expression():
     with pytest.raises(ThresholdConfigError) as info:
         compile_thresholds({"ttft_p999": {"threshold": ("< 9s",)}})
-    assert info.value.field == "thresholds.ttft_p999" and "unknown metric 'ttft_p999', known: ttft_p50" in info.value.message
+    assert info.value.field == "thresholds.ttft_p999"
+    assert info.value.message.startswith("unknown metric 'ttft_p999'; did you mean 'ttft_p99'? (known: ttft_p50")
+    with pytest.raises(ThresholdConfigError) as info:
+        compile_thresholds({"gpu_temperature": {"threshold": ("< 90",)}})
+    assert "unknown metric 'gpu_temperature', known: ttft_p50" in info.value.message  # nothing close: the list
     with pytest.raises(ThresholdConfigError) as info:
         compile_thresholds({"tpot_p50": {"threshold": ("< 40ms", "< 4 parsecs")}})
     assert info.value.field == "thresholds.tpot_p50[1]"
@@ -162,6 +166,7 @@ def test_every_metric_name_has_a_label_and_direction():
     ('tpot_p50: "< 40"', "thresholds.tpot_p50", "needs a unit"),
     ('error_rate: "< 1 percent"', "thresholds.error_rate", "unknown unit 'percent'"),
     ('error_rate: {threshold: "< 1%", window: 5m, abort: true}', "thresholds.error_rate.abort", "unknown key"),
+    ('error_rate: {threshold: "< 1%", windw: 5m}', "thresholds.error_rate.windw", "did you mean 'window'?"),
     ('hangs: {threshold: "< 1", window: 5m}', "thresholds.hangs.window", "whole-run figure"),
     ('ttft_p99: 90', "thresholds.ttft_p99", "expected an expression"),
     ('ttft_p99: {threshold: "< 9s", window: 0s}', "thresholds.ttft_p99.window", "greater than 0"),
@@ -174,4 +179,6 @@ def test_a_bad_thresholds_section_is_exit_2_with_one_line_naming_file_and_field(
     assert soak_main(["validate", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert err.startswith(f"soak validate: {path}: {field}: ") and words in err, err
+    # An unknown key also names its line (the section starts on line 2, the rule on line 3).
+    where = f"{path}:3" if field.endswith((".abort", ".windw")) else str(path)
+    assert err.startswith(f"soak validate: {where}: {field}: ") and words in err, err

@@ -34,6 +34,7 @@ def test_a_breached_threshold_is_exit_99_a_summary_entry_and_a_failed_testcase(t
     config = small_config(duration="4s", build="candidate-7")
     config["thresholds"] = {
         "ttft_p99": "< 90s",                     # holds
+        "ttft_p95": "< 90s",                     # holds: p95 is a threshold like p99
         "error_rate": "< 1%",                    # holds: a healthy simulator fails nothing
         "output_tokens_per_s": "> 1000000",      # cannot hold
     }
@@ -47,6 +48,8 @@ def test_a_breached_threshold_is_exit_99_a_summary_entry_and_a_failed_testcase(t
     assert entry["passed"] is False and entry["breached"] == ["output_tokens_per_s > 1000000"]
     by = {r["name"]: r for r in entry["results"]}
     assert by["ttft_p99 < 90s"]["passed"] and by["error_rate < 1%"]["observed"] == 0
+    ttft = summary["latency"]["ttft_s"]
+    assert ttft["p90"] <= ttft["p95"] <= ttft["p99"] and by["ttft_p95 < 90s"]["observed"] == ttft["p95"]
     assert by["output_tokens_per_s > 1000000"]["observed"] == pytest.approx(
         summary["throughput"]["generated_tokens_per_s"])
     # the build the run exercised: the config's label, the simulator's /version, a digest
@@ -55,8 +58,8 @@ def test_a_breached_threshold_is_exit_99_a_summary_entry_and_a_failed_testcase(t
 
     schema.validate(str(run_dir / "junit.xml"))
     suite, cases = _cases(run_dir)
-    # the soak, its three failure criteria (error_rate, no_success, work_evidence) and the three thresholds
-    assert suite.get("tests") == "7" and suite.get("failures") == "1"
+    # the soak, its three failure criteria (error_rate, no_success, work_evidence) and the four thresholds
+    assert suite.get("tests") == "8" and suite.get("failures") == "1"
     assert cases["test"].find("failure") is None  # the soak itself: no incident
     assert cases["ttft_p99 < 90s"].find("failure") is None
     failure = cases["output_tokens_per_s > 1000000"].find("failure")
