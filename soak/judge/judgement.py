@@ -123,9 +123,13 @@ def run_ended_fields(judgement: Judgement, ending: Ending) -> dict[str, Any]:
 def summary_json(recorded: Recorded, judgement: Judgement) -> dict[str, Any]:
     """summary.json: the figures of the record and what the judgement decided."""
     summary = figures(recorded)
+    stopped = (recorded.events.load_events.get("stopped") or {}).get("reason")
     summary.update({
         "verdict": judgement.verdict.value,
         "stop_reason": judgement.stop_reason,
+        # Why the load stopped, as said then: a neutral fact, never why the run failed
+        # (stop_reason is run_ended's, with what the end found folded in).
+        "stopped_by": stopped if isinstance(stopped, str) else judgement.stop_reason,
         "exit_code": judgement.exit_code,
         "verdict_reasons": list(judgement.reasons),
         "criteria": judgement.criteria_json(),
