@@ -115,9 +115,10 @@ def _offset(at: float | None, start: float | None) -> str:
 def _incident_lines(summary: RunSummary) -> list[str]:
     lines = []
     for i in summary.incidents:
-        what = f"{clean(i.kind or '?')} ({clean(i.rule or '?')}) at {_offset(i.onset_at, summary.started_at)}, " \
-               f"detected {_offset(i.detected_at, summary.started_at)}"
-        tail = f": {clean(i.summary)}" if i.summary else ""
+        head = f"{i.kind or '?'} ({i.rule or '?'})"
+        what = f"{clean(head)} at {_offset(i.onset_at, summary.started_at)}"
+        said = (i.summary or "").removeprefix(head + ": ")  # the incident line opens with the same words
+        tail = f": {clean(said)}" if said else f", detected {_offset(i.detected_at, summary.started_at)}"
         lines.append(("incidents   " if not lines else "            ") + f"{i.number or '?'}. {what}{tail}")
     return lines
 

@@ -72,11 +72,12 @@ def test_a_clean_pass_still_lists_every_threshold_that_held() -> None:
 
 def test_two_hangs_are_listed_with_their_time_into_the_run() -> None:
     incidents = [{"number": n, "kind": "hang", "rule": "pp_tail_stall", "onset_at": 1000.0 + at,
-                  "detected_at": 1004.0 + at, "summary": "tail stage dark"} for n, at in ((1, 148), (2, 303))]
+                  "detected_at": 1004.0 + at, "summary": "hang (pp_tail_stall): tail stage dark" if n == 1 else None}
+                 for n, at in ((1, 148), (2, 303))]
     block = end_block(_summary(verdict="fail", exit_code=1, incidents=incidents, restarts=2, verdict_reasons=[
         "incident 1: hang (rule pp_tail_stall)", "incident 2: hang (rule pp_tail_stall)"]), exit_code=1, files=FILES)
-    assert "1. hang (pp_tail_stall) at +2:28, detected +2:32: tail stage dark" in block
-    assert "2. hang (pp_tail_stall) at +5:03" in block
+    assert "1. hang (pp_tail_stall) at +2:28: tail stage dark" in block
+    assert "2. hang (pp_tail_stall) at +5:03, detected +5:07" in block
     assert "MTBF        2 hangs in 6.0 min: MTBF 3.0 min" in block
     assert "restarts 2" in block
 
