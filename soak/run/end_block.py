@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from soak.judge.reasons import threshold_text, value_text
 from soak.records import Verdict
-from soak.summary_file import RunSummary
+from soak.summary_file import IncidentEntry, RunSummary
 
 # What each exit status of CONTRACTS.md means, in the verdict line.
 EXIT_MEANINGS = {
@@ -123,8 +123,34 @@ def _incident_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+_KIND_WORDS = {"hang": ("hang", "hangs"), "crash": ("crash", "crashes"), "server_gone": ("lost server", "lost servers")}
+_TIMES = {1: "once", 2: "twice"}
+
+
+def _incidents_said(summary: RunSummary) -> list[str]:
+    """The incidents as the report's banner says them: "2 hangs (pp_tail_stall) at
+    +2:28 and +5:03; the server restarted twice"."""
+    by_kind: dict[str, list[IncidentEntry]] = {}
+    for i in summary.incidents:
+        by_kind.setdefault(i.kind or "incident", []).append(i)
+    said = []
+    for kind, items in by_kind.items():
+        one, many = _KIND_WORDS.get(kind, (kind, kind + "s"))
+        rules = ", ".join(dict.fromkeys(i.rule or "?" for i in items))
+        times = [_offset(i.onset_at, summary.started_at) for i in items]
+        at = times[0] if len(times) == 1 else ", ".join(times[:-1]) + " and " + times[-1]
+        said.append(f"{len(items)} {one if len(items) == 1 else many} ({rules}) at {at}")
+    restarts = summary.restarts or 0
+    if said and restarts:
+        said[-1] += f"; the server restarted {_TIMES.get(restarts, f'{restarts} times')}"
+    return [clean(text) for text in said]
+
+
 def _why(summary: RunSummary, verdict: Verdict | None) -> list[str]:
-    reasons = [clean(r) for r in summary.verdict_reasons]
+    grouped = _incidents_said(summary)
+    # verdict_reasons says each incident by number; the block says them together, with their times
+    reasons = grouped + [clean(r) for r in summary.verdict_reasons
+                         if not (grouped and r.startswith("incident ") and ": " in r)]
     if not reasons and verdict is not Verdict.PASS:
         # a summary written before every failure had its reasons: say the breaches it recorded
         rows = summary.thresholds.results if summary.thresholds is not None else ()

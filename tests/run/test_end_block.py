@@ -76,6 +76,8 @@ def test_two_hangs_are_listed_with_their_time_into_the_run() -> None:
                  for n, at in ((1, 148), (2, 303))]
     block = end_block(_summary(verdict="fail", exit_code=1, incidents=incidents, restarts=2, verdict_reasons=[
         "incident 1: hang (rule pp_tail_stall)", "incident 2: hang (rule pp_tail_stall)"]), exit_code=1, files=FILES)
+    assert _line(block, "why") == "why         2 hangs (pp_tail_stall) at +2:28 and +5:03; the server restarted twice"
+    assert "incident 1: hang" not in block
     assert "1. hang (pp_tail_stall) at +2:28: tail stage dark" in block
     assert "2. hang (pp_tail_stall) at +5:03, detected +5:07" in block
     assert "MTBF        2 hangs in 6.0 min: MTBF 3.0 min" in block
