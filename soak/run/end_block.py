@@ -62,18 +62,21 @@ def _paint(text: str, code: str, colour: bool) -> str:
     return f"{code}{text}{_RESET}" if colour else text
 
 
-def mtbf_sentence(summary: RunSummary, *, confidence: float = 0.95) -> str:
-    """The report's MTBF over the run's loaded time (exposure = duration_s)."""
-    exposure = summary.duration_s
+def mtbf_sentence(summary: RunSummary, *, at_risk: tuple[int, float] | None = None,
+                  confidence: float = 0.95) -> str:
+    """The report's MTBF sentence. ``at_risk``: (hangs, exposure seconds) as the
+    report and soak history count them (soak.exposure.at_risk, issue 35's one
+    MTBF); None: the summary's hangs over its loaded time (duration_s)."""
+    hangs, exposure = at_risk if at_risk is not None else (summary.hangs, summary.duration_s)
     if exposure is None or exposure <= 0:
         return "no MTBF: no load was applied"
     failed = [r for r in summary.criteria.rows if r.failed] if summary.criteria is not None else []
-    if failed and not summary.hangs:
+    if failed and not hangs:
         # as the report says: hang-free time of a server failing its requests proves nothing about hangs
         return "no MTBF: the server failed its requests, so hang-free time proves nothing"
     from soak.report.stats import mtbf_estimate
 
-    return mtbf_estimate(summary.hangs, exposure, confidence=confidence).sentence()
+    return mtbf_estimate(hangs, exposure, confidence=confidence).sentence()
 
 
 def _latency_lines(latency: Mapping[str, Mapping[str, float]]) -> list[str]:
@@ -160,7 +163,7 @@ def _why(summary: RunSummary, verdict: Verdict | None) -> list[str]:
 
 
 def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], build: str | None = None,
-              colour: bool = False) -> str:
+              at_risk: tuple[int, float] | None = None, colour: bool = False) -> str:
     """The end of a run in plain lines (ANSI colour only with ``colour``)."""
     verdict = summary.verdict
     shown = (verdict.value if verdict is not None else "unknown").upper()
@@ -180,7 +183,7 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
     lines.append(f"requests    {loaded}ok {req.ok or 0} failed {req.failed or 0}{cut}; incidents "
                  f"{len(summary.incidents)}; restarts {summary.restarts or 0}")
     lines += _incident_lines(summary)
-    lines.append(f"MTBF        {mtbf_sentence(summary)}")
+    lines.append(f"MTBF        {mtbf_sentence(summary, at_risk=at_risk)}")
     lines += _latency_lines(summary.latency)
     lines += _threshold_lines(summary, colour)
     for path in files:

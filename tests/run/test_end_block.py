@@ -109,3 +109,11 @@ def test_the_block_is_total_over_any_summary_and_never_prints_a_control_byte(obj
     block = end_block(RunSummary.from_json(obj), exit_code=exit_code, files=FILES)
     assert not any(not c.isprintable() and c != "\n" for c in block)
     assert block.splitlines()[-1].startswith("soak run: ")
+
+
+def test_the_mtbf_is_over_the_time_at_risk_when_given() -> None:
+    """The edge passes the time at risk history counts (onset to restart is not at risk)."""
+    incidents = [{"number": 1, "kind": "hang", "rule": "pp_tail_stall", "onset_at": 1100.0, "detected_at": 1104.0}]
+    summary = _summary(verdict="fail", exit_code=1, incidents=incidents, verdict_reasons=["incident 1: hang"])
+    assert "1 hang in 6.0 min: MTBF 6.0 min" in end_block(summary, exit_code=1, files=FILES)
+    assert "1 hang in 5.0 min: MTBF 5.0 min" in end_block(summary, exit_code=1, files=FILES, at_risk=(1, 300.0))
