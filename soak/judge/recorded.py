@@ -180,7 +180,7 @@ class Recorded:
     thresholds: tuple[Threshold, ...] | None  # None: the run configured none
     thresholds_error: str | None  # a recorded thresholds section that no longer compiles
     requests: RequestDigest
-    latency: Mapping[str, Mapping[str, float | None]]  # ok, measured requests: mean, p50, p90, p95, p99, max
+    latency: Mapping[str, Mapping[str, float | None]]  # ok, measured requests: mean, p50, p90, p99, max
     window_requests: tuple[Mapping[str, Any], ...] | None  # WINDOW_FIELDS of every request, for windows
     samples: SampleDigest
     incidents: tuple[Mapping[str, Any], ...]  # the events' and incidents/N's, merged
@@ -197,8 +197,8 @@ class Recorded:
 
 
 def latency_stats(values: Sequence[float]) -> dict[str, float | None]:
-    p50, p90, p95, p99 = percentiles(values, (50, 90, 95, 99))
-    return {"mean": sum(values) / len(values) if values else None, "p50": p50, "p90": p90, "p95": p95, "p99": p99,
+    p50, p90, p99 = percentiles(values, (50, 90, 99))
+    return {"mean": sum(values) / len(values) if values else None, "p50": p50, "p90": p90, "p99": p99,
             "max": max(values) if values else None}
 
 
