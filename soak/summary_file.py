@@ -319,6 +319,7 @@ class RunSummary:
     clock: ClockEntry | None = None
     warnings: tuple[str, ...] = ()
     records: Mapping[str, int] = field(default_factory=dict)  # lines read, and the damage skipped, by kind
+    stopped_by: str | None = None  # why the load stopped (load_stopped's reason): neutral, not why it failed
 
     @classmethod
     def from_json(cls, obj: Any) -> RunSummary:
@@ -355,6 +356,7 @@ class RunSummary:
             warnings=_strs(obj.get("warnings")),
             records={k: v for k, v in (_mapping(obj.get("records")) or {}).items()
                      if isinstance(k, str) and _int(v) is not None},
+            stopped_by=_str(obj.get("stopped_by")),
         )
 
     @classmethod

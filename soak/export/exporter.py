@@ -149,6 +149,8 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._ends_at: float | None = None
+        self._run_labels: dict[str, str] | None = None  # soak_run_info's, once the run started
+        self._build = ""  # the build event's label (soak.history.build.build_key), as history groups nights
         self._last_client_tokens = 0
         self._rules_seen: set[str] = set()
         self._last_client_bytes = 0
@@ -214,15 +216,15 @@ class Exporter:
     @_marks_change
     def on_start(self, info: RunInfo) -> None:
         config = info.config
-        self._m["soak_run"].info(
-            {
-                "run": info.run_id,
-                "name": _label(config.get("name")),
-                "workload": _workload_label(config.get("workload")),
-                "target": info.target_kind.value,
-                "model": _label(info.model),
-            }
-        )
+        self._run_labels = {
+            "run": info.run_id,
+            "name": _label(config.get("name")),
+            "workload": _workload_label(config.get("workload")),
+            "target": info.target_kind.value,
+            "model": _label(info.model),
+            "build": self._build or _label(config.get("build")),
+        }
+        self._m["soak_run"].info(self._run_labels)
         self._m["soak_run_start_time_seconds"].set(info.started_at)
         self._m["soak_run_planned_duration_seconds"].set(info.duration_s)
         self._ends_at = info.started_at + info.duration_s
@@ -291,6 +293,14 @@ class Exporter:
     @_marks_change
     def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature
         self._m["soak_events"].labels(type=str(type)).inc()
+        if type == EventType.BUILD:
+            self._build = _label(fields.get("build") or fields.get("label"))
+            if self._run_labels is not None:
+                self._run_labels["build"] = self._build
+                self._m["soak_run"].info(self._run_labels)
+        elif type == EventType.LOAD_STOPPED:
+            # the load is over: no time remains, whatever was planned
+            self._ends_at = self._clock.now()
 
     # internals -----------------------------------------------------------
     def _time_remaining(self) -> float:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 from soak.clock import Clock
 from soak.durations import format_duration
 from soak.events import EventType
+from soak.export.live_rows import StageWindow, levels_text, suspect_text
 from soak.percentiles import percentile
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
 from soak.samples import GpuReading, GpuSample, GpuSource, RequestRecord, Sample, ServerSample
@@ -65,6 +66,10 @@ class ViewState:
         self.gpus: tuple[GpuReading, ...] = ()
         self.gpu_source: GpuSource | None = None
         self.detector_state = DetectorState.HEALTHY
+        self.suspect: str | None = None  # which rule holds the detector off healthy, and how far along
+        self.stages = StageWindow()  # max and mean over the last seconds, never an instant sample
+        self.build: str | None = None  # the build event's label (soak.history.build.build_key)
+        self.stopped_at: float | None = None  # when the load stopped: no time left is shown after it
         self.incidents = 0
         self.phase = Phase.STARTING
         self.gpu_stale: str | None = None  # the stale-GPU-source message while it lasts
@@ -92,6 +97,7 @@ class ViewState:
         if isinstance(sample, GpuSample) and sample.error is None:
             self.gpus = sample.gpus
             self.gpu_source = sample.source
+            self.stages.add(sample)
         elif isinstance(sample, ServerSample) and sample.ok:
             hits = sample.values.get("prefix_cache_hits")
             queries = sample.values.get("prefix_cache_queries")
@@ -122,21 +128,34 @@ class ViewState:
     def elapsed_remaining(self, now: float) -> tuple[float, float]:
         if self.info is None:
             return 0.0, 0.0
-        elapsed = max(0.0, now - self.info.started_at)
+        end = now if self.stopped_at is None else min(now, self.stopped_at)
+        elapsed = max(0.0, end - self.info.started_at)
         return elapsed, max(0.0, self.info.duration_s - elapsed)
 
-    def line(self, now: float) -> str:
+    def time_text(self, now: float) -> str:
+        """Elapsed and left while the load runs; once it stopped (or drains), no time left is said."""
         elapsed, remaining = self.elapsed_remaining(now)
+        if self.phase is Phase.STOPPED or self.stopped_at is not None:
+            return f"after {format_duration(round(elapsed))} of load"
+        if self.phase is Phase.DRAINING:
+            return f"{format_duration(round(elapsed))} elapsed, draining"
+        return f"{format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left"
+
+    def detector_text(self) -> str:
+        return self.suspect or self.detector_state.value
+
+    def line(self, now: float) -> str:
         p50, p99 = self.ttft(50), self.ttft(99)
         ratio = self.hit_ratio
-        gpus = " ".join(f"{g.util_pct:.0f}" for g in self.gpus) or "-"
         stage_cpu = self.gpu_source is GpuSource.STAGE_CPU
+        levels = levels_text(self.stages.levels(now))
         return (
-            f"soak {self.phase.value} {format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left | "
-            f"requests ok {self.ok} failed {self.failed}" + (f" cut {self.cut}" if self.cut else "")
+            f"soak {self.phase.value} {self.time_text(now)} | " + (f"build {self.build} | " if self.build else "")
+            + f"requests ok {self.ok} failed {self.failed}" + (f" cut {self.cut}" if self.cut else "")
             + f" | {self.tokens_per_s(now):.1f} tok/s | "
             f"ttft p50 {_s(p50)} p99 {_s(p99)} | context {_k(self.context_tokens)} | "
-            f"prefix hit {_pct(ratio)} | {'stage CPU%' if stage_cpu else 'gpu%'} {gpus} | detector {self.detector_state.value}"
+            f"prefix hit {_pct(ratio)} | {'stage CPU%' if stage_cpu else 'gpu%'} max/mean {levels} | "
+            f"detector {self.detector_text()}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
             + (" | GPU READINGS STALE" if self.gpu_stale else "")
             + "".join(f" | WARNING {text}" for text in self.alerts.values())
@@ -146,32 +165,31 @@ class ViewState:
         from rich.table import Table
         from rich.text import Text
 
-        elapsed, remaining = self.elapsed_remaining(now)
-        title = f"soak {self.info.run_id if self.info else ''}"
+        title = f"soak {self.info.run_id if self.info else ''}" + (f" · build {self.build}" if self.build else "")
         table = Table(title=title, show_header=False, expand=False, box=None, padding=(0, 1))
         table.add_column(style="bold")
         table.add_column()
         table.add_row("phase", self.phase.value)
-        table.add_row("time", f"{format_duration(round(elapsed))} elapsed, {format_duration(round(remaining))} left")
+        table.add_row("time", self.time_text(now))
         table.add_row("requests", f"[green]{self.ok} ok[/]  [red]{self.failed} failed[/]"
                       + (f"  {self.cut} cut by the harness" if self.cut else ""))
         table.add_row("tokens/s", f"{self.tokens_per_s(now):.1f}  ({self.tokens_total} generated)")
         table.add_row("TTFT", f"p50 {_s(self.ttft(50))}  p99 {_s(self.ttft(99))}")
         table.add_row("context", f"{_k(self.context_tokens)} (max {_k(self.max_context_tokens or None)})")
         table.add_row("prefix hit", _pct(self.hit_ratio))
-        for position, gpu in enumerate(self.gpus):
-            filled = int(round(max(0.0, min(100.0, gpu.util_pct)) / 5))
-            bar = Text("█" * filled, style="green" if gpu.util_pct >= 5 else "red")
+        for level in self.stages.levels(now):
+            # the bar is the mean over the last seconds; a stage busy in bursts reads busy, a dark one dark
+            filled = int(round(max(0.0, min(100.0, level.mean_pct)) / 5))
+            bar = Text("█" * filled, style="green" if level.max_pct >= 5 else "red")
             bar.append("·" * (20 - filled), style="dim")
-            bar.append(f" {gpu.util_pct:5.1f}%")
-            # stage CPU: one reading per stage, in stage order (not a GPU)
-            table.add_row(f"stage {position} CPU" if self.gpu_source is GpuSource.STAGE_CPU else f"gpu {gpu.index}", bar)
+            bar.append(f" max {level.max_pct:5.1f}%  mean {level.mean_pct:5.1f}%")
+            table.add_row(level.label, bar)
         if self.gpu_stale:
             table.add_row("gpu source", Text(self.gpu_stale, style="bold yellow"))
         for warning in self.warnings[-3:]:
             table.add_row("warning", Text(warning, style="yellow"))
         style = _STATE_STYLES[self.detector_state]
-        table.add_row("detector", f"[{style}]{self.detector_state.value}[/]")
+        table.add_row("detector", Text(self.detector_text(), style=style))
         if self.incidents:
             table.add_row("incidents", f"[bold red]{self.incidents}[/]")
         for topic, text in self.alerts.items():
@@ -197,6 +215,11 @@ def _warning(type: EventType | str, fields: Mapping[str, Any], start: float | No
         state = "failed" if type == EventType.CRITERION_FAIL else "at risk"
         return f"criterion {fields.get('criterion')}", f"{fields.get('criterion')} {state}: {reasons[0] if reasons else ''}"
     return None
+
+
+def clean_label(value: Any) -> str:
+    """A label for one terminal line: printable, bounded."""
+    return "".join(c if c.isprintable() else "?" for c in str(value))[:80]
 
 
 def _s(value: float | None) -> str:
@@ -243,7 +266,9 @@ class LiveView:
         self.state.phase = Phase.RUNNING
         if self.mode == "off":
             return
-        start_line = f"soak: run {info.run_id} against {info.target_kind.value} at {info.base_url}, writing {info.run_dir}"
+        build = f" (build {self.state.build})" if self.state.build else ""
+        start_line = (f"soak: run {info.run_id}{build} against {info.target_kind.value} at {info.base_url}, "
+                      f"writing {info.run_dir}")
         if self._exporter_url:
             start_line += f"; metrics on {self._exporter_url}"
         if self.mode == "rich":
@@ -295,6 +320,7 @@ class LiveView:
 
     def on_assessment(self, assessment: Assessment) -> None:
         self.state.detector_state = assessment.state
+        self.state.suspect = suspect_text(assessment, last=self.state.suspect)
 
     def on_incident(self, incident: IncidentRecord) -> None:
         self.state.incidents += 1
@@ -311,6 +337,12 @@ class LiveView:
                 self.state.alerts.pop(topic, None)
         if type in _PHASE_OF_EVENT:
             self.state.phase = _PHASE_OF_EVENT[type]
+            if type == EventType.LOAD_STOPPED:
+                ts = fields.get("ts")
+                self.state.stopped_at = ts if isinstance(ts, (int, float)) else self._clock.now()
+        elif type == EventType.BUILD:
+            build = fields.get("build") or fields.get("label")
+            self.state.build = clean_label(build) if build else None
         elif type == EventType.GPU_SOURCE_STALE:
             self.state.gpu_stale = str(fields.get("message") or "GPU readings are stale")
             if self.mode == "plain":

@@ -71,8 +71,8 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
         HarnessMetric(
             "soak_run",
             Kind.INFO,
-            "The run: its id, config name, workload, target kind and model.",
-            ("run", "name", "workload", "target", "model"),
+            "The run: its id, config name, workload, target kind, model and build (as soak history groups nights).",
+            ("run", "name", "workload", "target", "model", "build"),
         ),
         HarnessMetric("soak_run_start_time_seconds", Kind.GAUGE, "When the run started (unix seconds)."),
         HarnessMetric("soak_run_planned_duration_seconds", Kind.GAUGE, "The soak's planned duration."),

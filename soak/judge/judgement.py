@@ -18,6 +18,7 @@ from soak.criteria.constraints import judge as judge_criteria
 from soak.judge.ending import Ending, EndingSource
 from soak.judge.figures import figures
 from soak.judge.ladder import outcome_of
+from soak.judge.reasons import verdict_reasons
 from soak.judge.recorded import NOWHEN, Recorded
 from soak.records import Verdict
 from soak.thresholds.evaluate import ThresholdResult, evaluate_run, evaluate_windows, thresholds_entry
@@ -101,8 +102,10 @@ def judge(recorded: Recorded, ending: Ending) -> Judgement:
             _stop_reason(ending, breached=tuple(breached), exit_code=exit_code, criteria=criteria)
     # Whatever the loop believed at its end: the record on disk decides.
     verdict = Verdict.FAIL if incidents or not criteria.passed else end_verdict
-    reasons = [f"incident {i.get('number', '?')}: {i.get('kind', '?')} (rule {i.get('rule', '?')})" for i in incidents]
-    reasons += criteria.reasons
+    reasons = verdict_reasons(verdict=verdict, ending=ending, stop_reason=stop_reason, incidents=incidents,
+                              criteria_reasons=criteria.reasons,
+                              breached_rows=[r.to_json() for r in results or () if r.breached],
+                              live_breaches=recorded.events.threshold_breaches)
     return Judgement(verdict=verdict, exit_code=exit_code, end_verdict=end_verdict, reasons=tuple(reasons),
                      stop_reason=stop_reason, criteria=criteria, criteria_note=recorded.criteria_note,
                      thresholds=results, thresholds_entry=entry, breached=tuple(breached),
@@ -120,9 +123,13 @@ def run_ended_fields(judgement: Judgement, ending: Ending) -> dict[str, Any]:
 def summary_json(recorded: Recorded, judgement: Judgement) -> dict[str, Any]:
     """summary.json: the figures of the record and what the judgement decided."""
     summary = figures(recorded)
+    stopped = (recorded.events.load_events.get("stopped") or {}).get("reason")
     summary.update({
         "verdict": judgement.verdict.value,
         "stop_reason": judgement.stop_reason,
+        # Why the load stopped, as said then: a neutral fact, never why the run failed
+        # (stop_reason is run_ended's, with what the end found folded in).
+        "stopped_by": stopped if isinstance(stopped, str) else judgement.stop_reason,
         "exit_code": judgement.exit_code,
         "verdict_reasons": list(judgement.reasons),
         "criteria": judgement.criteria_json(),

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from soak.summary_file import RunSummary
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,11 +78,26 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
     finally:
         if heap.trimmer is not None:
             heap.trimmer.close()
-    summary = RunSummary.of(outcome.summary)
-    print(
-        f"soak run: {outcome.verdict.value} ({outcome.reason}); requests ok {summary.requests.ok} "
-        f"failed {summary.requests.failed}; incidents {len(summary.incidents)}; "
-        f"{soak_run.run_dir}/summary.json",
-        file=sys.stderr,
-    )
+    say_end(RunSummary.of(outcome.summary), exit_code=outcome.exit_code, run_dir=soak_run.run_dir,
+            stream=sys.stderr)
     return outcome.exit_code
+
+
+def say_end(summary: RunSummary, *, exit_code: int, run_dir: Path, stream: TextIO) -> None:
+    """The end-of-run block (soak.run.end_block), on every view mode; colour on a terminal only."""
+    from soak.run.end_block import end_block
+
+    files = [str(run_dir / name) for name in ("report.html", "summary.json") if (run_dir / name).exists()]
+    build = summary.build_entry.key if summary.build_entry is not None else None
+    try:
+        colour = stream.isatty()
+    except (AttributeError, ValueError):
+        colour = False
+    # TODO(issue 35, once soak.exposure lands from the history branch): pass
+    # at_risk=(r.hangs, r.exposure_s) with r = soak.exposure.at_risk(events.jsonl's events, summary),
+    # so this MTBF is report.html's and history's; until then the loaded time (duration_s).
+    try:
+        stream.write(end_block(summary, exit_code=exit_code, files=files, build=build, colour=colour))
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # a closed stream: the run's record and exit status stand

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from soak.clock import ManualClock
+from soak.events import EventType
 from soak.errors import PortInUse
 from soak.export.config import ExporterConfig
 from soak.export.exporter import Exporter
@@ -119,11 +120,28 @@ def test_run_info_and_time_remaining_follow_the_clock(make_exporter):
         workload="mooncake_trace:agentic.jsonl",
         target="simulator",
         model="deepseek-v4-flash",
+        build="",
     ) == 1
     assert value(scraped, "soak_run_start_time_seconds") == T0
     assert value(scraped, "soak_run_time_remaining_seconds") == pytest.approx(3000.0)
     clock.advance(5000.0)
     assert value(scrape(exporter), "soak_run_time_remaining_seconds") == 0
+
+
+def test_run_info_names_the_build_and_no_time_remains_once_the_load_stopped(make_exporter):
+    """soak_run_info carries the build as soak history groups nights (the build
+    event comes before the run starts); a run stopped early has 0 s remaining."""
+    clock = ManualClock(T0)
+    exporter = make_exporter(clock=clock)
+    exporter.on_event(EventType.BUILD, {"label": "nightly-abc", "build": "nightly-abc", "vllm_version": "0.11.0"})
+    exporter.on_start(run_info())
+    clock.advance(60.0)
+    exporter.on_event(EventType.LOAD_STOPPED, {"reason": "incident 1: on_hang: stop"})
+    scraped = scrape(exporter)
+    assert value(scraped, "soak_run_info", run="20261202-1642-demo", name="nightly",
+                 workload="mooncake_trace:agentic.jsonl", target="simulator", model="deepseek-v4-flash",
+                 build="nightly-abc") == 1
+    assert value(scraped, "soak_run_time_remaining_seconds") == 0
 
 
 def test_gpu_readings_per_gpu_and_a_failed_reading_keeps_the_last_good_one(make_exporter):

@@ -6,6 +6,7 @@ summary.json, whatever incidents, request outcomes, thresholds and ending facts.
 from __future__ import annotations
 
 import itertools
+import re
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from soak.judge import Ending, Problem, conclude, judge, read_recorded, rejudge, summary_json
+from soak.judge.reasons import threshold_text, value_text
 
 T0 = 1_800_000_000.0
 _dirs = itertools.count()
@@ -139,3 +141,38 @@ def test_an_older_run_ended_is_read_from_its_exit_code(tmp_path) -> None:
     _writer(run)({"verdict": "aborted", "reason": "interrupted", "exit_code": 130})
     judgement, summary = rejudge(run)
     assert (judgement.exit_code, summary.verdict.value, summary.stop_reason) == (130, "aborted", "interrupted")
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=runs, ending=endings)
+def test_a_run_that_did_not_pass_says_why_with_each_breach_and_its_observed_value(tmp_path_factory, spec,
+                                                                                 ending) -> None:
+    """verdict_reasons is never empty on a run that did not pass (an exit-99 run
+    had ``[]``), and every breached threshold is listed with what was observed."""
+    run = _write_run(tmp_path_factory.mktemp("judge"), **spec)
+    judgement = judge(read_recorded(run, cut_short=ending.load_cut_short), ending)
+    if judgement.verdict.value != "pass" or judgement.exit_code not in (0, None):
+        assert judgement.reasons, judgement
+    text = "\n".join(judgement.reasons)
+    for result in judgement.thresholds or ():
+        if result.breached:
+            if result.observed is None:  # no data at the end: said so, or by the live breach's value
+                assert result.metric in text, text
+            else:
+                assert f"{result.metric} {value_text(result.metric, result.observed)}" in text, text
+    if spec["breach"]:  # the live abort_on_fail stop (500 ms observed then) shows with a value
+        assert re.search(r"ttft_p99 [0-9.]+ (us|ms|s) > 1 ms", text), text
+    if judgement.exit_code == 99:
+        assert len(judgement.reasons) >= len(judgement.breached)
+
+
+def test_a_breach_reads_as_the_observed_value_against_the_limit() -> None:
+    breach = {"metric": "ttft_p99", "observed": 7.46, "limit": 2.0, "expression": "< 2s", "passed": False}
+    assert threshold_text(breach) == "ttft_p99 7.46 s > 2 s"
+    windowed = {**breach, "metric": "error_rate", "observed": 0.125, "limit": 0.01, "expression": "< 1%",
+                "window_s": 30.0}
+    assert threshold_text(windowed) == "error_rate 12.5% > 1% in the worst 30 s window"
+    held = {**breach, "observed": 0.000651, "passed": True}
+    # the one latency formatter (soak.durations.format_latency, via format_value) says 651 us
+    assert threshold_text(held) in ("ttft_p99 0.651 ms (< 2s holds)", "ttft_p99 651 us (< 2s holds)")
+    assert threshold_text({**breach, "observed": None}) == "ttft_p99: no data, so < 2s cannot be shown"

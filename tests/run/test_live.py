@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from soak.clock import ManualClock
-from soak.records import Assessment, DetectorState
+from soak.records import Assessment, DetectorState, RuleState, RuleStatus
 from soak.export.live import LiveView
 from soak.records import RunInfo
 from soak.samples import GpuReading, GpuSample, GpuSource, RequestRecord, ServerSample
@@ -22,7 +22,9 @@ def feed(view: LiveView, clock: ManualClock) -> None:
     view.on_sample(ServerSample(ts=clock.now(), ok=True, values={"prefix_cache_hits": 940, "prefix_cache_queries": 1000}))
     view.on_sample(GpuSample(ts=clock.now(), source=GpuSource.SIM,
                              gpus=tuple(GpuReading(index=i, util_pct=100.0 if i < 7 else 0.0) for i in range(8))))
-    view.on_assessment(Assessment(clock.now(), DetectorState.SUSPECT, ()))
+    view.on_assessment(Assessment(clock.now(), DetectorState.SUSPECT, (
+        RuleStatus("generation_frozen", RuleState.CLEAR, elapsed_s=0.4, threshold_s=20.0),
+        RuleStatus("stage_cpu_stall", RuleState.PENDING, elapsed_s=2.6, threshold_s=5.0))))
 
 
 def info(clock: ManualClock) -> RunInfo:
@@ -41,7 +43,8 @@ async def test_plain_line_for_nightly_logs() -> None:
     view.close()
     line = out.getvalue().splitlines()[-1]
     for words in ("10s elapsed", "1h5m50s left", "ok 18 failed 2", "ttft p50", "context 200.0K", "prefix hit 94.0%",
-                  "gpu% 100 100 100 100 100 100 100 0", "detector suspect"):
+                  "gpu% max/mean 100/100 100/100 100/100 100/100 100/100 100/100 100/100 0/0",
+                  "detector suspect: stage_cpu_stall 2.6/5.0 s"):
         assert words in line, (words, line)
     assert "tok/s" in line
 
@@ -55,7 +58,8 @@ async def test_rich_status_on_a_terminal() -> None:
     view.render()
     view.close()
     text = out.getvalue()
-    for words in ("requests", "18 ok", "2 failed", "tokens/s", "TTFT", "prefix hit", "94.0%", "gpu 7", "detector", "suspect"):
+    for words in ("requests", "18 ok", "2 failed", "tokens/s", "TTFT", "prefix hit", "94.0%", "gpu 7", "detector",
+                  "suspect: stage_cpu_stall 2.6/5.0 s", "max 100.0%  mean 100.0%"):
         assert words in text, words
     assert "█" in text  # utilization bars
 
