@@ -36,6 +36,13 @@ _RULE_MAPPINGS = [
         },
     }
 ]
+# Grey, not red: no harness to scrape is the normal state between nights.
+NO_RUN_GREY = "#808080"
+_RUN_MAPPINGS = [
+    {"type": "value", "options": {"0": {"text": "no run", "color": NO_RUN_GREY, "index": 0},
+                                  "1": {"text": "running", "color": "green", "index": 1}}},
+    {"type": "special", "options": {"match": "null+nan", "result": {"text": "no run", "color": NO_RUN_GREY, "index": 2}}},
+]
 _DETECTOR_THRESHOLDS = {
     "mode": "absolute",
     "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 1}, {"color": "red", "value": 2}],
@@ -92,16 +99,20 @@ def panels() -> list[list[Panel]]:
                 options={**stat_opts, "colorMode": "none"},
             ),
             Panel(
-                "Harness scrape",
+                "Run now",
                 "stat",
-                [Target(f'min(up{{job="soak",{BOX}}})', "up")],
+                [Target(f'max(up{{job="soak",{BOX}}})', "run")],
                 width=4,
                 height=4,
-                description="1 while Prometheus reaches the harness's exporter.",
-                mappings=[
-                    {"type": "value", "options": {"0": {"text": "down", "color": "red"}, "1": {"text": "up", "color": "green"}}}
-                ],
-                thresholds={"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]},
+                description=(
+                    "running while Prometheus reaches the harness's exporter; no run (grey) once it has gone, "
+                    "as after every night that ended. How the night went is in the annotations (run started, "
+                    "incidents, run ended) and on the nights dashboard; a harness that died mid-run has no "
+                    "'run ended' annotation."
+                ),
+                mappings=_RUN_MAPPINGS,
+                thresholds={"mode": "absolute", "steps": [{"color": NO_RUN_GREY, "value": None},
+                                                          {"color": "green", "value": 1}]},
                 options=stat_opts,
             ),
             Panel(
@@ -169,17 +180,32 @@ def panels() -> list[list[Panel]]:
         ],
         [
             Panel(
-                "Token rates",
+                "Generated tokens",
                 "timeseries",
                 [
                     Target(f"sum({_rate('vllm:generation_tokens_total')})", "server generated"),
-                    Target(f"sum({_rate('vllm:prompt_tokens_total')})", "server prompt"),
                     Target(f"sum({_rate('soak_client_streamed_tokens_total')})", "client streamed (content chunks)"),
                     Target(f"sum({_rate('soak_generated_tokens_total')})", "client generated (finished requests)"),
                 ],
-                width=12,
-                description="Server counters from vLLM's /metrics beside what the client received. A flat generated line with requests running is a hang or a long prefill; the detector tells which.",
+                width=8,
+                description="Decode, from vLLM's /metrics beside what the client received. A flat line at 0 with "
+                "requests running is a hang or a long prefill; the detector tells which. Prompt tokens have a "
+                "panel of their own: thousands of times more per second, they would flatten this line.",
                 unit="short",
+                min=0,
+            ),
+            Panel(
+                "Prompt tokens (prefill)",
+                "timeseries",
+                [
+                    Target(f"sum({_rate('vllm:prompt_tokens_total')})", "server prompt"),
+                    Target(f"sum({_rate('soak_prompt_tokens_total')})", "client prompt (finished requests)"),
+                ],
+                width=8,
+                description="Prompt tokens per second, server and client: agentic contexts run to hundreds of "
+                "thousands of tokens a turn.",
+                unit="short",
+                min=0,
             ),
             Panel(
                 "Requests: running, waiting, in flight",
@@ -189,7 +215,7 @@ def panels() -> list[list[Panel]]:
                     Target(f"sum(vllm:num_requests_waiting{{{BOX}}})", "waiting (server)"),
                     Target(f"sum(soak_requests_in_flight{{{BOX}}})", "in flight (client)"),
                 ],
-                width=12,
+                width=8,
                 unit="short",
             ),
         ],
@@ -347,9 +373,43 @@ def panels() -> list[list[Panel]]:
     ]
 
 
+# The run's name and id beside each run mark (soak_run_info is 1: multiplying by it keeps the value).
+_WITH_RUN = f"* on (instance, job) group_left (name, run) soak_run_info{{{BOX}}}"
+
+
 def annotations() -> list[dict[str, Any]]:
-    """Incidents and hung verdicts as annotations on every time panel."""
+    """A night on every time panel: its start and end, its incidents, the detector's hung verdicts.
+
+    The start and the end are series whose value is the moment itself (unix
+    seconds; ``useValueForTime`` reads milliseconds), so the mark sits where
+    the run started or ended, whatever the query's step. The end is when the
+    harness counted its ``run_ended`` event (the counter's ``_created``), which
+    the exporter holds until one last scrape has read it."""
     return [
+        {
+            "name": "Run started",
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "blue",
+            "expr": f"(soak_run_start_time_seconds{{{BOX}}} > 0) * 1000 {_WITH_RUN}",
+            "step": "1m",
+            "titleFormat": "run started: {{name}}",
+            "textFormat": "run {{run}}",
+            "tagKeys": "name",
+            "useValueForTime": True,
+        },
+        {
+            "name": "Run ended",
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "purple",
+            "expr": f'soak_events_created{{type="run_ended",{BOX}}} * 1000 {_WITH_RUN}',
+            "step": "1m",
+            "titleFormat": "run ended: {{name}}",
+            "textFormat": "run {{run}}; verdict and report: the run directory, the nights dashboard",
+            "tagKeys": "name",
+            "useValueForTime": True,
+        },
         {
             "name": "Incidents",
             "datasource": DATASOURCE,
