@@ -19,7 +19,8 @@ import json
 import sys
 from typing import Any
 
-from soak.export.dashboard_panels import annotations, panels
+from soak.export.dashboard_annotations import annotations
+from soak.export.dashboard_panels import panels
 from soak.export.grafana import DATASOURCE, GRID_WIDTH, panel_json
 
 DEFAULT_FROM = "now-24h"

@@ -163,7 +163,11 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
 
     # "Last night": this night's exit status for its build (green pass); a build whose
     # latest night is three days old reads "no run" (-1, grey), not its old red fail
-    old_night = f"soak_night_exit_code 1\nsoak_night_start_time_seconds {time.time() - 3 * 86400:.0f}\n"
+    from soak.export.names import PUSHED_METRICS
+
+    old_night = "".join(  # with the HELP the harness pushes: the Pushgateway refuses a second wording
+        f"# HELP {name} {PUSHED_METRICS[name].help}\n# TYPE {name} gauge\n{name} {value}\n"
+        for name, value in (("soak_night_exit_code", 1), ("soak_night_start_time_seconds", f"{time.time() - 3 * 86400:.0f}")))
     request = urllib.request.Request(f"http://{gateway}/metrics/job/soak-nightly/box/test-box/build/old",
                                      data=old_night.encode(), method="PUT")
     with urllib.request.urlopen(request, timeout=10) as response:
