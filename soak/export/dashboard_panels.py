@@ -9,7 +9,6 @@ dcgm-exporter.
 
 from __future__ import annotations
 
-
 from soak.export.grafana import DATASOURCE, Panel, Target
 
 BOX = 'box=~"$box"'

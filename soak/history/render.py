@@ -143,6 +143,11 @@ def plot_mtbf(h: History) -> bytes:
 
 
 def plot_per_night(h: History, what: str) -> bytes:
+    return _png(per_night_figure(h, what))
+
+
+def per_night_figure(h: History, what: str):
+    """Time to hang ("tth") or throughput per night, on an axis from 0."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     colors = _colors(h)
@@ -169,7 +174,7 @@ def plot_per_night(h: History, what: str) -> bytes:
     ax.set_ylim(bottom=0)  # an honest axis: a length or a rate read against nothing
     if labelled:
         ax.legend(fontsize=8)
-    return _png(fig)
+    return fig
 
 
 # -- html --------------------------------------------------------------------
@@ -209,10 +214,20 @@ def thresholds_cell(r: RunRecord) -> _Markup:
 def report_cell(r: RunRecord, out_dir: Path | None) -> _Markup:
     """A relative link to the run's report.html (so the folder can move or be served
     as it is), where the report existed when the history was read; the run's own path else."""
+    name = _e(Path(r.path).name or r.path)
     if r.report is None:
-        return _Markup(f"<span class='muted'>{_e(r.path)}</span>")
+        return _Markup(f"<span class='muted' title='{_e(r.path)}: no report.html'>{name}</span>")
     href = Path(os.path.relpath(r.report, out_dir)).as_posix() if out_dir is not None else r.report
-    return _Markup(f"<a href='{_e(href)}'>{_e(Path(r.path).name or r.path)}</a>")
+    return _Markup(f"<a href='{_e(href)}' title='{_e(r.path)}'>{name}</a>")
+
+
+def verdict_text(r: RunRecord) -> str:
+    """The verdict, with why where a fail had no incident: a breached SLO (exit 99) is not a hang."""
+    if r.cut_off:
+        return f"{r.verdict} (cut off)"
+    if r.verdict == "fail" and not r.incidents and r.thresholds_breached:
+        return "fail: thresholds breached, no incident"
+    return r.verdict
 
 
 def no_baseline_sentence(h: History) -> str:
@@ -271,7 +286,7 @@ def history_html(h: History, *, out_dir: Path | None = None) -> str:
     rows = []
     for r in h.runs:
         f = r.figures
-        rows.append([_utc(r.started_at), r.build, r.verdict + (" (cut off)" if r.cut_off else ""),
+        rows.append([_utc(r.started_at), r.build, verdict_text(r),
                      format_duration(r.exposure_s, approx=True), r.hangs, ", ".join(format_duration(t, approx=True) for t in r.times_to_hang_s) or "—",
                      *(format_value(k, f.get(k)) for k in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50",
                                                             "tpot_p99", "prefix_hit_ratio")),
