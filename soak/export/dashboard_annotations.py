@@ -11,7 +11,7 @@ from soak.export.dashboard_panels import BOX
 from soak.export.grafana import DATASOURCE
 
 # The run's name and id beside each run mark (soak_run_info is 1: multiplying by it keeps the value).
-_WITH_RUN = f"* on (instance, job) group_left (name, run) soak_run_info{{{BOX}}}"
+_WITH_RUN = f'* on (instance, job) group_left (name, run) soak_run_info{{run!="",{BOX}}}'
 
 
 def annotations() -> list[dict[str, Any]]:

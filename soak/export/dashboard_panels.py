@@ -116,10 +116,12 @@ def panels() -> list[list[Panel]]:
             Panel(
                 "Run",
                 "table",
-                [Target(f"soak_run_info{{{BOX}}}", "", instant=True, table=True)],
+                # Every run of the time range, not only one running now: at 09:00 the table names last night's.
+                # (run!="": before the run starts the exporter's info has no labels yet.)
+                [Target(f'last_over_time(soak_run_info{{run!="",{BOX}}}[$__range])', "", instant=True, table=True)],
                 width=8,
                 height=4,
-                description="The run's name, workload and target.",
+                description="The runs of the time range: name, workload and target.",
                 options={"showHeader": True},
                 transformations=[
                     {

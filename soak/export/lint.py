@@ -248,6 +248,6 @@ def time_range_problems(dashboard: dict[str, Any], *, at_least_s: float) -> list
     if reach is None:
         return [f"default time range {dashboard.get('time')!r} is not 'now-N' to 'now'"]
     if reach < at_least_s:
-        return [f"default time range reaches back {reach / 3600:g} h, less than the {at_least_s / 3600:g} h "
-                "a person needs to see last night the morning after"]
+        return [(f"default time range reaches back {reach / 3600:g} h, less than the {at_least_s / 3600:g} h "
+                 "a person needs to see last night the morning after")]
     return []

@@ -43,7 +43,7 @@ SCRAPE_S = 1
 # The stage-CPU source's gauge exists only where the run reads stage CPU (no GPUs).
 STAGE_CPU_METRIC = "soak_stage_cpu_percent"
 # Grafana's variables as a person with "All" boxes and a short range sees them.
-GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$box": ".*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "1h", "$box": ".*"}
 
 
 def run_config(sim, exporter_port: int) -> dict:
@@ -192,6 +192,10 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
         assert moments.pop() / 1000 == pytest.approx(at, abs=1.0), name
     verdicts = prometheus.query_range("max(soak_detector_state)", start, end)
     assert max(float(v) for _ts, v in verdicts[0]["values"]) == 2
+    # The morning after, the run table still names the night that ended.
+    run_table = next(p for p in load_dashboard()["panels"] if p["title"] == "Run")["targets"][0]["expr"]
+    rows = prometheus.api("query", query=substitute(run_table))["result"]
+    assert [r["metric"]["name"] for r in rows] == ["prometheus-test"]
     # The harness is gone now, which is what SoakHarnessDown watches.
     up = prometheus.api("query", query='up{job="soak"}')["result"]
     assert [float(s["value"][1]) for s in up] == [0.0]

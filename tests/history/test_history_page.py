@@ -61,7 +61,7 @@ def nights(tmp_path_factory):
         ("n5-fixed", "fixed", "6s", 5, [], {"ttft_p99": "< 90s"}),
         ("n6-fixed", "fixed", "6s", 7, [], None),
     ):
-        run_dir, codes[name] = night(tmp_path, name, build=build, duration=duration, seed=seed, faults=faults,
+        _run_dir, codes[name] = night(tmp_path, name, build=build, duration=duration, seed=seed, faults=faults,
                                      thresholds=thresholds)
     assert codes == {"n1-buggy": 1, "n2-fixed": 0, "n3-buggy": 1, "n4-fixed-slo": 99, "n5-fixed": 0, "n6-fixed": 0}
     runs = tmp_path / "runs"
