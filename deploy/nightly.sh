@@ -14,6 +14,9 @@
 #   SOAK_PUSHGATEWAY  optional Pushgateway URL for `soak history`'s per-build figures
 #                  (the night itself is pushed by soak run, from the config's pushgateway:)
 #   SOAK_BOX       the box label of that push (default: the host name)
+#   SOAK_BASELINE  the build soak history judges the others against (--baseline), e.g. the
+#                  config's build: label of the unfixed build; unset: history names no baseline
+#                  (it never guesses one, so a new night cannot change it)
 #   SOAK_BASELINE_MTBF  optional --baseline-mtbf for soak history, e.g. 15m
 # Exit status is soak run's (0 pass, 1 incident, 2 bad config, 3 target never ready,
 # 99 threshold breached, 130 interrupted), so the unit/cron job shows a failed night as failed.
@@ -50,6 +53,11 @@ if [ -d "$run_dir" ] && [ ! -f "$run_dir/report.html" ]; then
     "$SOAK" report "$run_dir" || echo "nightly: soak report $run_dir failed" >&2
 fi
 
+# Retention only ever deletes run directories directly inside RUNS_DIR, never the
+# newest failing run, and points RUNS_DIR/latest at the newest run. Before history,
+# so that history.html links only reports that still exist.
+"$PYTHON" -m soak.report.retention "$RUNS_DIR" --keep "$KEEP" || echo "nightly: retention failed" >&2
+
 # The nights' memory: the small files of every run (no samples, no evidence bundles)
 # are kept beyond retention, and soak history reads them all.
 HISTORY_DIR=${SOAK_HISTORY_DIR-$(dirname "$RUNS_DIR")/history}
@@ -59,7 +67,10 @@ if [ -n "$HISTORY_DIR" ] && [ -d "$run_dir" ]; then
     for f in summary.json events.jsonl config.yaml requests.jsonl plan.json; do
         [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$keep/"
     done
-    hargs=(history "$HISTORY_DIR/runs" --out "$HISTORY_DIR")
+    hargs=(history "$HISTORY_DIR/runs" --out "$HISTORY_DIR" --reports "$RUNS_DIR")
+    if [ -n "${SOAK_BASELINE:-}" ]; then
+        hargs+=(--baseline "$SOAK_BASELINE")
+    fi
     if [ -n "${SOAK_BASELINE_MTBF:-}" ]; then
         hargs+=(--baseline-mtbf "$SOAK_BASELINE_MTBF")
     fi
@@ -68,9 +79,5 @@ if [ -n "$HISTORY_DIR" ] && [ -d "$run_dir" ]; then
     fi
     "$SOAK" "${hargs[@]}" || echo "nightly: soak history failed" >&2
 fi
-
-# Retention only ever deletes run directories directly inside RUNS_DIR, never the
-# newest failing run, and points RUNS_DIR/latest at the newest run.
-"$PYTHON" -m soak.report.retention "$RUNS_DIR" --keep "$KEEP" || echo "nightly: retention failed" >&2
 
 exit $rc

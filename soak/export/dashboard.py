@@ -19,8 +19,11 @@ import json
 import sys
 from typing import Any
 
-from soak.export.dashboard_panels import annotations, panels
+from soak.export.dashboard_annotations import annotations
+from soak.export.dashboard_panels import panels
 from soak.export.grafana import DATASOURCE, GRID_WIDTH, panel_json
+
+DEFAULT_FROM = "now-24h"
 
 
 def build_dashboard() -> dict[str, Any]:
@@ -48,7 +51,9 @@ def build_dashboard() -> dict[str, Any]:
         "refresh": "10s",
         "schemaVersion": 39,
         "version": 1,
-        "time": {"from": "now-3h", "to": "now"},
+        # A person opening it at 09:00 sees the whole night (a 01:30 start, 66 minutes or
+        # 8 hours of it): the run's start, end and incidents are annotations on it.
+        "time": {"from": DEFAULT_FROM, "to": "now"},
         "timepicker": {},
         "links": [],
         "fiscalYearStartMonth": 0,

@@ -1,4 +1,4 @@
-"""The soak dashboard's panels and annotations: declarative data (titles, queries,
+"""The soak dashboard's panels: declarative data (titles, queries,
 units, mappings), laid out and serialized by ``soak.export.dashboard``.
 
 Every query goes through the ``$datasource`` variable and filters on the
@@ -8,8 +8,6 @@ dcgm-exporter.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from soak.export.grafana import DATASOURCE, Panel, Target
 
@@ -35,6 +33,13 @@ _RULE_MAPPINGS = [
             "2": {"text": "fired", "color": "red", "index": 3},
         },
     }
+]
+# Grey, not red: no harness to scrape is the normal state between nights.
+NO_RUN_GREY = "#808080"
+_RUN_MAPPINGS = [
+    {"type": "value", "options": {"0": {"text": "no run", "color": NO_RUN_GREY, "index": 0},
+                                  "1": {"text": "running", "color": "green", "index": 1}}},
+    {"type": "special", "options": {"match": "null+nan", "result": {"text": "no run", "color": NO_RUN_GREY, "index": 2}}},
 ]
 _DETECTOR_THRESHOLDS = {
     "mode": "absolute",
@@ -92,25 +97,31 @@ def panels() -> list[list[Panel]]:
                 options={**stat_opts, "colorMode": "none"},
             ),
             Panel(
-                "Harness scrape",
+                "Run now",
                 "stat",
-                [Target(f'min(up{{job="soak",{BOX}}})', "up")],
+                [Target(f'max(up{{job="soak",{BOX}}})', "run")],
                 width=4,
                 height=4,
-                description="1 while Prometheus reaches the harness's exporter.",
-                mappings=[
-                    {"type": "value", "options": {"0": {"text": "down", "color": "red"}, "1": {"text": "up", "color": "green"}}}
-                ],
-                thresholds={"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]},
+                description=(
+                    "running while Prometheus reaches the harness's exporter; no run (grey) once it has gone, "
+                    "as after every night that ended. How the night went is in the annotations (run started, "
+                    "incidents, run ended) and on the nights dashboard; a harness that died mid-run has no "
+                    "'run ended' annotation."
+                ),
+                mappings=_RUN_MAPPINGS,
+                thresholds={"mode": "absolute", "steps": [{"color": NO_RUN_GREY, "value": None},
+                                                          {"color": "green", "value": 1}]},
                 options=stat_opts,
             ),
             Panel(
                 "Run",
                 "table",
-                [Target(f"soak_run_info{{{BOX}}}", "", instant=True, table=True)],
+                # Every run of the time range, not only one running now: at 09:00 the table names last night's.
+                # (run!="": before the run starts the exporter's info has no labels yet.)
+                [Target(f'last_over_time(soak_run_info{{run!="",{BOX}}}[$__range])', "", instant=True, table=True)],
                 width=8,
                 height=4,
-                description="The run's name, workload and target.",
+                description="The runs of the time range: name, workload and target.",
                 options={"showHeader": True},
                 transformations=[
                     {
@@ -169,17 +180,32 @@ def panels() -> list[list[Panel]]:
         ],
         [
             Panel(
-                "Token rates",
+                "Generated tokens",
                 "timeseries",
                 [
                     Target(f"sum({_rate('vllm:generation_tokens_total')})", "server generated"),
-                    Target(f"sum({_rate('vllm:prompt_tokens_total')})", "server prompt"),
                     Target(f"sum({_rate('soak_client_streamed_tokens_total')})", "client streamed (content chunks)"),
                     Target(f"sum({_rate('soak_generated_tokens_total')})", "client generated (finished requests)"),
                 ],
-                width=12,
-                description="Server counters from vLLM's /metrics beside what the client received. A flat generated line with requests running is a hang or a long prefill; the detector tells which.",
+                width=8,
+                description="Decode, from vLLM's /metrics beside what the client received. A flat line at 0 with "
+                "requests running is a hang or a long prefill; the detector tells which. Prompt tokens have a "
+                "panel of their own: thousands of times more per second, they would flatten this line.",
                 unit="short",
+                min=0,
+            ),
+            Panel(
+                "Prompt tokens (prefill)",
+                "timeseries",
+                [
+                    Target(f"sum({_rate('vllm:prompt_tokens_total')})", "server prompt"),
+                    Target(f"sum({_rate('soak_prompt_tokens_total')})", "client prompt (finished requests)"),
+                ],
+                width=8,
+                description="Prompt tokens per second, server and client: agentic contexts run to hundreds of "
+                "thousands of tokens a turn.",
+                unit="short",
+                min=0,
             ),
             Panel(
                 "Requests: running, waiting, in flight",
@@ -189,7 +215,7 @@ def panels() -> list[list[Panel]]:
                     Target(f"sum(vllm:num_requests_waiting{{{BOX}}})", "waiting (server)"),
                     Target(f"sum(soak_requests_in_flight{{{BOX}}})", "in flight (client)"),
                 ],
-                width=12,
+                width=8,
                 unit="short",
             ),
         ],
@@ -344,34 +370,4 @@ def panels() -> list[list[Panel]]:
                 options={"showValue": "never", "mergeValues": True},
             ),
         ],
-    ]
-
-
-def annotations() -> list[dict[str, Any]]:
-    """Incidents and hung verdicts as annotations on every time panel."""
-    return [
-        {
-            "name": "Incidents",
-            "datasource": DATASOURCE,
-            "enable": True,
-            "iconColor": "red",
-            "expr": f"sum by (kind, rule) (increase(soak_incidents_total{{{BOX}}}[1m])) > 0",
-            "step": "15s",
-            "titleFormat": "incident: {{kind}}",
-            "textFormat": "rule {{rule}}",
-            "tagKeys": "kind,rule",
-            "useValueForTime": False,
-        },
-        {
-            "name": "Detector hung",
-            "datasource": DATASOURCE,
-            "enable": True,
-            "iconColor": "orange",
-            "expr": f"max(soak_detector_state{{{BOX}}}) == 2",
-            "step": "15s",
-            "titleFormat": "detector: hung",
-            "textFormat": "",
-            "tagKeys": "",
-            "useValueForTime": False,
-        },
     ]

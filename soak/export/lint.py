@@ -177,3 +177,77 @@ def dashboard_problems(dashboard: dict[str, Any], *, grid_width: int = 24) -> li
         if (annotation.get("datasource") or {}).get("uid") != DATASOURCE_UID:
             problems.append(f"annotation {annotation.get('name')!r}: not on the ${{datasource}} variable")
     return problems
+
+
+# Series whose values lie orders of magnitude apart: one linear axis holding two of
+# these groups flattens the smaller to a line at 0 (prompt tokens run about 3000
+# times faster than generated ones, and flattened the hang signal; TTFT runs to
+# seconds where TPOT stays below a millisecond).
+SCALE_GROUPS: dict[str, frozenset[str]] = {
+    "prompt tokens": frozenset({"vllm:prompt_tokens_total", "soak_prompt_tokens_total"}),
+    "generated tokens": frozenset({"vllm:generation_tokens_total", "soak_generated_tokens_total",
+                                   "soak_client_streamed_tokens_total"}),
+    "TTFT": frozenset({"soak_night_ttft_seconds"}),
+    "TPOT": frozenset({"soak_night_tpot_seconds"}),
+}
+
+
+def _right_axis_fields(panel: dict[str, Any]) -> set[str]:
+    """Display names an override moves to the right axis."""
+    names = set()
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        matcher = override.get("matcher", {})
+        if matcher.get("id") != "byName":
+            continue
+        if any(p.get("id") == "custom.axisPlacement" and p.get("value") == "right" for p in override.get("properties", [])):
+            names.add(matcher.get("options"))
+    return names
+
+
+def scale_problems(dashboard: dict[str, Any]) -> list[str]:
+    """Time-series panels that put two scale groups on one linear axis (a log axis,
+    or a right-axis override for one group, is fine)."""
+    problems = []
+    for panel in dashboard.get("panels", []):
+        if panel.get("type") != "timeseries":
+            continue
+        custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
+        if (custom.get("scaleDistribution") or {}).get("type") == "log":
+            continue
+        right = _right_axis_fields(panel)
+        sides: dict[str, set[str]] = {}
+        for target in panel.get("targets", []):
+            names = metric_names_in(target.get("expr", ""))
+            side = "right" if target.get("legendFormat") in right else "left"
+            for group, members in SCALE_GROUPS.items():
+                if names & members:
+                    sides.setdefault(side, set()).add(group)
+        for side, groups in sorted(sides.items()):
+            if len(groups) > 1:
+                problems.append(f"panel {panel.get('id')} {panel.get('title')!r}: "
+                                f"{' and '.join(sorted(groups))} on one linear {side} axis")
+    return problems
+
+
+_RELATIVE = re.compile(r"^now-(?P<n>\d+)(?P<unit>[smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def default_range_s(dashboard: dict[str, Any]) -> float | None:
+    """Seconds the dashboard's default time range reaches back ("now-24h" to "now"),
+    None for anything else (an absolute range shows one night only, forever)."""
+    time_range = dashboard.get("time") or {}
+    match = _RELATIVE.match(str(time_range.get("from", "")))
+    if not match or time_range.get("to") != "now":
+        return None
+    return int(match.group("n")) * _UNIT_S[match.group("unit")]
+
+
+def time_range_problems(dashboard: dict[str, Any], *, at_least_s: float) -> list[str]:
+    reach = default_range_s(dashboard)
+    if reach is None:
+        return [f"default time range {dashboard.get('time')!r} is not 'now-N' to 'now'"]
+    if reach < at_least_s:
+        return [(f"default time range reaches back {reach / 3600:g} h, less than the {at_least_s / 3600:g} h "
+                 "a person needs to see last night the morning after")]
+    return []

@@ -23,11 +23,36 @@ from soak.export.grafana import DATASOURCE, GRID_WIDTH, Panel, Target, panel_jso
 BOX = 'box=~"$box"'
 SEL = f'{{{BOX},build=~"$build"}}'
 _STAT = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "background"}
-_VERDICT_MAPPINGS = [{"type": "value", "options": {
-    "0": {"text": "pass", "color": "green", "index": 0},
-    "1": {"text": "fail", "color": "red", "index": 1},
-    "2": {"text": "aborted", "color": "orange", "index": 2},
-}}]
+NO_RUN_GREY = "#808080"
+# A night older than this is not last night's: the stat reads "no run" (grey).
+LAST_NIGHT_S = 36 * 3600
+NO_RUN = -1
+# By soak run's exit status (CONTRACTS.md): a hang or a crash (1) is red, a breached
+# SLO without an incident (99, k6's convention) orange; no run grey, never red.
+_NIGHT_MAPPINGS = [
+    {"type": "value", "options": {
+        str(NO_RUN): {"text": "no run", "color": NO_RUN_GREY, "index": 0},
+        "0": {"text": "pass", "color": "green", "index": 1},
+        "1": {"text": "fail: incident", "color": "red", "index": 2},
+        "2": {"text": "bad config", "color": "purple", "index": 3},
+        "3": {"text": "target never ready", "color": "purple", "index": 4},
+        "4": {"text": "harness fault", "color": "purple", "index": 5},
+        "99": {"text": "SLO breached", "color": "orange", "index": 6},
+        "130": {"text": "interrupted", "color": "purple", "index": 7},
+    }},
+    {"type": "special", "options": {"match": "null+nan", "result": {"text": "no run", "color": NO_RUN_GREY,
+                                                                    "index": 8}}},
+]
+_NIGHT_COLORS = {"mode": "absolute", "steps": [
+    {"color": NO_RUN_GREY, "value": None}, {"color": "green", "value": 0}, {"color": "red", "value": 1},
+    {"color": "purple", "value": 2}, {"color": "orange", "value": 99}, {"color": "purple", "value": 100},
+]}
+# Each build's latest exit status while its latest night started within LAST_NIGHT_S, else NO_RUN.
+_LAST_NIGHT = (
+    f"(max by (build) (soak_night_exit_code{SEL}) and on (build) "
+    f"(time() - max by (build) (soak_night_start_time_seconds{SEL}) < {LAST_NIGHT_S})) "
+    f"or on (build) (0 * max by (build) (soak_night_start_time_seconds{SEL}) - {-NO_RUN})"
+)
 _FIXED_MAPPINGS = [{"type": "value", "options": {
     "-1": {"text": "not yet shown", "color": "orange", "index": 0},
     "0": {"text": "not fixed", "color": "red", "index": 1},
@@ -39,11 +64,11 @@ _STEPS_LINE = {"custom": {"lineInterpolation": "stepAfter", "showPoints": "alway
 def panels() -> list[list[Panel]]:
     return [
         [
-            Panel("Last night", "stat", [Target(f"max by (build) (soak_night_verdict{SEL})", "{{build}}")], width=8,
-                  height=5, description="The latest night's verdict per build.", mappings=_VERDICT_MAPPINGS,
-                  thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
-                                                            {"color": "red", "value": 1},
-                                                            {"color": "orange", "value": 2}]}, options=_STAT),
+            Panel("Last night", "stat", [Target(_LAST_NIGHT, "{{build}}")], width=8,
+                  height=5, description="Each build's latest night by soak run's exit status: pass (green), an "
+                  "incident such as a hang (red), thresholds breached without an incident (exit 99, orange), "
+                  f"no night in the last {LAST_NIGHT_S // 3600} h (grey).", mappings=_NIGHT_MAPPINGS,
+                  thresholds=_NIGHT_COLORS, options=_STAT),
             Panel("Fixed against the baseline?", "stat", [Target(f"max by (build) (soak_build_fixed{SEL})", "{{build}}")],
                   width=8, height=5, description="soak history's verdict: fixed when the build's proven MTBF beats "
                   "the baseline build's.", mappings=_FIXED_MAPPINGS,
@@ -82,12 +107,19 @@ def panels() -> list[list[Panel]]:
             Panel("Throughput per night", "timeseries",
                   [Target(f"max by (build) (soak_night_output_tokens_per_second{SEL})", "{{build}}")], width=8,
                   unit="short", description="Generated tokens per second, warm-up excluded.", options={}),
-            Panel("TTFT and TPOT per night", "timeseries", [
+            # TTFT runs to seconds, TPOT to milliseconds: one axis would flatten TPOT to 0.
+            Panel("TTFT per night", "timeseries", [
+                Target(f'max by (build) (soak_night_ttft_seconds{{{BOX},build=~"$build",quantile="0.5"}})',
+                       "{{build}} TTFT p50"),
                 Target(f'max by (build) (soak_night_ttft_seconds{{{BOX},build=~"$build",quantile="0.99"}})',
                        "{{build}} TTFT p99"),
+            ], width=4, unit="s", min=0, options={}),
+            Panel("TPOT per night", "timeseries", [
                 Target(f'max by (build) (soak_night_tpot_seconds{{{BOX},build=~"$build",quantile="0.5"}})',
                        "{{build}} TPOT p50"),
-            ], width=8, unit="s", options={}),
+                Target(f'max by (build) (soak_night_tpot_seconds{{{BOX},build=~"$build",quantile="0.99"}})',
+                       "{{build}} TPOT p99"),
+            ], width=4, unit="s", min=0, options={}),
         ],
         [
             Panel("Nights", "table", [

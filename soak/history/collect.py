@@ -9,7 +9,6 @@ was cut off) and computes everything in soak.history.model.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,7 +38,19 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     return list(unique.values())
 
 
-def read_night(path: Path, *, window_s: float) -> tuple[RunRecord, list[float], dict[str, list[float]]]:
+def report_of(path: Path, reports: Path | None) -> str | None:
+    """The run's report.html while it exists: beside the run, or, for a run kept
+    beyond retention without it (the nightly's history copies), in ``reports``
+    under the run's directory name (the nightly's runs folder)."""
+    for folder in ([reports / path.name] if reports is not None else []) + [path]:
+        candidate = folder / "report.html"
+        if candidate.is_file():
+            return str(candidate.absolute())  # absolute: the page links to it relative to where it is written
+    return None
+
+
+def read_night(path: Path, *, window_s: float, reports: Path | None = None
+               ) -> tuple[RunRecord, list[float], dict[str, list[float]]]:
     """One run's record, throughput windows and latencies; a run that cannot be
     read (damaged in any way) is one ``ConfigError`` naming it, never a traceback."""
     from soak.report.compare import window_throughput
@@ -47,7 +58,8 @@ def read_night(path: Path, *, window_s: float) -> tuple[RunRecord, list[float], 
 
     try:
         data = load_run(path)
-        record = run_record(path=str(path), summary=data.summary, events=data.events, config=data.config)
+        record = run_record(path=str(path), summary=data.summary, events=data.events, config=data.config,
+                            report=report_of(path, reports))
         windows = window_throughput(data, window_s)
         latencies = {key: data.requests.ok_values(key).tolist() for key in ("ttft_s", "tpot_s")}
     except ConfigError:
@@ -59,17 +71,23 @@ def read_night(path: Path, *, window_s: float) -> tuple[RunRecord, list[float], 
 
 def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baseline: str | None = None,
                   baseline_mtbf_s: float | None = None, window_s: float = 60.0, resamples: int = 400,
-                  on_skip: Callable[[ConfigError], None] | None = None) -> History:
+                  reports: Path | None = None, on_skip: Callable[[ConfigError], None] | None = None) -> History:
     """Every readable run pooled; a run that cannot be read is left out and
     handed to ``on_skip`` (one line naming it), so one bad night never blocks
-    the others. None readable is a ``ConfigError``."""
+    the others. None readable is a ``ConfigError``.
+
+    The baseline build is the one a person names (``baseline``), never a guess:
+    a guess (the highest hang rate) flipped to another build when one night was
+    added, and turned the page's lead sentence around. Without one there is no
+    verdict against a build, no rate test and no cost; ``baseline_mtbf_s`` alone
+    still judges every build against that MTBF."""
     records: list[RunRecord] = []
     windows: dict[str, list[float]] = {}
     latencies: dict[str, dict[str, list[float]]] = {}
     skipped: list[ConfigError] = []
     for path in run_dirs:
         try:
-            record, night_windows, night_latencies = read_night(path, window_s=window_s)
+            record, night_windows, night_latencies = read_night(path, window_s=window_s, reports=reports)
         except ConfigError as exc:
             skipped.append(exc)
             if on_skip is not None:
@@ -91,13 +109,6 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
     builds = [build_stats(b, [r for r in records if r.build == b], confidence=confidence) for b in order]
     if baseline is not None and baseline not in order:
         raise ConfigError(f"--baseline: no build {baseline!r} among the runs, known: {', '.join(order)}")
-    if baseline is None:
-        # The unfixed build: the highest hang rate among builds that hung.
-        # (Hangs with no time at risk before them, e.g. a server that hung before
-        # the load began, make an infinite rate: the worst build.)
-        hung = [b for b in builds if b.hangs]
-        baseline = max(hung, key=lambda b: b.hangs / b.exposure_s if b.exposure_s > 0 else math.inf).build \
-            if hung else None
     base = next((b for b in builds if b.build == baseline), None)
     if baseline_mtbf_s is None and base is not None and base.mtbf is not None and base.mtbf.point_s is not None:
         baseline_mtbf_s = base.mtbf.point_s

@@ -1,19 +1,7 @@
 """History across nights: per-run records and per-build statistics, pure.
 
-Counting (docs/nightly.md, "Honest counting"):
-- A run's exposure is its time at risk: from the start of load (or from a
-  restart's ``restart_done``) to a hang's onset, or to the end of load. Time
-  between an onset and the restart is not at risk, and a run that stopped at an
-  incident contributes up to the onset only.
-- A cut-off run (no ``run_ended``: the harness or host died) counts up to the
-  last thing it recorded; an aborted run up to where its load stopped.
-- Every length is a difference on the run's monotonic time line (the
-  ``mono`` of its events; CONTRACTS.md "Time is monotonic"), never of wall
-  labels: a stepped wall clock changes no exposure. A run recorded before
-  ``mono`` existed is read from ``ts``.
-- Each restart starts a new interval, so one night can hold several
-  time-to-hang intervals; only hangs (incident kind ``hang``) are failures: a
-  crash or a lost server ends its interval, censored.
+Counting (docs/nightly.md, "Honest counting"): a night's exposure is its time at
+risk, ``soak.exposure`` (one definition, shared with report.html's MTBF).
 Per build, hangs are a Poisson process in pooled exposure: MTBF with the exact
 chi-square interval (soak.report.stats), a verdict against a baseline build's
 MTBF, the exact Poisson rate-ratio test between builds, and the throughput and
@@ -30,21 +18,13 @@ import numpy as np
 from scipy import stats as sps
 
 from soak.durations import format_duration
-from soak.events import EventType
+from soak.exposure import Interval, intervals_of  # noqa: F401 (the history's reading of a night, shared with the report)
 from soak.report.stats import MtbfEstimate, mtbf_estimate, quantile_estimate, required_clean_exposure
 from soak.summary_file import BuildEntry, IncidentEntry, RunSummary
 from soak.thresholds.metrics import RUN_METRICS, run_value
 
 # The per-run figures history shows: names from the one metric table.
 RUN_FIGURES = ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")
-
-
-@dataclass(frozen=True)
-class Interval:
-    start: float  # unix seconds
-    length_s: float
-    hang: bool  # True: ended by a hang at start + length_s; False: censored
-    ended_by: str  # "hang", "crash", "server_gone", "end of load", "cut off", ...
 
 
 @dataclass(frozen=True)
@@ -64,10 +44,19 @@ class RunRecord:
     figures: Mapping[str, float | None]
     thresholds_passed: bool | None
     restarts: int
+    thresholds_breached: tuple[str, ...] = ()
+    report: str | None = None  # the run's report.html, where one existed when the history was read
 
     @property
     def exposure_s(self) -> float:
         return sum(i.length_s for i in self.intervals)
+
+    @property
+    def clean(self) -> bool:
+        """A night a person reads as fine: it passed, with no incident and every threshold held.
+        A night without a hang that breached a threshold (exit 99) is hang-free, not clean."""
+        return (self.verdict == "pass" and not self.cut_off and not self.incidents and self.hangs == 0
+                and self.thresholds_passed is not False and not self.thresholds_breached and self.exposure_s > 0)
 
     @property
     def hangs(self) -> int:
@@ -78,100 +67,8 @@ class RunRecord:
         return tuple(i.length_s for i in self.intervals if i.hang)
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
-    """(time of an event, label of a time): on the monotonic line when the run
-    recorded ``mono`` (run-relative seconds; CONTRACTS.md "Time is monotonic"),
-    else on ``ts`` as a run recorded before ``mono`` existed."""
-    for e in events:
-        if e.get("type") == EventType.RUN_STARTED:
-            ts, mono = _num(e.get("ts")), _num(e.get("mono"))
-            if ts is not None and mono is not None:
-                def when(event: Mapping[str, Any], label: float | None = None) -> float | None:
-                    m, t = _num(event.get("mono")), _num(event.get("ts"))
-                    if label is not None:  # a label the event carries (an onset): as far before it as its ts
-                        base = m if m is not None else (None if t is None else mono + (t - ts))
-                        return None if base is None or t is None else base - (t - label)
-                    return m if m is not None else (None if t is None else mono + (t - ts))
-
-                return when, lambda m: None if m is None else ts + (m - mono)
-            break
-
-    def when_wall(event: Mapping[str, Any], label: float | None = None) -> float | None:
-        return label if label is not None else _num(event.get("ts"))
-
-    return when_wall, lambda t: t
-
-
-def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any]) -> tuple[Interval, ...]:
-    """The run's time-at-risk intervals, from its events (see the module docstring).
-    Lengths are monotonic differences; ``Interval.start`` is a label. ``summary``:
-    the typed record, or summary.json as parsed (read through it)."""
-    summary = RunSummary.of(summary)
-    when, label = _timeline(events)
-    load_started = load_stopped = None
-    restarts: list[float] = []
-    incidents: list[tuple[float, str]] = []
-    for e in events:
-        t, kind = when(e), e.get("type")
-        if t is None:
-            continue
-        if kind == EventType.LOAD_STARTED and load_started is None:
-            load_started = t
-        elif kind == EventType.LOAD_STOPPED:
-            load_stopped = t
-        elif kind == EventType.RESTART_DONE:
-            restarts.append(t)
-        elif kind == EventType.INCIDENT:
-            onset = _num(e.get("onset_at"))
-            detected = _num(e.get("detected_at"))
-            mark = onset if onset is not None else detected
-            at = when(e, mark) if mark is not None else t
-            incidents.append((at if at is not None else t, str(e.get("kind") or "incident")))
-    # The summary's figures are labels: back onto the time line by the run_started event.
-    anchor = {"ts": None, "type": "summary"}
-    if load_started is None:
-        started = summary.started_at
-        loaded = summary.duration_s
-        if not events and started is not None and loaded is not None and loaded > 0:
-            # No events to place anything by: the summary's monotonic seconds of load, not a wall difference.
-            reason = "cut off" if summary.cut_off else "end of load"
-            return (Interval(started, loaded, False, reason),)
-        load_started = None if started is None else when({**anchor, "ts": started})
-    if load_started is None:
-        return ()
-    cut_off = bool(summary.cut_off)
-    if load_stopped is not None:
-        end, end_reason = load_stopped, "end of load"
-    else:
-        ended = summary.ended_at
-        end = None if ended is None else when({**anchor, "ts": ended})
-        end_reason = "cut off" if cut_off else "end of load"
-    incidents.sort()
-    restarts.sort()
-    out: list[Interval] = []
-    seg_start: float | None = load_started
-    for onset, kind in incidents:
-        if seg_start is None:
-            # An incident with no restart before it (a second decision while the
-            # first was being handled): it belongs to no interval at risk.
-            continue
-        stop = max(seg_start, onset)
-        out.append(Interval(label(seg_start), stop - seg_start, kind == "hang", kind))
-        nxt = [r for r in restarts if r >= onset]
-        seg_start = nxt[0] if nxt else None
-        if nxt:
-            restarts.remove(nxt[0])
-    if seg_start is not None and end is not None and end > seg_start:
-        out.append(Interval(label(seg_start), end - seg_start, False, end_reason))
-    return tuple(out)
-
-
 def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, Any]],
-               config: Mapping[str, Any]) -> RunRecord:
+               config: Mapping[str, Any], report: str | None = None) -> RunRecord:
     from soak.history.build import build_identity, build_key
 
     build = summary.build_entry
@@ -188,6 +85,8 @@ def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, 
         figures={name: run_value(name, summary) for name in RUN_FIGURES},
         thresholds_passed=summary.thresholds.passed if summary.thresholds is not None else None,
         restarts=summary.restarts or 0,
+        thresholds_breached=summary.thresholds.breached if summary.thresholds is not None else (),
+        report=report,
     )
 
 
@@ -197,7 +96,7 @@ def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, 
 class BuildStats:
     build: str
     runs: int
-    clean_runs: int
+    clean_runs: int  # passed, no incident, thresholds held (RunRecord.clean)
     exposure_s: float
     hangs: int
     mtbf: MtbfEstimate | None
@@ -205,6 +104,7 @@ class BuildStats:
     digests: tuple[str, ...]
     verdict: str = ""  # against the baseline
     fixed: bool | None = None
+    hang_free_runs: int = 0  # what the MTBF verdict counts: a breached threshold is no hang
 
 
 @dataclass(frozen=True)
@@ -257,7 +157,8 @@ def build_stats(build: str, runs: Sequence[RunRecord], *, confidence: float) -> 
     exposure = sum(r.exposure_s for r in runs)
     hangs = sum(r.hangs for r in runs)
     return BuildStats(
-        build=build, runs=len(runs), clean_runs=sum(1 for r in runs if r.hangs == 0 and r.exposure_s > 0),
+        build=build, runs=len(runs), clean_runs=sum(1 for r in runs if r.clean),
+        hang_free_runs=sum(1 for r in runs if r.hangs == 0 and r.exposure_s > 0),
         exposure_s=exposure, hangs=hangs,
         mtbf=mtbf_estimate(hangs, exposure, confidence=confidence) if exposure > 0 else None,
         vllm_versions=tuple(sorted({r.vllm_version for r in runs if r.vllm_version})),
@@ -270,12 +171,12 @@ def _plural(n: int, word: str) -> str:
 
 
 def fixed_verdict(b: BuildStats, baseline_mtbf_s: float, baseline: str, *, confidence: float) -> tuple[str, bool | None]:
-    """"fixed at 95%: 5 clean nights, 330 min pooled, beat the unfixed MTBF of 15 min"."""
+    """"fixed at 95%: 5 nights without a hang, 330 min pooled, beat the unfixed MTBF of 15 min"."""
     pct = f"{confidence * 100:g}%"
     base = f"the {baseline} MTBF of {format_duration(baseline_mtbf_s, approx=True)}"
     if b.mtbf is None:
         return f"no exposure yet to judge against {base}", None
-    nights = _plural(b.runs, "night") if b.hangs else _plural(b.clean_runs, "clean night")
+    nights = _plural(b.runs, "night") if b.hangs else f"{_plural(b.hang_free_runs, 'night')} without a hang"
     hangs = f", {_plural(b.hangs, 'hang')}" if b.hangs else ""
     pooled = format_duration(b.exposure_s, approx=True)
     if b.mtbf.one_sided_lower_s > baseline_mtbf_s:

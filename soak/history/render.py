@@ -9,6 +9,7 @@ import html
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ CSV_COLUMNS = (
     "started_at_utc", "run_id", "path", "build", "label", "vllm_version", "launch_digest", "verdict", "cut_off",
     "exposure_s", "hangs", "times_to_hang_s", "intervals", "restarts", "output_tokens_per_s", "ttft_p50_s",
     "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "prefix_hit_ratio", "error_rate", "thresholds_passed",
+    "thresholds_breached", "clean", "report",
 )
 
 
@@ -41,6 +43,7 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         "incidents": [{"number": i.number, "kind": i.kind, "rule": i.rule, "onset_at": i.onset_at,
                        "detected_at": i.detected_at} for i in r.incidents],
         "figures": dict(r.figures), "thresholds_passed": r.thresholds_passed,
+        "thresholds_breached": list(r.thresholds_breached), "clean": r.clean, "report": r.report,
     }
 
 
@@ -49,7 +52,8 @@ def history_json(h: History) -> dict[str, Any]:
     for b in h.builds:
         m = b.mtbf
         builds.append({
-            "build": b.build, "runs": b.runs, "clean_runs": b.clean_runs, "exposure_s": b.exposure_s, "hangs": b.hangs,
+            "build": b.build, "runs": b.runs, "clean_runs": b.clean_runs, "hang_free_runs": b.hang_free_runs,
+            "exposure_s": b.exposure_s, "hangs": b.hangs,
             "mtbf_s": None if m is None else m.point_s, "mtbf_lower_s": None if m is None else m.lower_s,
             "mtbf_upper_s": None if m is None else m.upper_s,
             "mtbf_one_sided_lower_s": None if m is None else m.one_sided_lower_s,
@@ -79,6 +83,7 @@ def _csv_row(r: RunRecord) -> list[Any]:
         *("" if f.get(k) is None else f"{f[k]:.6g}" for k in
           ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")),
         "" if r.thresholds_passed is None else str(r.thresholds_passed).lower(),
+        ";".join(r.thresholds_breached), str(r.clean).lower(), r.report or "",
     ]
 
 
@@ -138,6 +143,11 @@ def plot_mtbf(h: History) -> bytes:
 
 
 def plot_per_night(h: History, what: str) -> bytes:
+    return _png(per_night_figure(h, what))
+
+
+def per_night_figure(h: History, what: str):
+    """Time to hang ("tth") or throughput per night, on an axis from 0."""
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     colors = _colors(h)
@@ -161,9 +171,10 @@ def plot_per_night(h: History, what: str) -> bytes:
         ax.set_ylabel("minutes (x: hang; ^: no hang, censored)")
     else:
         ax.set_ylabel("generated tokens/s")
+    ax.set_ylim(bottom=0)  # an honest axis: a length or a rate read against nothing
     if labelled:
         ax.legend(fontsize=8)
-    return _png(fig)
+    return fig
 
 
 # -- html --------------------------------------------------------------------
@@ -174,36 +185,79 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}td.n{text-align:righ
 
 
 def _e(v: Any) -> str:
-    return html.escape(str(v))
+    return v if isinstance(v, _Markup) else html.escape(str(v))
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    out = ["<table><tr>", *(f"<th>{_e(h)}</th>" for h in header), "</tr>"]
+class _Markup(str):
+    """A cell already written as HTML, its every outside string escaped."""
+
+
+def _table(header: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
+    out = [f"<table{f' class={chr(39)}{cls}{chr(39)}' if cls else ''}><tr>", *(f"<th>{_e(h)}</th>" for h in header),
+           "</tr>"]
     for row in rows:
         out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
     out.append("</table>")
     return "".join(out)
 
 
+def thresholds_cell(r: RunRecord) -> _Markup:
+    """✓ when every threshold held, ✗ and the breached ones, a dash where the run had none."""
+    if r.thresholds_breached or r.thresholds_passed is False:
+        names = ", ".join(r.thresholds_breached) or "breached"
+        return _Markup(f"<span class='bad'>✗ {_e(names)}</span>")
+    if r.thresholds_passed:
+        return _Markup("<span class='good'>✓</span>")
+    return _Markup("—")
+
+
+def report_cell(r: RunRecord, out_dir: Path | None) -> _Markup:
+    """A relative link to the run's report.html (so the folder can move or be served
+    as it is), where the report existed when the history was read; the run's own path else."""
+    name = _e(Path(r.path).name or r.path)
+    if r.report is None:
+        return _Markup(f"<span class='muted' title='{_e(r.path)}: no report.html'>{name}</span>")
+    href = Path(os.path.relpath(r.report, out_dir)).as_posix() if out_dir is not None else r.report
+    return _Markup(f"<a href='{_e(href)}' title='{_e(r.path)}'>{name}</a>")
+
+
+def verdict_text(r: RunRecord) -> str:
+    """The verdict, with why where a fail had no incident: a breached SLO (exit 99) is not a hang."""
+    if r.cut_off:
+        return f"{r.verdict} (cut off)"
+    if r.verdict == "fail" and not r.incidents and r.thresholds_breached:
+        return "fail: thresholds breached, no incident"
+    return r.verdict
+
+
+def no_baseline_sentence(h: History) -> str:
+    builds = ", ".join(b.build for b in h.builds)
+    return (f"No baseline build: none is judged fixed or better. Name one with --baseline BUILD "
+            f"(builds: {builds}); history never picks one itself, so a new night cannot change it.")
+
+
 def _img(title: str, png: bytes) -> str:
     return f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
 
-def history_html(h: History) -> str:
+def history_html(h: History, *, out_dir: Path | None = None) -> str:
+    """The page; ``out_dir``: where it is written, so that report links are relative to it."""
     pct = f"{h.confidence * 100:g}%"
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>soak history</title><style>{_CSS}</style></head><body>",
            f"<h1>soak history: {len(h.runs)} runs, {len(h.builds)} builds</h1>"]
     if h.best:
         out.append(f"<p class='lead'>{_e(h.best['statement'])}</p>")
+    elif h.baseline is None:
+        out.append(f"<p class='lead' id='no-baseline'>{_e(no_baseline_sentence(h))}</p>")
     out.append("<h2>Builds</h2>")
     rows = []
     for b in h.builds:
         m = b.mtbf
-        rows.append([b.build, b.runs, b.clean_runs, format_duration(b.exposure_s, approx=True), b.hangs,
+        rows.append([b.build, b.runs, b.clean_runs, b.hang_free_runs, format_duration(b.exposure_s, approx=True), b.hangs,
                      "—" if m is None or m.point_s is None else format_duration(m.point_s, approx=True),
                      "—" if m is None else f"{format_duration(m.lower_s, approx=True)} to {format_duration(m.upper_s, approx=True)}",
                      "—" if m is None else format_duration(m.one_sided_lower_s, approx=True), b.verdict])
-    out.append(_table(["build", "runs", "clean", "exposure", "hangs", "MTBF", f"{pct} interval",
+    out.append(_table(["build", "runs", "clean", "no hang", "exposure", "hangs", "MTBF", f"{pct} interval",
                        f"MTBF above ({pct})", "verdict"], rows))
     if h.baseline_mtbf_s:
         out.append(f"<p class='muted'>Baseline: {_e(h.baseline)}, MTBF {format_duration(h.baseline_mtbf_s, approx=True)}. Hangs are a "
@@ -232,15 +286,18 @@ def history_html(h: History) -> str:
     rows = []
     for r in h.runs:
         f = r.figures
-        rows.append([_utc(r.started_at), r.build, r.verdict + (" (cut off)" if r.cut_off else ""),
+        rows.append([_utc(r.started_at), r.build, verdict_text(r),
                      format_duration(r.exposure_s, approx=True), r.hangs, ", ".join(format_duration(t, approx=True) for t in r.times_to_hang_s) or "—",
                      *(format_value(k, f.get(k)) for k in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50",
                                                             "tpot_p99", "prefix_hit_ratio")),
-                     "—" if r.thresholds_passed is None else ("pass" if r.thresholds_passed else "breached"), r.path])
+                     thresholds_cell(r), "✓" if r.clean else "", report_cell(r, out_dir)])
     out.append(_table(["start (UTC)", "build", "verdict", "exposure", "hangs", "time to hang", "tok/s", "TTFT p50",
-                       "TTFT p99", "TPOT p50", "TPOT p99", "hit ratio", "thresholds", "run"], rows))
+                       "TTFT p99", "TPOT p50", "TPOT p99", "hit ratio", "thresholds", "clean", "report"], rows,
+                      cls="runs"))
     out.append("<p class='muted'>Exposure is time at risk: load start (or a restart) to a hang's onset or the end of "
-               "load; cut-off runs count up to their last record.</p></body></html>")
+               "load; cut-off runs count up to their last record. report.html's MTBF counts the same (soak.exposure). "
+               "Clean: passed, no incident, every threshold held; a breached threshold is no hang, but no clean "
+               "night either.</p></body></html>")
     return "".join(out)
 
 
@@ -249,5 +306,5 @@ def write_history(h: History, out_dir: Path) -> dict[str, Path]:
     paths = {"html": out_dir / "history.html", "csv": out_dir / "history.csv", "json": out_dir / "history.json"}
     paths["json"].write_text(json.dumps(history_json(h), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     paths["csv"].write_text(history_csv(h), encoding="utf-8")
-    paths["html"].write_text(history_html(h), encoding="utf-8")
+    paths["html"].write_text(history_html(h, out_dir=out_dir.absolute()), encoding="utf-8")
     return paths

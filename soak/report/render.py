@@ -18,6 +18,7 @@ import numpy as np
 
 from soak.bounds import LIMITS, InputRejected, read_file
 from soak.events import EventType
+from soak.exposure import at_risk
 from soak.fsio import write_atomic
 from soak.jsonl import read_json
 from soak.percentiles import percentiles
@@ -190,8 +191,8 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     cut_off = bool(summary.cut_off)
     incidents = summary.incidents
     hangs = summary.hangs
-    duration = summary.duration_s
-    mtbf = mtbf_estimate(hangs, duration, confidence=confidence) if duration is not None and duration > 0 else None
+    risk = at_risk(run.events, summary)  # the time at risk soak history counts: one MTBF for a night
+    mtbf = mtbf_estimate(risk.hangs, risk.exposure_s, confidence=confidence) if risk.exposure_s > 0 else None
     criteria_failed = [r for r in summary.criteria.rows if r.failed] if summary.criteria is not None else []
     if criteria_failed and not hangs:
         # A server that fails its requests is not being exercised: hang-free time

@@ -61,6 +61,7 @@ def test_every_panel_the_morning_check_needs_is_there():
     exprs = " ".join(t["expr"] for p in by_title.values() for t in p["targets"])
     for needed in (
         "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
         "soak_client_streamed_tokens_total",
         "vllm:prefix_cache_hits_total",
         "vllm:spec_decode_num_accepted_tokens_total",
@@ -122,3 +123,68 @@ def test_every_vllm_and_dcgm_name_queried_is_one_facts_md_lists():
     for suffix in ("_bucket", "_total"):
         used = {n.removesuffix(suffix) for n in used}
     assert sorted(used - listed) == []
+
+
+# -- the morning after (issue 35) ---------------------------------------------
+
+NIGHT_S = 12 * 3600  # 21:00 to 09:00: a night started at 01:30, seen at 09:00, with margin either side
+
+
+def test_the_default_time_range_shows_last_night_the_morning_after():
+    from soak.export.lint import default_range_s, time_range_problems
+
+    dashboard = load_dashboard()
+    assert time_range_problems(dashboard, at_least_s=NIGHT_S) == []
+    # 09:00 minus the range reaches back past a 01:30 start
+    assert 9 * 3600 - default_range_s(dashboard) < 1.5 * 3600
+    three_hours = dict(dashboard, time={"from": "now-3h", "to": "now"})
+    assert time_range_problems(three_hours, at_least_s=NIGHT_S) == [
+        "default time range reaches back 3 h, less than the 12 h a person needs to see last night the morning after"]
+    assert time_range_problems(dict(dashboard, time={"from": "2026-12-06T01:30:00Z", "to": "now"}),
+                               at_least_s=NIGHT_S)
+
+
+def test_a_runs_start_end_and_incidents_are_annotations():
+    annotations = {a["name"]: a for a in load_dashboard()["annotations"]["list"]}
+    start, end, incidents = annotations["Run started"], annotations["Run ended"], annotations["Incidents"]
+    # the value is the moment (ms), so the mark sits at the start or end whatever the step
+    assert start["useValueForTime"] and "soak_run_start_time_seconds" in start["expr"] and "* 1000" in start["expr"]
+    assert end["useValueForTime"] and 'soak_events_created{type="run_ended"' in end["expr"] and "* 1000" in end["expr"]
+    assert "soak_incidents_total" in incidents["expr"] and not incidents["useValueForTime"]
+    for a in (start, end):
+        assert "{{name}}" in a["titleFormat"] and a["enable"]
+
+
+def test_prompt_and_generated_tokens_never_share_an_axis():
+    from soak.export.lint import scale_problems
+
+    dashboard = load_dashboard()
+    assert scale_problems(dashboard) == []
+    by_title = {p["title"]: p for p in dashboard["panels"]}
+    generated = " ".join(t["expr"] for t in by_title["Generated tokens"]["targets"])
+    assert "vllm:generation_tokens_total" in generated and "prompt_tokens" not in generated
+    assert "vllm:prompt_tokens_total" in by_title["Prompt tokens (prefill)"]["targets"][0]["expr"]
+    # the old panel (both on one linear axis) is caught, and a right-axis override cures it
+    mixed = copy.deepcopy(by_title["Generated tokens"])
+    mixed["targets"].append({"refId": "Z", "expr": 'sum(rate(vllm:prompt_tokens_total{box=~"$box"}[5m]))',
+                             "legendFormat": "server prompt"})
+    problem = scale_problems({"panels": [mixed]})
+    assert problem == [f"panel {mixed['id']} 'Generated tokens': generated tokens and prompt tokens on one linear left axis"]
+    mixed["fieldConfig"]["overrides"] = [{"matcher": {"id": "byName", "options": "server prompt"},
+                                          "properties": [{"id": "custom.axisPlacement", "value": "right"}]}]
+    assert scale_problems({"panels": [mixed]}) == []
+
+
+def test_no_run_is_grey_never_a_red_down():
+    by_title = {p["title"]: p for p in load_dashboard()["panels"]}
+    assert "Harness scrape" not in by_title
+    run = by_title["Run now"]
+    assert 'up{job="soak"' in run["targets"][0]["expr"]
+    defaults = run["fieldConfig"]["defaults"]
+    values = {k: v for m in defaults["mappings"] if m["type"] == "value" for k, v in m["options"].items()}
+    special = [m["options"]["result"] for m in defaults["mappings"] if m["type"] == "special"]
+    assert values["0"]["text"] == "no run" and values["1"]["text"] == "running"
+    for shown in (values["0"], *special):  # exporter gone, or no series at all in the range
+        assert shown["text"] == "no run" and shown["color"] not in ("red", "dark-red", "semi-dark-red")
+    assert defaults["thresholds"]["steps"][0]["color"] == values["0"]["color"]
+    assert "down" not in str(run).lower()

@@ -43,7 +43,7 @@ SCRAPE_S = 1
 # The stage-CPU source's gauge exists only where the run reads stage CPU (no GPUs).
 STAGE_CPU_METRIC = "soak_stage_cpu_percent"
 # Grafana's variables as a person with "All" boxes and a short range sees them.
-GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$box": ".*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "1h", "$box": ".*"}
 
 
 def run_config(sim, exporter_port: int) -> dict:
@@ -176,11 +176,26 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
         assert has_data(quiet), metric
     # The incident reached Prometheus before the harness exited, and the
     # dashboard's annotation query, as written, shows it.
-    annotation = load_dashboard()["annotations"]["list"][0]["expr"]
-    incidents = prometheus.query_range(substitute(annotation), start, end)
+    annotations = {a["name"]: a for a in load_dashboard()["annotations"]["list"]}
+    incidents = prometheus.query_range(substitute(annotations["Incidents"]["expr"]), start, end)
     assert {(s["metric"]["kind"], s["metric"]["rule"]) for s in incidents} == {("hang", "pp_tail_stall")}
+    # The run's start and end marks, as Grafana reads them (useValueForTime: the value is
+    # the moment in ms), sit where the run directory says the run started and ended.
+    events = [json.loads(line) for line in (out.parent / "run" / "events.jsonl").read_text().splitlines()]
+    started = next(e["ts"] for e in events if e["type"] == "run_started")
+    ended = next(e["ts"] for e in events if e["type"] == "run_ended")
+    for name, at in (("Run started", started), ("Run ended", ended)):
+        marks = prometheus.query_range(substitute(annotations[name]["expr"]), start, end)
+        assert [s["metric"]["name"] for s in marks] == ["prometheus-test"], name  # the title's {{name}}
+        moments = {float(v) for _ts, v in marks[0]["values"]}
+        assert len(moments) == 1, (name, moments)  # one mark, whatever the step
+        assert moments.pop() / 1000 == pytest.approx(at, abs=1.0), name
     verdicts = prometheus.query_range("max(soak_detector_state)", start, end)
     assert max(float(v) for _ts, v in verdicts[0]["values"]) == 2
+    # The morning after, the run table still names the night that ended.
+    run_table = next(p for p in load_dashboard()["panels"] if p["title"] == "Run")["targets"][0]["expr"]
+    rows = prometheus.api("query", query=substitute(run_table))["result"]
+    assert [r["metric"]["name"] for r in rows] == ["prometheus-test"]
     # The harness is gone now, which is what SoakHarnessDown watches.
     up = prometheus.api("query", query='up{job="soak"}')["result"]
     assert [float(s["value"][1]) for s in up] == [0.0]

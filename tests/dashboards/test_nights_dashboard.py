@@ -41,3 +41,49 @@ def test_the_lint_catches_an_unknown_pushed_name_and_a_hard_coded_uid():
     assert any("soak_night_exposure_minutes" in p
                for p in unknown_metric_names(dashboard_expressions(dashboard), known_series_names(load_rules())))
     assert any("P1809F7CD0C75ACF3" in p for p in dashboard_problems(dashboard))
+
+
+def _last_night():
+    by_title = {p["title"]: p for p in load_dashboard(NIGHTS_DASHBOARD_PATH)["panels"]}
+    return by_title["Last night"]
+
+
+def _shown(panel, value):
+    """What the stat shows for a value: its mapping's text and colour."""
+    for mapping in panel["fieldConfig"]["defaults"]["mappings"]:
+        if mapping["type"] == "value" and str(value) in mapping["options"]:
+            return mapping["options"][str(value)]
+        if mapping["type"] == "special" and value is None:
+            return mapping["options"]["result"]
+    return None
+
+
+def test_last_night_tells_an_slo_breach_from_a_hang_and_no_run_is_grey():
+    panel = _last_night()
+    assert "soak_night_exit_code" in panel["targets"][0]["expr"]
+    assert _shown(panel, 0) == {"text": "pass", "color": "green", "index": 1}
+    assert _shown(panel, 1)["color"] == "red"  # a hang (exit 1)
+    assert _shown(panel, 99)["color"] == "orange" and "SLO" in _shown(panel, 99)["text"]
+    for no_run in (-1, None):
+        assert _shown(panel, no_run)["text"] == "no run" and _shown(panel, no_run)["color"] not in ("red", "orange")
+    # the thresholds agree with the mappings wherever a value has no mapping of its own
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    colour = lambda v: [s["color"] for s in steps if s["value"] is None or v >= s["value"]][-1]  # noqa: E731
+    assert (colour(-1), colour(0), colour(1), colour(99)) == (_shown(panel, -1)["color"], "green", "red", "orange")
+
+
+def test_ttft_and_tpot_are_not_on_one_linear_axis():
+    from soak.export.lint import scale_problems
+
+    dashboard = load_dashboard(NIGHTS_DASHBOARD_PATH)
+    assert scale_problems(dashboard) == []
+    by_title = {p["title"]: p for p in dashboard["panels"]}
+    assert "soak_night_ttft_seconds" in str(by_title["TTFT per night"]["targets"])
+    assert "soak_night_tpot_seconds" in str(by_title["TPOT per night"]["targets"])
+    assert "soak_night_ttft_seconds" not in str(by_title["TPOT per night"]["targets"])
+
+
+def test_the_default_range_holds_a_month_of_nights():
+    from soak.export.lint import time_range_problems
+
+    assert time_range_problems(load_dashboard(NIGHTS_DASHBOARD_PATH), at_least_s=14 * 86400) == []

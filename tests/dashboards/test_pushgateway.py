@@ -113,8 +113,9 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
     for night in FIXTURES.iterdir():
         if night.is_dir():
             shutil.copytree(night, tmp_path / "runs" / night.name)
-    done = subprocess.run(soak_cmd("history", str(tmp_path / "runs"), "--pushgateway", f"http://{gateway}",
-                                   "--label", "box=test-box"), capture_output=True, text=True, timeout=180)
+    done = subprocess.run(soak_cmd("history", str(tmp_path / "runs"), "--baseline", "unfixed", "--pushgateway",
+                                   f"http://{gateway}", "--label", "box=test-box"),
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     history = json.loads((tmp_path / "runs" / "history.json").read_text())
     builds = {b["build"]: b for b in history["builds"]}
@@ -159,6 +160,22 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
     assert one(prometheus, 'soak_build_fixed{build="fixed"}') == 1
     assert one(prometheus, 'soak_build_better_confidence{build="fixed"}') == pytest.approx(
         1 - next(t for t in history["rate_tests"] if t["b"] == "fixed")["p_b_lower"])
+
+    # "Last night": this night's exit status for its build (green pass); a build whose
+    # latest night is three days old reads "no run" (-1, grey), not its old red fail
+    from soak.export.names import PUSHED_METRICS
+
+    old_night = "".join(  # with the HELP the harness pushes: the Pushgateway refuses a second wording
+        f"# HELP {name} {PUSHED_METRICS[name].help}\n# TYPE {name} gauge\n{name} {value}\n"
+        for name, value in (("soak_night_exit_code", 1), ("soak_night_start_time_seconds", f"{time.time() - 3 * 86400:.0f}")))
+    request = urllib.request.Request(f"http://{gateway}/metrics/job/soak-nightly/box/test-box/build/old",
+                                     data=old_night.encode(), method="PUT")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status in (200, 202)
+    wait_for(prometheus, 'soak_night_exit_code{build="old"}')
+    last_night = next(p for p in load_dashboard(NIGHTS_DASHBOARD_PATH)["panels"] if p["title"] == "Last night")
+    shown = instant(prometheus, last_night["targets"][0]["expr"].replace("$box", ".*").replace("$build", ".*"))
+    assert shown == {(("build", "fixed"),): 0, (("build", "old"),): -1}, shown
 
     # every query of the "soak nights" dashboard returns data
     dashboard = load_dashboard(NIGHTS_DASHBOARD_PATH)

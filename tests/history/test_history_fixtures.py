@@ -33,7 +33,8 @@ T_FIXED = 3 * 3960 + 2000  # three clean 66-minute nights + one interrupted afte
 
 @pytest.fixture(scope="module")
 def history():
-    return build_history(find_runs([FIXTURES]), confidence=0.95)
+    # The baseline is named: history never guesses one (issue 35).
+    return build_history(find_runs([FIXTURES]), confidence=0.95, baseline="unfixed")
 
 
 def by_build(history):
@@ -71,7 +72,9 @@ def test_pooled_exposure_and_exact_chi_square_mtbf_per_build(history):
     assert unfixed.mtbf.lower_s == pytest.approx(2 * T_UNFIXED / CHI2_0975_8, rel=1e-3)  # 593 s
     assert unfixed.mtbf.upper_s == pytest.approx(2 * T_UNFIXED / CHI2_0025_6, rel=1e-3)  # 8406 s
     assert unfixed.mtbf.one_sided_lower_s == pytest.approx(2 * T_UNFIXED / CHI2_095_8, rel=1e-3)
-    assert fixed.exposure_s == pytest.approx(T_FIXED) and fixed.hangs == 0 and fixed.clean_runs == 4
+    # four nights without a hang; the interrupted one (aborted) is no clean night
+    assert fixed.exposure_s == pytest.approx(T_FIXED) and fixed.hangs == 0 and fixed.hang_free_runs == 4
+    assert fixed.clean_runs == 3
     assert fixed.mtbf.lower_s == pytest.approx(2 * T_FIXED / CHI2_0975_2, rel=1e-3)
     assert fixed.mtbf.one_sided_lower_s == pytest.approx(2 * T_FIXED / CHI2_095_2, rel=1e-3)  # 4633 s = 77 min
     assert fixed.mtbf.upper_s == float("inf")
@@ -79,11 +82,11 @@ def test_pooled_exposure_and_exact_chi_square_mtbf_per_build(history):
 
 def test_verdict_against_the_baseline_build(history):
     builds = by_build(history)
-    assert history.baseline == "unfixed"  # the highest hang rate
+    assert history.baseline == "unfixed"  # as named
     assert history.baseline_mtbf_s == pytest.approx(T_UNFIXED / 3)  # 28.9 min
     fixed = builds["fixed"]
     assert fixed.fixed is True
-    assert fixed.verdict == ("fixed at 95%: 4 clean nights, 3.9 h pooled, MTBF above 77 min, "
+    assert fixed.verdict == ("fixed at 95%: 4 nights without a hang, 3.9 h pooled, MTBF above 77 min, "
                              "beat the unfixed MTBF of 29 min")
     short = builds["vllm 0.11.3 · 5e1f00d"]  # unlabelled: grouped by version and launch digest
     assert short.fixed is None
@@ -114,7 +117,7 @@ def test_soak_history_writes_html_csv_and_json(tmp_path, capsys):
     runs = tmp_path / "runs"
     shutil.copytree(FIXTURES, runs, ignore=shutil.ignore_patterns("*.py"))
     os.symlink("n08-unlabelled", runs / "latest")  # the nightly's pointer: not a second run
-    assert soak_main(["history", str(runs)]) == 0
+    assert soak_main(["history", str(runs), "--baseline", "unfixed"]) == 0
     out = capsys.readouterr().out
     assert "fixed is the better build" in out
     data = json.loads((runs / "history.json").read_text())

@@ -44,8 +44,8 @@ def test_history_of_five_real_nights_names_the_fixed_build(tmp_path):
     night(tmp_path, "n4-fixed", build="fixed", duration="8s", seed=4, faults=[])
     night(tmp_path, "n5-fixed", build="fixed", duration="8s", seed=5, faults=[])
 
-    done = subprocess.run(soak_cmd("history", str(tmp_path / "runs"), "--window", "1s"), capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(soak_cmd("history", str(tmp_path / "runs"), "--window", "1s", "--baseline", "buggy"),
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     data = json.loads((tmp_path / "runs" / "history.json").read_text())
     builds = {b["build"]: b for b in data["builds"]}

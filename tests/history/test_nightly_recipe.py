@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ def test_the_nightly_keeps_every_night_for_history_beyond_retention(tmp_path):
     stub.chmod(0o755)
     runs, history = tmp_path / "runs", tmp_path / "history"
     env = {**os.environ, "SOAK_CONFIG": "/etc/soak/x.yaml", "SOAK_RUNS_DIR": str(runs), "SOAK_KEEP": "2",
-           "SOAK_BIN": str(stub), "SOAK_PYTHON": sys.executable, "SOAK_HISTORY_DIR": str(history)}
+           "SOAK_BIN": str(stub), "SOAK_PYTHON": sys.executable, "SOAK_HISTORY_DIR": str(history),
+           "SOAK_BASELINE": "unfixed"}
     for night in nights:
         done = subprocess.run(["bash", str(REPO / "deploy" / "nightly.sh")], env={**env, "STUB_NIGHT": night},
                               capture_output=True, text=True, timeout=180)
@@ -48,3 +50,8 @@ def test_the_nightly_keeps_every_night_for_history_beyond_retention(tmp_path):
     assert builds["fixed"]["exposure_s"] == 3 * 3960 and builds["fixed"]["fixed"] is True
     assert (history / "history.html").is_file() and (history / "history.csv").is_file()
     assert not (history / "runs" / kept[0].name / "samples.jsonl").exists()  # only the small files
+    # history.html links each night's report.html while retention keeps it, relative to the page
+    page = (history / "history.html").read_text()
+    links = set(re.findall(r"href='([^']+)'", page))
+    assert links == {f"../runs/{p.name}/report.html" for p in kept}
+    assert all((history / link).is_file() for link in links)
