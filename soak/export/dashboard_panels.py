@@ -9,7 +9,7 @@ dcgm-exporter.
 
 from __future__ import annotations
 
-from soak.export.grafana import DATASOURCE, Panel, Target
+from soak.export.grafana import Panel, Target
 
 BOX = 'box=~"$box"'
 

@@ -85,7 +85,9 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
 
 def say_end(summary: RunSummary, *, exit_code: int, run_dir: Path, stream: TextIO) -> None:
     """The end-of-run block (soak.run.end_block), on every view mode; colour on a terminal only."""
+    from soak.exposure import at_risk
     from soak.run.end_block import end_block
+    from soak.store.rundir import RunDir
 
     files = [str(run_dir / name) for name in ("report.html", "summary.json") if (run_dir / name).exists()]
     build = summary.build_entry.key if summary.build_entry is not None else None
@@ -93,11 +95,11 @@ def say_end(summary: RunSummary, *, exit_code: int, run_dir: Path, stream: TextI
         colour = stream.isatty()
     except (AttributeError, ValueError):
         colour = False
-    # TODO(issue 35, once soak.exposure lands from the history branch): pass
-    # at_risk=(r.hangs, r.exposure_s) with r = soak.exposure.at_risk(events.jsonl's events, summary),
-    # so this MTBF is report.html's and history's; until then the loaded time (duration_s).
+    # The time at risk report.html and soak history count (soak.exposure): one MTBF a night.
+    risk = at_risk(list(RunDir(run_dir).events()), summary)
     try:
-        stream.write(end_block(summary, exit_code=exit_code, files=files, build=build, colour=colour))
+        stream.write(end_block(summary, exit_code=exit_code, files=files, build=build, colour=colour,
+                               at_risk=(risk.hangs, risk.exposure_s)))
         stream.flush()
     except (OSError, ValueError):
         pass  # a closed stream: the run's record and exit status stand

@@ -12,10 +12,11 @@ from the run directory is shown with its control bytes replaced.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
+from soak.durations import format_latency
 from soak.judge.reasons import threshold_text, value_text
+from soak.printable import printable
 from soak.records import Verdict
 from soak.summary_file import IncidentEntry, RunSummary
 
@@ -41,21 +42,7 @@ _VERDICT_COLOURS = {Verdict.PASS: _GREEN, Verdict.FAIL: _RED, Verdict.ABORTED: _
 
 def clean(text: Any) -> str:
     """A string from a run directory, fit for a terminal: no control bytes (no escape sequences)."""
-    return "".join(c if c.isprintable() else "?" for c in str(text))
-
-
-def format_latency(seconds: float | None) -> str:
-    """Small values in milliseconds or microseconds ("651 us", "12.3 ms", "7.46 s").
-
-    A local stand-in for soak.durations.format_latency (issue 35, owned by the
-    config helper); swap the call once that lands."""
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    if seconds < 0.001:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1000:.3g} ms"
-    return f"{seconds:.3g} s" if seconds < 100 else f"{seconds:.0f} s"
+    return printable(str(text))
 
 
 def _paint(text: str, code: str, colour: bool) -> str:

@@ -92,7 +92,7 @@ def test_colour_only_on_a_terminal_and_hostile_text_never_reaches_it() -> None:
 
 def test_latency_small_values_in_ms_and_us() -> None:
     assert [format_latency(v) for v in (0.000651, 0.0123, 0.651, 7.46, None)] == \
-        ["651 us", "12.3 ms", "651 ms", "7.46 s", "-"]
+        ["651 us", "12.3 ms", "651 ms", "7.46 s", "\u2014"]
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers() | st.text(max_size=8),
