@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 from soak.clock import Clock
 from soak.durations import format_duration
 from soak.events import EventType
+from soak.printable import printable
 from soak.export.live_rows import StageWindow, levels_text, suspect_text
 from soak.percentiles import percentile
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
@@ -197,6 +198,12 @@ class ViewState:
         return table
 
 
+def _terminal(text: str) -> str:
+    """Incident summaries, warnings and the status line quote the server (titles, errors,
+    log lines): no escape sequence or stray line break of theirs reaches the terminal."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def _warning(type: EventType | str, fields: Mapping[str, Any], start: float | None) -> tuple[str, str] | None:
     """(topic, text) for an event the operator should see now; an empty text clears the topic."""
     if type == EventType.METRICS_STALE:
@@ -297,6 +304,7 @@ class LiveView:
 
     def _say(self, text: str) -> None:
         """A line that stays: above the live table on a terminal, a plain line otherwise."""
+        text = _terminal(text)
         if self._live is not None:
             try:
                 # markup off: run directories and reasons may hold [brackets]
@@ -308,7 +316,7 @@ class LiveView:
 
     def _print(self, text: str) -> None:
         try:
-            print(text, file=self._stream, flush=True)
+            print(_terminal(text), file=self._stream, flush=True)
         except (OSError, ValueError):
             pass  # a closed pipe must not end the soak
 

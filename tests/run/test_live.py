@@ -73,3 +73,33 @@ async def test_requests_the_harness_cut_are_not_shown_as_failed() -> None:
         view.on_request(RequestRecord(request_id=f"r{i}", session="s", turn=i, started_at=clock.now(),
                                       ended_at=clock.now(), outcome=outcome, cut_by=cut_by))
     assert "requests ok 1 failed 1 cut 2 |" in view.state.line(clock.now())
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from soak.records import IncidentKind, IncidentRecord  # noqa: E402
+
+
+@settings(max_examples=100, deadline=None)
+@given(said=st.text(max_size=60))
+def test_lines_that_quote_the_server_reach_the_terminal_without_control_characters(said) -> None:
+    """An incident's summary and a warning quote the server (worker titles, errors, log
+    lines): whatever it said, the plain view prints no escape or control character."""
+    import asyncio
+
+    clock = ManualClock(1000.0)
+    out = io.StringIO()
+
+    async def show() -> None:
+        view = LiveView(clock=clock, mode="plain", stream=out, plain_interval_s=3600)
+        view.on_start(info(clock))
+        view.on_incident(IncidentRecord(number=1, kind=IncidentKind.HANG, rule="stage_cpu_stall", onset_at=999.0,
+                                        detected_at=1000.0, killed_pids=(), gpus_released=None, gpu_free_s=None,
+                                        evidence="incidents/1", summary=f"hang: {said}"))
+        view.on_event("warning", {"ts": 1000.0, "message": said})
+        view.close()
+
+    asyncio.run(show())
+    assert "hang: " in out.getvalue()
+    for line in out.getvalue().split("\n"):
+        assert line.isprintable(), repr(line)
