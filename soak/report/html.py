@@ -335,8 +335,9 @@ def render_html(model: ReportModel) -> str:
                "dotted: a JIT compile during inference (vLLM's jit_monitor). The heatmap has one row a pipeline "
                "stage (its busiest GPU): the colour is the stage's mean over the column, so healthy load reads as "
                "an even band; a red ring marks a column in which the stage sat dark while another stage was busy "
-               "for two readings or more, however short: a stalled last stage beside busy ones is a ring on its "
-               "row. Each incident above has its own zoom, reading by reading.</p>")
+               "for as long as the detector's pp_tail_stall window (3 s on GPUs), however narrow the column: a "
+               "stalled last stage beside busy ones is a ring on its row (the harness's own kill and restart "
+               "mark nothing). Each incident above has its own zoom, reading by reading.</p>")
     for title, png in model.images:
         out.append(f"<img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
     out.append("<h2>Requests</h2>")

@@ -83,7 +83,8 @@ def _finish(fig: Figure, ax, title: str, xlim: tuple[float, float] | None = None
 
 def gpu_heatmap_png(ts: np.ndarray, stage_util: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
                     max_columns: int = 240, min_width_s: float = 2.0, xlim: tuple[float, float] | None = None,
-                    stage_cpu: bool = False, dark_pct: float = 10.0, busy_pct: float = 90.0) -> bytes:
+                    stage_cpu: bool = False, dark_pct: float = 10.0, busy_pct: float = 90.0, hold_s: float = 3.0,
+                    quiet: Sequence[tuple[float, float]] = ()) -> bytes:
     """One row a pipeline stage (its busiest GPU, or the stage's CPU): colour from
     the mean over each column, a red ring where the stage sat dark beside a busy
     one (soak.report.series.heatmap_grid), so a stalled tail shows on a long night."""
@@ -99,7 +100,7 @@ def gpu_heatmap_png(ts: np.ndarray, stage_util: np.ndarray, *, start: float, mar
         _finish(fig, ax, what, xlim)
         return _png(fig)
     edges, mean, dark = heatmap_grid(ts, util, max_columns=max_columns, min_width_s=min_width_s,
-                                     dark_pct=dark_pct, busy_pct=busy_pct)
+                                     dark_pct=dark_pct, busy_pct=busy_pct, hold_s=hold_s, quiet=quiet)
     x0, x1 = _minutes(edges[[0, -1]], start)
     image = ax.imshow(mean, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
                       extent=(x0, x1, stages - 0.5, -0.5))

@@ -27,7 +27,7 @@ from soak.report.html import render_html
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RequestColumns, RunData, load_run
 from soak.report.series import stage_columns
-from soak.report.zoom import incident_zooms
+from soak.report.zoom import downtimes, incident_zooms
 from soak.samples import GpuSource
 from soak.report.stats import MtbfEstimate, mtbf_estimate
 from soak.summary_file import IncidentEntry, RunSummary
@@ -180,11 +180,13 @@ def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
                default=start + 60)
     xlim = (0.0, max(last - start, 1.0) / 60.0)
     stage_cpu = run.gpu_source is GpuSource.STAGE_CPU
-    dark, busy, _ = _tail_marks(run)
+    dark, busy, hold = _tail_marks(run)
+    quiet = downtimes(run.events, end=end).values()
     return [
         ("Stage CPU" if stage_cpu else "GPU utilization",
          plots.gpu_heatmap_png(run.gpu_ts, stage_columns(run.gpu_util, run.stages), start=start, markers=markers,
-                               xlim=xlim, stage_cpu=stage_cpu, dark_pct=dark, busy_pct=busy)),
+                               xlim=xlim, stage_cpu=stage_cpu, dark_pct=dark, busy_pct=busy, hold_s=hold,
+                               quiet=list(quiet))),
         ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
                                              run.client_tokens, start=start, markers=markers, xlim=xlim)),
         ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),

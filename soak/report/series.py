@@ -104,18 +104,31 @@ def dark_beside_busy(stage_util: np.ndarray, *, busy_pct: float, dark_pct: float
     return marked
 
 
+READINGS_PER_COLUMN = 8
+
+
 def heatmap_grid(ts: np.ndarray, stage_util: np.ndarray, *, max_columns: int, min_width_s: float,
-                 dark_pct: float, busy_pct: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 dark_pct: float, busy_pct: float, hold_s: float = 0.0,
+                 quiet: Sequence[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(edges, mean, dark) for the night-long heatmap, one row a stage: ``mean``
     (stages, columns) colours the cell, so healthy load's instant 0/60/100%
     readings average out instead of striping; ``dark`` (stages, columns) is the
-    max over the column of ``dark_beside_busy``, so a stage that sat dark for a
-    few seconds beside a busy one keeps its mark however wide the column."""
+    max over the column of ``dark_beside_busy`` held for ``hold_s`` (the
+    detector's window: a pipeline bubble is shorter), so a stage that sat dark
+    for a few seconds beside a busy one keeps its mark however wide the column.
+    ``quiet``: spans (the server down for a kill and restart, its start-up with an
+    idle tail before the first token) that mark nothing."""
     ts = np.asarray(ts, dtype=float)
     x = np.asarray(stage_util, dtype=float)
     period = float(np.median(np.diff(ts))) if ts.size > 2 else 0.5
-    edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns, min_width_s=max(min_width_s, period * 1.01))
+    # a column holds at least READINGS_PER_COLUMN readings, so its mean is a mean and
+    # not one instant reading of a stage between steps (the barcode of a short run)
+    edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns,
+                      min_width_s=max(min_width_s, period * READINGS_PER_COLUMN))
     mean = np.vstack([binned_mean(ts, x[:, s], edges) for s in range(x.shape[1])])
-    marks = dark_beside_busy(x, busy_pct=busy_pct, dark_pct=dark_pct).astype(float)
-    dark = np.vstack([binned_max(ts, marks[:, s], edges) for s in range(x.shape[1])]) >= 1.0
+    readings = max(2, int(round(hold_s / period)) if period > 0 else 2)
+    marks = dark_beside_busy(x, busy_pct=busy_pct, dark_pct=dark_pct, readings=readings)
+    for a, b in quiet:
+        marks[(ts >= a) & (ts <= b)] = False
+    dark = np.vstack([binned_max(ts, marks[:, s].astype(float), edges) for s in range(x.shape[1])]) >= 1.0
     return edges, mean, dark
