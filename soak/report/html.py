@@ -337,7 +337,8 @@ def render_html(model: ReportModel) -> str:
                "an even band; a red ring marks a column in which the stage sat dark while another stage was busy "
                "for as long as the detector's pp_tail_stall window (3 s on GPUs), however narrow the column: a "
                "stalled last stage beside busy ones is a ring on its row (the harness's own kill and restart "
-               "mark nothing). Each incident above has its own zoom, reading by reading.</p>")
+               "mark nothing)." + (" Each incident above has its own zoom, reading by reading." if model.incidents
+                                   else "") + "</p>")
     for title, png in model.images:
         out.append(f"<img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
     out.append("<h2>Requests</h2>")

@@ -31,7 +31,7 @@ from soak.store.summary import EVENT_TYPES, REQUEST_TYPES
 from soak.samples import GpuSource
 from soak.summary_file import RunSummary
 
-# The timelines are binned to at most 720 columns; more points than this per
+# The timelines are binned to at most 240 columns (the heatmap; the other plots fewer); more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
 # read whole; a 24-hour one keeps a sample every few seconds of each series.
 MAX_TIMELINE_POINTS = 20_000
