@@ -212,6 +212,10 @@ def zoom_svg(zoom: Zoom) -> str:
     return "".join(out)
 
 
+# A night of many hangs keeps its page small: the first this many incidents get a zoom each.
+MAX_ZOOMS = 50
+
+
 def incident_zooms(run: "RunData", incidents: Sequence[Any], *, span_s: float = 60.0) -> dict[int, str]:
     """incident number -> its zoom's SVG, for every incident with an onset (or a
     detection time, where the onset is unknown)."""
@@ -223,7 +227,7 @@ def incident_zooms(run: "RunData", incidents: Sequence[Any], *, span_s: float = 
     down = downtimes(run.events, end=run.summary.ended_at)
     unit = "stage CPU (% of one core)" if run.gpu_source is GpuSource.STAGE_CPU else "GPU utilization (%)"
     out = {}
-    for i in incidents:
+    for i in incidents[:MAX_ZOOMS]:
         onset = i.onset_at if i.onset_at is not None else i.detected_at
         if i.number is None or onset is None:
             continue

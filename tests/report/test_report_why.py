@@ -112,3 +112,22 @@ def test_harness_windows_cover_each_kill_to_its_restart_and_the_stop_onwards() -
         {"type": "load_stopped", "ts": T0 + 300}]
     windows = harness_windows(events, grace_s=5.0)
     assert [(w.start - T0, w.end - T0) for w in windows] == [(95, 115), (195, 225), (295, math.inf)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["hang", "crash"]), st.sampled_from(["pp_tail_stall", "log_signature"]),
+                          st.floats(min_value=0, max_value=86_400)), max_size=6),
+       st.integers(min_value=0, max_value=5))
+def test_every_incident_is_counted_once_with_its_time_and_no_reason_reads_plus_minus(incidents, restarts) -> None:
+    summary = _summary(incidents=[{"number": i, "kind": kind, "rule": rule, "onset_at": T0 + at}
+                                  for i, (kind, rule, at) in enumerate(incidents, start=1)], restarts=restarts)
+    reasons = verdict_reasons(summary, start=T0)
+    counted = 0
+    for reason in reasons:
+        if reason.split()[1].startswith(("hang", "crash")):
+            counted += int(reason.split()[0])
+    assert counted == len(incidents)
+    for _, _, at in incidents:
+        assert any(clock(at) in r for r in reasons)
+    assert ("the server restarted" in " ".join(reasons)) is (restarts > 0)
+    assert all("+-" not in r for r in reasons)
