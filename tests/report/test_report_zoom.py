@@ -137,3 +137,13 @@ def test_a_hostile_unit_label_is_escaped() -> None:
     zoom = _zoom_of_a_hang()
     svg = zoom_svg(type(zoom)(**{**zoom.__dict__, "unit": "<script>x</script>"}))
     assert "<script>" not in svg and "&lt;script&gt;" in svg
+
+
+def test_the_stages_come_from_the_recorded_layout_or_one_a_column_where_it_does_not_fit() -> None:
+    from soak.report.rundir import stage_layout
+
+    tp2 = {"target": {"kind": "simulator", "pp_size": 4, "tp_size": 2}}
+    assert stage_layout(tp2, 8, stage_cpu=False) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert stage_layout(tp2, 6, stage_cpu=False) == tuple((i,) for i in range(6))  # not the GPUs that were read
+    assert stage_layout(tp2, 4, stage_cpu=True) == ((0,), (1,), (2,), (3,))
+    assert stage_layout({"target": {"kind": "nonsense"}}, 2, stage_cpu=False) == ((0,), (1,))
