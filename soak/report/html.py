@@ -239,7 +239,9 @@ def _incident_html(view: IncidentView, start: float) -> str:
 def _compact(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
-    if isinstance(value, (list, tuple)):  # JSON as written, never a Python repr
+    if value is None:
+        return "\u2014"
+    if isinstance(value, (list, tuple, bool)):  # JSON as written, never a Python repr
         return json.dumps(value, separators=(", ", ": "), default=str)
     if isinstance(value, Mapping):
         return ", ".join(f"{k} {_compact(v)}" if isinstance(v, Mapping) else f"{k}={_compact(v)}"
