@@ -190,6 +190,9 @@ def zoom_svg(zoom: Zoom) -> str:
                    f"stroke='{color}' stroke-width='{width}' stroke-opacity='0.85'><title>stage {s}</title></path>")
     out.append(f"<text x='{LEFT}' y='{RATE_TOP - 8}'>generated tokens/s (blue, left, up to {tok_top:g}) and "
                f"running requests (orange, right, up to {run_top:g})</text>")
+    out.append(f"<text x='{LEFT - 6}' y='{RATE_TOP + 4}' text-anchor='end' fill='#1565c0'>{tok_top:g}</text>"
+               f"<text x='{LEFT - 6}' y='{RATE_TOP + RATE_H + 4}' text-anchor='end'>0</text>"
+               f"<text x='{WIDTH - RIGHT + 6}' y='{RATE_TOP + 4}' fill='#ef6c00'>{run_top:g} running</text>")
     if zoom.tokens:
         out.append(f"<path data-series='tokens' d='{_path(zoom.tokens, span, RATE_TOP, RATE_H, tok_top)}' "
                    "fill='none' stroke='#1565c0' stroke-width='1.6'/>")
