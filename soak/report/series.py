@@ -126,7 +126,7 @@ def heatmap_grid(ts: np.ndarray, stage_util: np.ndarray, *, max_columns: int, mi
     edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns,
                       min_width_s=max(min_width_s, period * READINGS_PER_COLUMN))
     mean = np.vstack([binned_mean(ts, x[:, s], edges) for s in range(x.shape[1])])
-    readings = max(2, int(round(hold_s / period)) if period > 0 else 2)
+    readings = max(2, round(hold_s / period) if period > 0 else 2)
     marks = dark_beside_busy(x, busy_pct=busy_pct, dark_pct=dark_pct, readings=readings)
     for a, b in quiet:
         marks[(ts >= a) & (ts <= b)] = False

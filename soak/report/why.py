@@ -213,9 +213,9 @@ def server_warnings(summary: RunSummary, events: Sequence[Mapping[str, Any]]) ->
         if never or any(b is not None and not _by_harness(b, windows) for b in began):
             out.append(f"Server metrics: {note}.")
     for e in events:
-        if e.get("type") in (EventType.GPU_SOURCE_STALE, EventType.WARNING) and e.get("message"):
-            if not _by_harness(_number(e.get("ts")), windows):
-                out.append(str(e["message"]))
+        if e.get("type") in (EventType.GPU_SOURCE_STALE, EventType.WARNING) and e.get("message") \
+                and not _by_harness(_number(e.get("ts")), windows):
+            out.append(str(e["message"]))
     return list(dict.fromkeys(out))
 
 

@@ -160,12 +160,12 @@ def zoom_svg(zoom: Zoom) -> str:
     x_onset = _x(0.0, span)
     x_detect = _x(zoom.detected_s, span) if zoom.detected_s is not None and abs(zoom.detected_s) <= span else None
     y0, y100 = _y(0, STAGE_TOP, STAGE_H, pct_top), _y(pct_top, STAGE_TOP, STAGE_H, pct_top)
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' class='zoom' viewBox='0 0 {WIDTH} {HEIGHT}' "
-           f"width='100%' role='img' aria-label='incident {zoom.number}: a minute either side of the onset' "
-           f"data-incident='{zoom.number}' data-y0='{y0}' data-y100='{y100}' data-x-onset='{x_onset}' "
-           f"data-x-detected='{'' if x_detect is None else x_detect}' data-span='{span:g}'>",
-           "<style>text{font:11px system-ui,sans-serif;fill:#444}.axis{stroke:#bbb;stroke-width:1}"
-           ".grid{stroke:#eee;stroke-width:1}</style>"]
+    out = [(f"<svg xmlns='http://www.w3.org/2000/svg' class='zoom' viewBox='0 0 {WIDTH} {HEIGHT}' "
+            f"width='100%' role='img' aria-label='incident {zoom.number}: a minute either side of the onset' "
+            f"data-incident='{zoom.number}' data-y0='{y0}' data-y100='{y100}' data-x-onset='{x_onset}' "
+            f"data-x-detected='{'' if x_detect is None else x_detect}' data-span='{span:g}'>"),
+           ("<style>text{font:11px system-ui,sans-serif;fill:#444}.axis{stroke:#bbb;stroke-width:1}"
+            ".grid{stroke:#eee;stroke-width:1}</style>")]
     for a, b in zoom.downtime:
         xa, xb = _x(a, span), _x(b, span)
         out.append(f"<rect class='downtime' x='{xa}' y='{STAGE_TOP}' width='{round(xb - xa, 1)}' "
@@ -219,7 +219,7 @@ def zoom_svg(zoom: Zoom) -> str:
 MAX_ZOOMS = 50
 
 
-def incident_zooms(run: "RunData", incidents: Sequence[Any], *, span_s: float = 60.0) -> dict[int, str]:
+def incident_zooms(run: RunData, incidents: Sequence[Any], *, span_s: float = 60.0) -> dict[int, str]:
     """incident number -> its zoom's SVG, for every incident with an onset (or a
     detection time, where the onset is unknown)."""
     from soak.report.series import stage_columns
