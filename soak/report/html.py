@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from soak.durations import format_duration
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
+from soak.report.why import format_latency
 
 if TYPE_CHECKING:  # the model is built in render, which calls render_html: types only
     from soak.report.render import IncidentView, ReportModel
@@ -38,6 +39,11 @@ code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 pre{background:#f6f8fa;padding:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all;border:1px solid #e1e4e8}
 .muted{color:#666;font-size:12px} details{margin:6px 0}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:0 24px}
+.banner .reasons{font-size:15px;margin:4px 0 0;padding-left:18px} .banner .build{font-size:13px;opacity:.9}
+.stopline{color:#444;font-size:13px;margin:10px 0 4px}
+table.thresholds td.held{color:#1e7d32;font-weight:700} table.thresholds td.breached{color:#c62828;font-weight:700}
+table.thresholds tr.breached td{background:#fdecea}
+svg.zoom{display:block;background:#fff;border:1px solid #e1e4e8;margin:8px 0}
 """
 
 
@@ -185,6 +191,12 @@ def _incident_html(view: IncidentView, start: float) -> str:
             ["evidence", _Raw(f"<code>{_e(view.path)}</code>")],
         ], numeric_from=9),
     ]
+    if view.zoom:  # drawn by soak.report.zoom from the run's numbers: its text is escaped there
+        parts.append("<h4>A minute either side of the onset</h4>" + view.zoom
+                     + "<p class='muted'>One line a pipeline stage, reading by reading; the last stage in thick red. "
+                       "Dashed red: onset; solid red: detection; grey: the server down for its kill and restart (or "
+                       "the stop). Below: generated tokens/s from the server's counter, and the requests it was "
+                       "running.</p>")
     reasons = r.get("reasons") or []
     if reasons:
         parts.append("<h4>Rule and signals</h4><ul>" + "".join(f"<li>{_e(x)}</li>" for x in reasons) + "</ul>")
@@ -227,10 +239,18 @@ def _incident_html(view: IncidentView, start: float) -> str:
 def _compact(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if value is None:
+        return "\u2014"
+    if isinstance(value, (list, tuple, bool)):  # JSON as written, never a Python repr
+        return json.dumps(value, separators=(", ", ": "), default=str)
     if isinstance(value, Mapping):
         return ", ".join(f"{k} {_compact(v)}" if isinstance(v, Mapping) else f"{k}={_compact(v)}"
                          for k, v in value.items() if v is not None)
     return str(value)
+
+
+# summary.json's fields with a section of their own above: not repeated as a blob at the bottom
+_SHOWN_ABOVE = frozenset({"incidents", "thresholds", "criteria", "verdict_reasons"})
 
 
 def _summary_value(key: str, value: Any) -> str:
@@ -243,12 +263,52 @@ def _summary_value(key: str, value: Any) -> str:
     return _e(_compact(value))
 
 
+LATENCY_ROWS = frozenset({"TTFT", "ITL mean per request", "ITL p99 per request", "TPOT", "end-to-end latency"})
+
+
+def _stat_cell(row: str, value: Any) -> Any:
+    return _Raw(_e(format_latency(value))) if row in LATENCY_ROWS and isinstance(value, (int, float)) else value
+
+
+def _thresholds_html(model: ReportModel) -> str:
+    """The table under the verdict: each threshold held or breached, with what was observed."""
+    rows = model.thresholds
+    s = model.summary.thresholds
+    if not rows:
+        return "" if s is None or not s.error else f"<p class='stopline'>Thresholds: {_e(s.error)}</p>"
+    body = ["<table class='thresholds'><tr><th></th><th>metric</th><th>condition</th><th>observed</th>"
+            "<th>window</th><th>breached at</th></tr>"]
+    for r in rows:
+        mark, cls = ("\u2713", "held") if r.held else ("\u2717", "breached")
+        body.append(f"<tr class='{cls}'><td class='{cls}'>{mark}</td><td>{_e(r.metric)}</td><td>{_e(r.condition)}</td>"
+                    f"<td class='num observed'>{_e(r.observed)}</td><td>{_e(r.window)}</td><td>{_e(r.breached_at)}</td></tr>")
+    body.append("</table>")
+    held = sum(1 for r in rows if r.held)
+    return (f"<h2>Thresholds: {held} of {len(rows)} held</h2>" + "".join(body)
+            + (f"<p class='muted'>{_e(s.error)}</p>" if s is not None and s.error else ""))
+
+
+def _banner(model: ReportModel, facts: Sequence[str]) -> str:
+    s = model.summary
+    verdict_cls = model.verdict if model.verdict in ("pass", "fail", "aborted") else "unknown"
+    label = model.verdict.upper() + (" (cut off)" if model.cut_off else "")
+    out = [f"<div class='banner {verdict_cls}'><span class='verdict'>{_e(label)}</span><span class='facts'>"]
+    if model.reasons:
+        out.append("<ul class='reasons'>" + "".join(f"<li>{_e(r)}</li>" for r in model.reasons) + "</ul>")
+    elif model.verdict == "pass":
+        out.append(f"<div class='reasons'>{_e(model.pass_line)}</div>")
+    out.append(f"<b>{_e(model.name)}</b>" + (f" <span class='build'>build {_e(model.build_label)}</span>"
+                                            if model.build_label else ""))
+    out.append(f" · {_e(_utc(s.started_at))} → {_e(_utc(s.ended_at))}<br>{' · '.join(f for f in facts if f)}")
+    out.append("</span></div>")
+    return "".join(out)
+
+
 def render_html(model: ReportModel) -> str:
     s = model.summary
     req, generated = s.requests, s.tokens.generated
     hit = s.prefix_cache_hit_ratio
     duration = s.duration_s
-    verdict_cls = model.verdict if model.verdict in ("pass", "fail", "aborted") else "unknown"
     label = model.verdict.upper() + (" (cut off)" if model.cut_off else "")
     facts = [
         f"{_e(format_duration(duration, approx=True))} of load" if duration is not None else "duration unknown",
@@ -261,10 +321,11 @@ def render_html(model: ReportModel) -> str:
     out = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>soak {_e(model.name)}: {_e(label)}</title><style>{_CSS}</style></head><body>",
-        f"<div class='banner {verdict_cls}'><span class='verdict'>{_e(label)}</span>",
-        f"<span class='facts'><b>{_e(model.name)}</b> · {_e(_utc(s.started_at))} → {_e(_utc(s.ended_at))}<br>",
-        " · ".join(f for f in facts if f), "</span></div><main>",
+        _banner(model, facts), "<main>",
     ]
+    if model.stop_line:
+        out.append(f"<p class='stopline'>{_e(model.stop_line)}</p>")
+    out.append(_thresholds_html(model))
     for note in model.notes:
         out.append(f"<div class='cut'>{_e(note)}</div>")
     if model.mtbf is not None:
@@ -272,19 +333,27 @@ def render_html(model: ReportModel) -> str:
     if model.incidents:
         out.append("<h2>Incidents</h2>")
         out.extend(_incident_html(v, model.start) for v in model.incidents)
-    out.append("<h2>Timeline</h2><p class='muted'>Red lines: incident onset (dashed) and detection (solid); orange dotted: a JIT compile during inference (vLLM's jit_monitor).</p>")
+    out.append("<h2>Timeline</h2><p class='muted'>Red lines: incident onset (dashed) and detection (solid); orange "
+               "dotted: a JIT compile during inference (vLLM's jit_monitor). The heatmap has one row a pipeline "
+               "stage (its busiest GPU): the colour is the stage's mean over the column, so healthy load reads as "
+               "an even band; a red ring marks a column in which the stage sat dark while another stage was busy "
+               "for as long as the detector's pp_tail_stall window (3 s on GPUs), however narrow the column: a "
+               "stalled last stage beside busy ones is a ring on its row (the harness's own kill and restart "
+               "mark nothing)." + (" Each incident above has its own zoom, reading by reading." if model.incidents
+                                   else "") + "</p>")
     for title, png in model.images:
         out.append(f"<img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
     out.append("<h2>Requests</h2>")
     out.append("<p>" + ", ".join(f"{_e(k)}: {v}" for k, v in model.outcomes) + "</p>" if model.outcomes else "<p>no requests recorded</p>")
-    rows = [[name, st["n"], st["mean"], st["p50"], st["p90"], st["p99"], st["max"]] for name, st in model.request_stats]
-    out.append(_table(["successful requests", "n", "mean", "p50", "p90", "p99", "max"], rows))
+    columns = ("mean", "p50", "p90", "p95", "p99", "max")
+    rows = [[name, st["n"], *(_stat_cell(name, st.get(c)) for c in columns)] for name, st in model.request_stats]
+    out.append(_table(["successful requests", "n", *columns], rows))
     out.append("<h2>Configuration</h2><div class='grid'><div>")
     out.append(_table(["setting", "value"], [[k, v] for k, v in model.brief], numeric_from=9))
     out.append("</div><div>")
     # every field summary.json holds, named or not: the table shows the record as written
     out.append(_table(["summary", "value"], [[k, _Raw(_summary_value(k, v))]
-                                             for k, v in s.to_json().items() if k != "incidents" and v is not None],
+                                             for k, v in s.to_json().items() if k not in _SHOWN_ABOVE and v is not None],
                       numeric_from=9))
     out.append("</div></div>")
     if model.config_text:

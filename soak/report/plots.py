@@ -20,6 +20,9 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+# compare and the zoom read these without matplotlib; kept importable from here
+from soak.report.series import bin_edges, binned_max, binned_mean, counter_rate, heatmap_grid  # noqa: E402,F401
+
 if TYPE_CHECKING:
     from soak.report.rundir import RequestColumns
 
@@ -78,69 +81,39 @@ def _finish(fig: Figure, ax, title: str, xlim: tuple[float, float] | None = None
     _layout(fig)
 
 
-def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> np.ndarray:
-    span = max(t1 - t0, min_width_s)
-    width = max(min_width_s, span / max_columns)
-    return t0 + np.arange(0, span + width, width)
-
-
-def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Per-second rate of a counter in each bin, interpolated at the bin edges;
-    increases as Prometheus reads a counter (soak.counters: after a drop the
-    new value counts from zero). NaN outside the sampled span."""
-    from soak.counters import counter_value, increases
-
+def gpu_heatmap_png(ts: np.ndarray, stage_util: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
+                    max_columns: int = 240, min_width_s: float = 2.0, xlim: tuple[float, float] | None = None,
+                    stage_cpu: bool = False, dark_pct: float = 10.0, busy_pct: float = 90.0, hold_s: float = 3.0,
+                    quiet: Sequence[tuple[float, float]] = ()) -> bytes:
+    """One row a pipeline stage (its busiest GPU, or the stage's CPU): colour from
+    the mean over each column, a red ring where the stage sat dark beside a busy
+    one (soak.report.series.heatmap_grid), so a stalled tail shows on a long night."""
+    what = "Stage CPU (% of one core) per pipeline stage" if stage_cpu else \
+        "GPU utilization (%) per pipeline stage, its busiest GPU"
     ts = np.asarray(ts, dtype=float)
-    values = np.asarray(values, dtype=float)
-    ok = np.isfinite(values) & np.array([counter_value(v) is not None for v in values], dtype=bool)
-    ts, values = ts[ok], values[ok]
-    out = np.full(len(edges) - 1, np.nan)
-    if ts.size < 2:
-        return out
-    monotone = np.cumsum(np.asarray(increases(values.tolist()), dtype=float))
-    at_edges = np.interp(edges, ts, monotone)
-    rate = np.diff(at_edges) / np.diff(edges)
-    inside = (edges[1:] > ts[0]) & (edges[:-1] < ts[-1])
-    out[inside] = rate[inside]
-    return out
-
-
-def binned_mean(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    ts = np.asarray(ts, dtype=float)
-    values = np.asarray(values, dtype=float)
-    ok = np.isfinite(values)
-    sums, _ = np.histogram(ts[ok], bins=edges, weights=values[ok])
-    counts, _ = np.histogram(ts[ok], bins=edges)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-
-
-def gpu_heatmap_png(ts: np.ndarray, util: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
-                    max_columns: int = 720, xlim: tuple[float, float] | None = None, stage_cpu: bool = False) -> bytes:
-    """Per-GPU utilization, one row a GPU: one idle GPU beside busy ones is a dark stripe.
-    ``stage_cpu``: the rows are pipeline stages' CPU (percent of one core), no GPUs."""
-    row, what = ("stage {} CPU", "Stage CPU (% of one core) per pipeline stage") if stage_cpu else \
-        ("GPU {}", "GPU utilization (%) per GPU")
-    ts = np.asarray(ts, dtype=float)
-    util = np.asarray(util, dtype=float)
-    gpus = util.shape[1] if util.ndim == 2 else 0
-    fig = _figure(max(2.2, 0.8 + 0.28 * gpus))
+    util = np.asarray(stage_util, dtype=float)
+    stages = util.shape[1] if util.ndim == 2 else 0
+    fig = _figure(max(2.2, 0.8 + 0.28 * stages))
     ax = fig.add_subplot(111)
-    if ts.size < 2 or gpus == 0:
+    if ts.size < 2 or stages == 0:
         _empty(ax, "no stage CPU samples" if stage_cpu else "no GPU samples")
         _finish(fig, ax, what, xlim)
         return _png(fig)
-    # A bin narrower than the sampling period would leave blank stripes.
-    period = float(np.median(np.diff(ts))) if ts.size > 2 else 0.5
-    edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns, min_width_s=max(0.5, period * 1.01))
-    grid = np.vstack([binned_mean(ts, util[:, g], edges) for g in range(gpus)])
+    edges, mean, dark = heatmap_grid(ts, util, max_columns=max_columns, min_width_s=min_width_s,
+                                     dark_pct=dark_pct, busy_pct=busy_pct, hold_s=hold_s, quiet=quiet)
     x0, x1 = _minutes(edges[[0, -1]], start)
-    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
-                      extent=(x0, x1, gpus - 0.5, -0.5))
-    ax.set_yticks(range(gpus))
-    ax.set_yticklabels([row.format(g) for g in range(gpus)], fontsize=8)
+    image = ax.imshow(mean, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100,
+                      extent=(x0, x1, stages - 0.5, -0.5))
+    rows, cols = np.nonzero(dark)
+    if rows.size:
+        centres = _minutes((edges[cols] + edges[cols + 1]) / 2, start)
+        ax.scatter(centres, rows, s=70, facecolors="none", edgecolors="#ff1744", linewidths=1.8, zorder=3)
+    ax.set_yticks(range(stages))
+    ax.set_yticklabels([f"stage {s}" for s in range(stages)], fontsize=8)
     _mark(ax, markers, start)
-    _finish(fig, ax, f"{what} (white: no reading)", xlim)
+    width = float(edges[1] - edges[0])
+    _finish(fig, ax, f"{what}: mean per {width:.3g} s column; red ring: dark beside a busy stage", xlim)
+    ax.set_ylim(stages - 0.5, -0.5)
     ax.grid(False)
     box = ax.get_position()
     cax = fig.add_axes((0.93, box.y0, 0.012, box.height))

@@ -23,10 +23,12 @@ from soak.fsio import write_atomic
 from soak.jsonl import read_json
 from soak.percentiles import percentiles
 from soak.flightrec import dumps as flight_recorder
-from soak.report import watchdog
+from soak.report import watchdog, why
 from soak.report.html import render_html
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RequestColumns, RunData, load_run
+from soak.report.series import stage_columns
+from soak.report.zoom import downtimes, incident_zooms
 from soak.samples import GpuSource
 from soak.report.stats import MtbfEstimate, mtbf_estimate
 from soak.summary_file import IncidentEntry, RunSummary
@@ -39,6 +41,7 @@ class IncidentView:
     flight_recorder: flight_recorder.FlightRecorderSummary | None
     files: list[str]
     path: str
+    zoom: str = ""  # the incident's own minute either side of the onset, inline SVG (soak.report.zoom)
 
 
 @dataclass
@@ -57,6 +60,11 @@ class ReportModel:
     outcomes: list[tuple[str, int]]
     events: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    reasons: tuple[str, ...] = ()  # why the run failed (soak.report.why.verdict_reasons); empty on a pass
+    pass_line: str = ""
+    stop_line: str | None = None  # why the load stopped, a plain fact
+    thresholds: tuple[why.ThresholdView, ...] = ()
+    build_label: str | None = None
 
 
 def _run_name(run: RunData) -> str:
@@ -91,13 +99,17 @@ def _brief(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     return sorted(rows, key=rank)[:30]
 
 
+QUANTILES = (50, 90, 95, 99)
+
+
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
     if x.size == 0:
-        return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    p50, p90, p99 = percentiles(x.tolist(), (50, 90, 99))
-    return {"n": int(x.size), "mean": float(x.mean()), "p50": p50, "p90": p90, "p99": p99, "max": float(x.max())}
+        return {"n": 0, "mean": None, **{f"p{q}": None for q in QUANTILES}, "max": None}
+    found = percentiles(x.tolist(), QUANTILES)
+    return {"n": int(x.size), "mean": float(x.mean()), **{f"p{q}": v for q, v in zip(QUANTILES, found)},
+            "max": float(x.max())}
 
 
 def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]], list[tuple[str, int]]]:
@@ -106,11 +118,11 @@ def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]]
     with np.errstate(invalid="ignore", divide="ignore"):
         cached_share = np.where(prompt > 0, cached / prompt * 100, np.nan)
     rows = [
-        ("TTFT (s)", _percentiles(requests["ttft_s"][ok])),
-        ("ITL mean per request (s)", _percentiles(requests["itl_mean_s"][ok])),
-        ("ITL p99 per request (s)", _percentiles(requests["itl_p99_s"][ok])),
-        ("TPOT (s)", _percentiles(requests["tpot_s"][ok])),
-        ("end-to-end latency (s)", _percentiles(requests["e2e_s"][ok])),
+        ("TTFT", _percentiles(requests["ttft_s"][ok])),
+        ("ITL mean per request", _percentiles(requests["itl_mean_s"][ok])),
+        ("ITL p99 per request", _percentiles(requests["itl_p99_s"][ok])),
+        ("TPOT", _percentiles(requests["tpot_s"][ok])),
+        ("end-to-end latency", _percentiles(requests["e2e_s"][ok])),
         ("prompt tokens", _percentiles(prompt)),
         ("output tokens", _percentiles(requests["output_tokens"][ok])),
         ("cached share of prompt (%)", _percentiles(cached_share)),
@@ -169,9 +181,13 @@ def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
                default=start + 60)
     xlim = (0.0, max(last - start, 1.0) / 60.0)
     stage_cpu = run.gpu_source is GpuSource.STAGE_CPU
+    dark, busy, hold = _tail_marks(run)
+    quiet = downtimes(run.events, end=end).values()
     return [
         ("Stage CPU" if stage_cpu else "GPU utilization",
-         plots.gpu_heatmap_png(run.gpu_ts, run.gpu_util, start=start, markers=markers, xlim=xlim, stage_cpu=stage_cpu)),
+         plots.gpu_heatmap_png(run.gpu_ts, stage_columns(run.gpu_util, run.stages), start=start, markers=markers,
+                               xlim=xlim, stage_cpu=stage_cpu, dark_pct=dark, busy_pct=busy, hold_s=hold,
+                               quiet=list(quiet))),
         ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
                                              run.client_tokens, start=start, markers=markers, xlim=xlim)),
         ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
@@ -180,6 +196,30 @@ def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
         ("Hit ratio", plots.hit_ratio_png(run.server_ts, run.server["prefix_cache_hits"],
                                           run.server["prefix_cache_queries"], run.requests, start=start, markers=markers, xlim=xlim)),
     ]
+
+
+def _tail_marks(run: RunData) -> tuple[float, float, float]:
+    """pp_tail_stall's (dark, busy, window) marks as the run's detector had them."""
+    from pydantic import ValidationError
+
+    from soak.detect.config import PpTailStallConfig
+
+    detector = run.config.get("detector")
+    section = detector.get("pp_tail_stall") if isinstance(detector, Mapping) else None
+    try:
+        config = PpTailStallConfig.model_validate(section if isinstance(section, Mapping) else {})
+    except ValidationError:
+        config = PpTailStallConfig()
+    return config.marks(run.gpu_source)
+
+
+def build_label(summary: RunSummary) -> str | None:
+    """The build the night ran (the label a person gave it, and what identifies it)."""
+    entry = summary.build_entry
+    if entry is None:
+        return None
+    parts = [p for p in (entry.label, entry.key) if p]
+    return " · ".join(dict.fromkeys(parts)) or None
 
 
 def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) -> ReportModel:
@@ -216,11 +256,14 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         views.append(view)
     for leftover in by_number.values():  # evidence on disk the summary does not list (a cut-off run)
         views.append(_incident_view(leftover, run))
+    if with_plots:
+        zooms = incident_zooms(run, incidents)
+        for view in views:
+            view.zoom = zooms.get(view.record.get("number"), "")
     notes = [f"{name}: {n} unreadable line{'s' if n > 1 else ''} skipped" for name, n in run.bad_lines.items()]
-    # a GPU source slower than the detector's window, an uncovered vLLM version
-    for event in run.events:
-        if event.get("type") in (EventType.GPU_SOURCE_STALE, EventType.WARNING) and event.get("message"):
-            notes.append(str(event["message"]))
+    # a GPU source slower than the detector's window, an uncovered vLLM version, /metrics gone quiet;
+    # not while the harness itself had the server down
+    notes += why.server_warnings(summary, run.events)
     jit_note = jit_compile_note(run.events, start)
     if jit_note:
         notes.append(jit_note)
@@ -231,12 +274,10 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     for event in run.events:  # the wall clock only labels; a step of it is shown, and moved no figure
         if event.get("type") == EventType.WALL_CLOCK_STEP:
             notes.append(wall_step_note(event))
-    if summary.server_metrics_note:
-        notes.append(f"Server metrics: {summary.server_metrics_note}.")
     notes = list(dict.fromkeys(notes))
-    why = ended_because(run.path, summary)
-    if why:
-        notes.insert(0, why)
+    fault = harness_fault(run.path)
+    if fault:
+        notes.insert(0, fault)
     if cut_off:
         notes.insert(0, "This run was cut off: no run_ended event was recorded (the harness or host died). "
                         "The verdict and figures are from what was recorded up to then.")
@@ -244,6 +285,9 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         name=_run_name(run), verdict=verdict, cut_off=cut_off, summary=summary, start=start, mtbf=mtbf,
         brief=_brief(run.config), config_text=run.config_text, images=images, incidents=views,
         request_stats=stats_rows, outcomes=outcomes, events=run.events[-300:], notes=notes,
+        reasons=why.verdict_reasons(summary, start=start), pass_line=why.pass_line(summary),
+        stop_line=why.stop_line(summary), thresholds=why.threshold_rows(summary, start=start),
+        build_label=build_label(summary),
     )
 
 
@@ -265,7 +309,8 @@ def jit_compile_note(events: Sequence[Mapping[str, Any]], start: float) -> str |
 
 
 def ended_because(run_dir: Path, summary: RunSummary) -> str | None:
-    """One line: why the run ended, from run_ended's reason and harness_error.txt."""
+    """One line for ``soak report``'s terminal: why the run ended, from run_ended's
+    reason and harness_error.txt."""
     parts = []
     reason = summary.stop_reason
     if reason:
@@ -280,6 +325,16 @@ def ended_because(run_dir: Path, summary: RunSummary) -> str | None:
     elif first:
         parts.append("traceback in harness_error.txt")
     return "; ".join(parts) or None
+
+
+def harness_fault(run_dir: Path) -> str | None:
+    """The harness's own error (harness_error.txt's first line): a warning, unlike the stop reason."""
+    fault = Path(run_dir) / "harness_error.txt"
+    try:
+        first = fault.read_text(encoding="utf-8", errors="replace").splitlines()[:1]
+    except OSError:
+        first = []
+    return f"The harness failed: {first[0]} (traceback in harness_error.txt)" if first else None
 
 
 def wall_step_note(event: Mapping[str, Any]) -> str:

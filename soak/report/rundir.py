@@ -31,7 +31,7 @@ from soak.store.summary import EVENT_TYPES, REQUEST_TYPES
 from soak.samples import GpuSource
 from soak.summary_file import RunSummary
 
-# The timelines are binned to at most 720 columns; more points than this per
+# The timelines are binned to at most 240 columns (the heatmap; the other plots fewer); more points than this per
 # series only cost time and memory. A 66-minute run at the real probe rates is
 # read whole; a 24-hour one keeps a sample every few seconds of each series.
 MAX_TIMELINE_POINTS = 20_000
@@ -40,7 +40,8 @@ TIMELINE_KINDS = frozenset({"gpu", "server", "client"})
 # The server series the report plots and ``soak compare`` windows (short keys of
 # soak.metric_names.VLLM_METRICS); the summary's own counters are
 # soak.store.summary.SERVER_KEYS, a different question.
-PLOTTED_SERVER_SERIES = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "kv_cache_usage_perc")
+PLOTTED_SERVER_SERIES = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "kv_cache_usage_perc",
+                         "num_requests_running")
 
 
 # The figures of a request the report reads; the rest of a record stays on disk.
@@ -133,12 +134,38 @@ class RunData:
     gpu_source: GpuSource | None = None  # STAGE_CPU: the rows are stages' CPU, not GPUs
 
     @property
+    def stages(self) -> tuple[tuple[int, ...], ...]:
+        """Column indices of ``gpu_util`` per pipeline stage, first stage first."""
+        return stage_layout(self.config, self.gpu_util.shape[1] if self.gpu_util.ndim == 2 else 0,
+                            stage_cpu=self.gpu_source is GpuSource.STAGE_CPU)
+
+    @property
     def start(self) -> float | None:
         if self.summary.started_at is not None:
             return self.summary.started_at
         candidates = [a[0] for a in (self.gpu_ts, self.server_ts, self.client_ts) if a.size]
         candidates += [e["ts"] for e in self.events[:1] if isinstance(e.get("ts"), (int, float))]
         return min(candidates) if candidates else None
+
+
+def stage_layout(config: Mapping[str, Any], columns: int, *, stage_cpu: bool) -> tuple[tuple[int, ...], ...]:
+    """The GPUs of each pipeline stage as the recorded config gives them (pp and
+    tp of the simulator, the config or the launch line); one stage a column where
+    the readings are stage CPU, or where the config's layout does not match the
+    GPUs that were read (an attached server sharing a box)."""
+    one_each = tuple((i,) for i in range(columns))
+    if stage_cpu or columns == 0:
+        return one_each
+    from pydantic import TypeAdapter, ValidationError
+
+    from soak.target.config import TargetConfig, target_layout
+
+    target = config.get("target") if isinstance(config.get("target"), Mapping) else {"kind": "simulator"}
+    try:
+        topology = target_layout(TypeAdapter(TargetConfig).validate_python(target)).topology
+    except (ValidationError, ValueError, TypeError):
+        return one_each
+    return topology.stages if topology.gpu_count == columns else one_each
 
 
 def _events(run: RunDir, bad: dict[str, int]) -> list[dict[str, Any]]:

@@ -313,7 +313,8 @@ class MetricsCoverage:
                     "prefix-cache hit ratio are unknown")
         elif not complete:
             def rel(t: float | None) -> str:
-                return "?" if t is None or load_begin is None else f"+{t - load_begin:.0f}s"
+                # a first scrape a moment before the load began is its start, not "+-0s"
+                return "?" if t is None or load_begin is None else f"+{max(0.0, t - load_begin):.0f}s"
 
             note = f"server token totals and the prefix-cache hit ratio cover {rel(self.first_fresh)} to {rel(self.last_fresh)}"
             if stale_tail is not None:

@@ -51,7 +51,7 @@ def test_a_hostile_requests_file_reads_into_the_same_figures(tmp_path):
     assert data.summary.requests.warmup == 3  # the same pass gave the summary
     assert data.summary.tokens.generated == 10 * 39
     stats = dict(request_statistics(data.requests)[0])
-    for label, key in (("TTFT (s)", "ttft_s"), ("end-to-end latency (s)", "e2e_s"), ("prompt tokens", "prompt_tokens")):
+    for label, key in (("TTFT", "ttft_s"), ("end-to-end latency", "e2e_s"), ("prompt tokens", "prompt_tokens")):
         expected = _expected(rows, key)
         assert stats[label]["n"] == len(expected)
         assert stats[label]["p50"] == pytest.approx(float(np.percentile(expected, 50)))

@@ -1,0 +1,134 @@
+"""Time series arithmetic shared by the plots, the incident zooms and compare:
+bin edges, counter rates, means per bin, and the per-stage reduction of GPU
+readings. numpy only: the zoom is drawn as SVG without matplotlib."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> np.ndarray:
+    span = max(t1 - t0, min_width_s)
+    width = max(min_width_s, span / max_columns)
+    return t0 + np.arange(0, span + width, width)
+
+
+def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per-second rate of a counter in each bin, interpolated at the bin edges;
+    increases as Prometheus reads a counter (soak.counters: after a drop the
+    new value counts from zero). NaN outside the sampled span."""
+    from soak.counters import counter_value, increases
+
+    ts = np.asarray(ts, dtype=float)
+    values = np.asarray(values, dtype=float)
+    ok = np.isfinite(values) & np.array([counter_value(v) is not None for v in values], dtype=bool)
+    ts, values = ts[ok], values[ok]
+    out = np.full(len(edges) - 1, np.nan)
+    if ts.size < 2:
+        return out
+    monotone = np.cumsum(np.asarray(increases(values.tolist()), dtype=float))
+    at_edges = np.interp(edges, ts, monotone)
+    rate = np.diff(at_edges) / np.diff(edges)
+    inside = (edges[1:] > ts[0]) & (edges[:-1] < ts[-1])
+    out[inside] = rate[inside]
+    return out
+
+
+def binned_mean(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    ts = np.asarray(ts, dtype=float)
+    values = np.asarray(values, dtype=float)
+    ok = np.isfinite(values)
+    sums, _ = np.histogram(ts[ok], bins=edges, weights=values[ok])
+    counts, _ = np.histogram(ts[ok], bins=edges)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def binned_max(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The largest finite value in each bin, NaN where a bin has none."""
+    ts = np.asarray(ts, dtype=float)
+    values = np.asarray(values, dtype=float)
+    ok = np.isfinite(values)
+    out = np.full(len(edges) - 1, -np.inf)
+    index = np.searchsorted(edges, ts[ok], side="right") - 1
+    inside = (index >= 0) & (index < len(edges) - 1)
+    np.maximum.at(out, index[inside], values[ok][inside])
+    return np.where(np.isfinite(out), out, np.nan)
+
+
+def stage_columns(util: np.ndarray, stages: Sequence[Sequence[int]]) -> np.ndarray:
+    """(samples, stages): each stage's busiest GPU at each reading (a stage with
+    tensor parallelism is working when any of its GPUs is), NaN where none of
+    its GPUs was read. ``stages``: GPU indices per stage (soak.records.Topology)."""
+    util = np.asarray(util, dtype=float)
+    if util.ndim != 2:
+        return np.empty((0, 0))
+    out = np.full((util.shape[0], len(stages)), np.nan)
+    for s, gpus in enumerate(stages):
+        cols = [g for g in gpus if 0 <= g < util.shape[1]]
+        if cols:
+            block = util[:, cols]
+            seen = np.isfinite(block).any(axis=1)
+            out[seen, s] = np.nanmax(np.where(np.isfinite(block), block, -np.inf)[seen], axis=1)
+    return out
+
+
+def dark_beside_busy(stage_util: np.ndarray, *, busy_pct: float, dark_pct: float, readings: int = 2) -> np.ndarray:
+    """(samples, stages) of bools: the stage read at most ``dark_pct`` while
+    another stage read at least ``busy_pct``, for ``readings`` readings in a row
+    (one reading is a blip of the sampler, not a stall). Healthy load moves
+    every stage together and marks nothing; a stalled tail marks its row."""
+    x = np.asarray(stage_util, dtype=float)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] < 2:
+        return np.zeros(x.shape if x.ndim == 2 else (0, 0), dtype=bool)
+    filled = np.where(np.isfinite(x), x, np.nan)
+    out = np.zeros(x.shape, dtype=bool)
+    for s in range(x.shape[1]):
+        others = np.delete(filled, s, axis=1)
+        with np.errstate(invalid="ignore"):
+            busiest = np.nanmax(np.where(np.isfinite(others), others, -np.inf), axis=1)
+            out[:, s] = (filled[:, s] <= dark_pct) & (busiest >= busy_pct)
+    if readings <= 1:
+        return out
+    held = out.copy()
+    for k in range(1, readings):  # true where this and the k readings before it all hold
+        shifted = np.zeros_like(out)
+        shifted[k:] = out[:-k]
+        held &= shifted
+    # mark every reading of a held stretch, not only its end
+    marked = held.copy()
+    for k in range(1, readings):
+        marked[:-k] |= held[k:]
+    return marked
+
+
+READINGS_PER_COLUMN = 8
+
+
+def heatmap_grid(ts: np.ndarray, stage_util: np.ndarray, *, max_columns: int, min_width_s: float,
+                 dark_pct: float, busy_pct: float, hold_s: float = 0.0,
+                 quiet: Sequence[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(edges, mean, dark) for the night-long heatmap, one row a stage: ``mean``
+    (stages, columns) colours the cell, so healthy load's instant 0/60/100%
+    readings average out instead of striping; ``dark`` (stages, columns) is the
+    max over the column of ``dark_beside_busy`` held for ``hold_s`` (the
+    detector's window: a pipeline bubble is shorter), so a stage that sat dark
+    for a few seconds beside a busy one keeps its mark however wide the column.
+    ``quiet``: spans (the server down for a kill and restart, its start-up with an
+    idle tail before the first token) that mark nothing."""
+    ts = np.asarray(ts, dtype=float)
+    x = np.asarray(stage_util, dtype=float)
+    period = float(np.median(np.diff(ts))) if ts.size > 2 else 0.5
+    # a column holds at least READINGS_PER_COLUMN readings, so its mean is a mean and
+    # not one instant reading of a stage between steps (the barcode of a short run)
+    edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns,
+                      min_width_s=max(min_width_s, period * READINGS_PER_COLUMN))
+    mean = np.vstack([binned_mean(ts, x[:, s], edges) for s in range(x.shape[1])])
+    readings = max(2, round(hold_s / period) if period > 0 else 2)
+    marks = dark_beside_busy(x, busy_pct=busy_pct, dark_pct=dark_pct, readings=readings)
+    for a, b in quiet:
+        marks[(ts >= a) & (ts <= b)] = False
+    dark = np.vstack([binned_max(ts, marks[:, s].astype(float), edges) for s in range(x.shape[1])]) >= 1.0
+    return edges, mean, dark
