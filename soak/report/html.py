@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from soak.durations import format_duration
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
-from soak.report.why import format_latency
+from soak.durations import format_latency
 
 if TYPE_CHECKING:  # the model is built in render, which calls render_html: types only
     from soak.report.render import IncidentView, ReportModel

@@ -17,21 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from soak.events import EventType
+from soak.durations import format_latency
 from soak.summary_file import IncidentEntry, RunSummary
 from soak.thresholds.evaluate import format_value
 from soak.thresholds.metrics import RUN_METRICS, Quantity
-
-try:  # issue 35's shared latency formatter (soak.durations, the config-slips branch)
-    from soak.durations import format_latency
-except ImportError:  # until it lands here: the same rule, us under a millisecond, ms under a second
-    def format_latency(seconds: float | None) -> str:
-        if seconds is None or not math.isfinite(seconds):
-            return "\u2014"
-        size = abs(seconds)
-        value, unit = ((seconds * 1e6, "us") if 0 < size < 1e-3 else (seconds * 1e3, "ms") if 0 < size < 1
-                       else (seconds, "s"))
-        return f"{value:.3g} {unit}" if abs(value) < 1000 else f"{value:.0f} {unit}"
-
 
 def clock(seconds: float) -> str:
     """Seconds since the start as a clock: ``+2:28``, ``+1:05:03``; ``-0:04``
