@@ -333,7 +333,7 @@ def test_a_stopped_tail_beside_a_stage_winding_down_says_so():
     prefix, tokens = healthy(20.0)
     levels = [(12.4, 0.0), (17.8, 0.0), (37.2, 0.0), (41.7, 0.0), (49.9, 0.0), (46.2, 0.0), (26.8, 0.0)] * 3
     shape = [s for k, (a, b) in enumerate(levels) for s in (cpu(20.0 + k * GPU_DT, a, b), client(20.0 + k * GPU_DT, tokens))]
-    [d] = run(only_stage_rule(), prefix + shape, 31.0)[0]
+    [d] = run(only_stage_rule(asleep_pct=30.0), prefix + shape, 31.0)[0]  # stage 0 over the mark, under spin
     assert (d.evidence["shape"], d.evidence["stage"]) == ("asleep", 1)
     assert d.reasons[0].startswith("last stage 1 asleep and no stage spinning with 3 requests in flight")
 

@@ -340,7 +340,7 @@ def test_the_live_view_says_stage_cpu_not_gpu():
     state.on_sample(GpuSample(ts=2.0, source=GpuSource.STAGE_CPU,
                               gpus=(GpuReading(index=0, util_pct=97.0), GpuReading(index=1, util_pct=0.0))))
     line = state.line(3.0)
-    assert "stage CPU% 97 0" in line and "gpu%" not in line
+    assert "stage CPU% max/mean 97/97 0/0" in line and "gpu%" not in line
 
 
 def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
