@@ -353,7 +353,9 @@ class LiveView:
             self.state.build = clean_label(build) if build else None
         elif type == EventType.GPU_SOURCE_STALE:
             self.state.gpu_stale = str(fields.get("message") or "GPU readings are stale")
-            if self.mode == "plain":
+            # While the harness relaunches the server there is nothing to read: the
+            # line would blame the source every 30 s for the harness's own restart.
+            if self.mode == "plain" and self.state.phase is not Phase.RESTARTING:
                 self._print(f"soak: warning: {self.state.gpu_stale}")
         elif type == EventType.GPU_SOURCE_FRESH:
             self.state.gpu_stale = None

@@ -103,3 +103,25 @@ def test_lines_that_quote_the_server_reach_the_terminal_without_control_characte
     assert "hang: " in out.getvalue()
     for line in out.getvalue().split("\n"):
         assert line.isprintable(), repr(line)
+
+
+def test_a_stale_gpu_source_warns_except_while_the_harness_relaunches_the_server() -> None:
+    import asyncio
+
+    from soak.events import EventType
+
+    clock = ManualClock(1000.0)
+    out = io.StringIO()
+
+    async def show() -> None:
+        view = LiveView(clock=clock, mode="plain", stream=out, plain_interval_s=3600)
+        view.on_start(info(clock))
+        view.on_event(EventType.RESTART_STARTED, {"ts": 1000.0})
+        view.on_event(EventType.GPU_SOURCE_STALE, {"ts": 1001.0, "message": "stage CPU: no worker measured yet"})
+        view.on_event(EventType.RESTART_DONE, {"ts": 1040.0})
+        view.on_event(EventType.GPU_SOURCE_STALE, {"ts": 1050.0, "message": "stale GPU readings: 9.0s old"})
+        view.close()
+
+    asyncio.run(show())
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("soak: warning:")]
+    assert warnings == ["soak: warning: stale GPU readings: 9.0s old"]
