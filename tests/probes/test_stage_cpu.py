@@ -20,7 +20,7 @@ from soak.probes.build import open_gpu_source, stage_cpu_source
 from soak.probes.config import ProbesConfig
 from soak.probes.stage_cpu import StageCpuSource, process_utilization, stage_readings, to_gpu_readings, worker_stage
 from soak.proc.cpu import ProcCpu, parse_stat
-from soak.records import DetectorState, RuleState, Topology
+from soak.records import DetectorState, Topology
 from soak.samples import ClientSample, GpuSample, GpuSource
 
 cpu_s = st.floats(min_value=0, max_value=1e6, allow_nan=False)
@@ -343,30 +343,31 @@ def test_the_live_view_says_stage_cpu_not_gpu():
     assert "stage CPU% max/mean 97/97 0/0" in line and "gpu%" not in line
 
 
-def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
-    """``soak run`` with ``probes.gpu: stage_cpu`` against the simulator whose workers
-    burn the CPU their state says (SOAK_SIM_BURN_CPU=1): its PP deadlock (upstream
-    spin, last stage holds) is a pp_tail_stall hang read from stage CPU."""
+DEADLOCKED_SIM = {"time_scale": 20, "pp_size": 2, "faults": [{"kind": "pp_deadlock", "at": "200s", **NO_TIMEOUTS}]}
+
+
+def _soak_run_on_burning_sim(tmp_path, target: dict, **extra) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """``soak run`` against ``target`` (the deadlocking simulator, its workers burning the
+    CPU their state says: SOAK_SIM_BURN_CPU=1) with only the stage rules deciding: the
+    log lines and, on a loaded box, the generic rules would come first, and a starved
+    simulator (its spinning workers hold both cores) misses /health for seconds, which
+    is not what these tests are about; an exit still decides."""
     import os
 
     import yaml
 
     config = {
-        "name": "stagecpu", "duration": "40s",
-        "target": {"kind": "simulator", "sim": {"time_scale": 20, "pp_size": 2,
-                                                "faults": [{"kind": "pp_deadlock", "at": "200s", **NO_TIMEOUTS}]}},
+        "name": "stagecpu", "duration": "40s", "target": target,
         "workload": {"kind": "synthetic_agentic", "min_context_tokens": 2000, "max_context_tokens": 6000,
                      "start_context_tokens": {"dist": "uniform", "low": 2000, "high": 2400},
                      "shared_prefix_tokens": 1000, "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
-                     "output_tokens": 12, "think_time_s": 0.1},
+                     "output_tokens": 12, "think_time_s": 0.1, "tokenizer": {"kind": "estimate"}},
         "load": {"concurrency": 3, "drain": "5s"},
-        "probes": {"gpu": {"kind": "stage_cpu"}},
-        # the log lines and, on a loaded box, the generic rules would decide first: this test is about the stage rule
         "detector": {"log_signature": {"enabled": False}, "generation_frozen": {"enabled": False},
                      "client_stall": {"enabled": False},
                      "server_gone": {"health_failures": 1000, "health_window": "120s"}},
         "response": {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}},
-        "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"},
+        "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"}, **extra,
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -374,8 +375,15 @@ def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
     done = subprocess.run([sys.executable, "-m", "soak", "run", str(path), "--out", str(run_dir), "--no-html"],
                           env=dict(os.environ, SOAK_SIM_BURN_CPU="1"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    return done, [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
+    """``soak run`` with ``probes.gpu: stage_cpu`` against the simulator: its PP deadlock
+    (upstream spin, last stage holds) is a pp_tail_stall hang read from stage CPU."""
+    done, recorded = _soak_run_on_burning_sim(tmp_path, {"kind": "simulator", "sim": DEADLOCKED_SIM},
+                                              probes={"gpu": {"kind": "stage_cpu"}})
     assert "stage CPU%" in done.stdout
-    recorded = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     decision = next(e for e in recorded if e["type"] == "decision")
     states = [e for e in recorded if e["type"] == "detector_state"]
     assert decision["rule"] == "pp_tail_stall", (decision, states)
@@ -385,7 +393,6 @@ def test_soak_run_on_a_cpu_burning_simulator_names_the_last_stage(tmp_path):
 def test_auto_on_a_launched_server_without_nvml_reads_stage_cpu_and_catches_the_deadlock(tmp_path):
     """The default ``probes.gpu`` (auto) on a box without NVML, against a launched
     server (the simulator started as a command, workers burning CPU): stage CPU."""
-    import os
     import socket
 
     import yaml
@@ -402,34 +409,11 @@ def test_auto_on_a_launched_server_without_nvml_reads_stage_cpu_and_catches_the_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sim = tmp_path / "sim.yaml"
-    sim.write_text(yaml.safe_dump({"time_scale": 20, "pp_size": 2,
-                                   "faults": [{"kind": "pp_deadlock", "at": "200s", **NO_TIMEOUTS}]}), encoding="utf-8")
-    config = {
-        "name": "stagecpu-auto", "duration": "40s",
-        "target": {"kind": "launched", "base_url": f"http://127.0.0.1:{port}", "pp_size": 2,
-                   "command": [sys.executable, "-m", "soak", "sim", "--config", str(sim),
-                               "--host", "127.0.0.1", "--port", str(port)]},
-        "workload": {"kind": "synthetic_agentic", "min_context_tokens": 2000, "max_context_tokens": 6000,
-                     "start_context_tokens": {"dist": "uniform", "low": 2000, "high": 2400},
-                     "shared_prefix_tokens": 1000, "tool_result_tokens": {"dist": "uniform", "low": 200, "high": 400},
-                     "output_tokens": 12, "think_time_s": 0.1, "tokenizer": {"kind": "estimate"}},
-        "load": {"concurrency": 3, "drain": "5s"},
-        # Only the stage rule may decide: on a loaded box the generic rules can come first,
-        # and a starved simulator (its spinning workers hold both cores) misses /health
-        # for seconds, which is not what this test is about; an exit still decides.
-        "detector": {"log_signature": {"enabled": False}, "generation_frozen": {"enabled": False},
-                     "client_stall": {"enabled": False},
-                     "server_gone": {"health_failures": 1000, "health_window": "120s"}},
-        "response": {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}},
-        "exporter": {"enabled": False}, "view": {"mode": "plain", "plain_interval": "1s"},
-    }
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "soak", "run", str(path), "--out", str(run_dir), "--no-html"],
-                          env=dict(os.environ, SOAK_SIM_BURN_CPU="1"), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
-    recorded = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    sim.write_text(yaml.safe_dump(DEADLOCKED_SIM), encoding="utf-8")
+    _, recorded = _soak_run_on_burning_sim(tmp_path, {
+        "kind": "launched", "base_url": f"http://127.0.0.1:{port}", "pp_size": 2,
+        "command": [sys.executable, "-m", "soak", "sim", "--config", str(sim), "--host", "127.0.0.1",
+                    "--port", str(port)]})
     decision = next(e for e in recorded if e["type"] == "decision")
     assert decision["rule"] == "pp_tail_stall" and decision["evidence"]["signals"]["source"] == "stage_cpu", decision
 
