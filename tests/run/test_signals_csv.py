@@ -128,9 +128,16 @@ def test_every_interrupt_signal_is_handled_by_the_loop_and_ignored_by_the_guardi
 def test_a_signal_to_a_real_soak_run_ends_it_with_130_summary_and_junit(tmp_path, sig):
     config = write_config(tmp_path / "run.yaml", small_config(duration="60s"))
     run_dir = tmp_path / "run"
+
+    def default_action() -> None:
+        # A suite started under nohup passes SIGHUP on ignored, and the harness keeps an
+        # inherited ignore on purpose (test_a_nohup_run_outlives_a_sighup): this test is
+        # about a harness that was not started so.
+        signal.signal(sig, signal.SIG_DFL)
+
     proc = subprocess.Popen(soak_cmd("run", str(config), "--out", str(run_dir), "--no-html"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=default_action)
     try:
         wait_for_load(run_dir)
         time.sleep(0.5)
