@@ -226,7 +226,7 @@ def _warning(type: EventType | str, fields: Mapping[str, Any], start: float | No
 
 def clean_label(value: Any) -> str:
     """A label for one terminal line: printable, bounded."""
-    return "".join(c if c.isprintable() else "?" for c in str(value))[:80]
+    return printable(str(value))[:80]
 
 
 def _s(value: float | None) -> str:
