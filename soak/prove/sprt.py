@@ -25,14 +25,18 @@ one hang the accept time is 116.6 minutes.
 
 α is the producer's risk (a fixed build called broken), β the consumer's
 (a broken build called fixed). Wald's bounds make the true risks at most about
-α / (1 - β) and β / (1 - α), and in practice below α and β (the overshoot past
-a line is evidence the bounds do not count); bench/sprt_rates.py measures them.
+α / (1 - β) and β / (1 - α). The conservatism is one-sided here: a test rejects
+at a hang, a jump of ln d that overshoots the reject line, so the true α lies
+below α (well below for a large d); it accepts in clean time, exactly on the
+accept line, so the true β is about β. bench/sprt_rates.py measures both.
 The correction factor (d + 1) / 2d that MIL-HDBK-781A applies to A is not
 applied: the issue's published figures are plain Wald.
 
 A truncation (a maximum exposure, a maximum hang count) makes every test end;
 a test that reaches it undecided is ``truncated``, its own outcome (the issue:
 neither a pass nor a fail), not MIL-HDBK-781A's forced accept or reject.
+``truncation`` gives the handbook's choice of the two (Epstein 1954), the
+fixed-length test with the same risks.
 """
 
 from __future__ import annotations
@@ -125,6 +129,22 @@ def plan(*, broken_mtbf_s: float, target_mtbf_s: float | None = None, ratio: flo
                 beta=float(beta), max_exposure_s=max_exposure_s, max_hangs=max_hangs)
 
 
+def truncation(*, broken_mtbf_s: float, target_mtbf_s: float, alpha: float, beta: float) -> tuple[float, int]:
+    """(max exposure, max hangs): MIL-HDBK-781A's truncation after Epstein (1954),
+    the fixed-length test of the same risks. r0 is the smallest r with
+    χ²(α; 2r) / χ²(1 - β; 2r) >= θ1 / θ0 (lower quantiles), and the exposure
+    θ0 χ²(α; 2r0) / 2. For the issue's plan: r0 = 3, 200 min x 1.635383 / 2 =
+    163.5 min."""
+    from scipy.stats import chi2  # heavy: only a caller that truncates pays for it
+
+    if not 0 < broken_mtbf_s < target_mtbf_s:
+        raise ValueError("the target MTBF must be above the broken one")
+    r = 1
+    while chi2.ppf(alpha, 2 * r) / chi2.ppf(1 - beta, 2 * r) < broken_mtbf_s / target_mtbf_s:
+        r += 1  # ends: the ratio of the quantiles tends to 1 as r grows
+    return float(target_mtbf_s * chi2.ppf(alpha, 2 * r) / 2), r
+
+
 @dataclass(frozen=True)
 class BoundaryPoint:
     hangs: int
@@ -190,13 +210,15 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         """summary.json's ``proof``: decision, exposure, hangs, both boundaries,
-        what is still needed, and the sentence."""
+        what is still needed, and the sentence. The lines reach two hangs past
+        where the test stands (a plot shows what comes next), or the truncation."""
+        p = self.plan
+        top = p.max_hangs if p.max_hangs is not None else max(self.hangs, math.ceil(p.reject_intercept)) + 2
         return {"decision": self.state.value, "exposure_s": self.exposure_s, "hangs": self.hangs,
                 "log_ratio": self.log_ratio, "accept_at_s": self.accept_at_s,
                 "needed": None if self.needed is None else self.needed.to_json(),
-                "boundaries": boundaries(self.plan, up_to_hangs=max(self.hangs + 2, math.ceil(
-                    self.plan.reject_intercept) + 2) if self.plan.max_hangs is None else None).to_json(),
-                "plan": self.plan.to_json(), "sentence": self.sentence, "reasons": list(self.reasons)}
+                "boundaries": boundaries(p, up_to_hangs=top).to_json(),
+                "plan": p.to_json(), "sentence": self.sentence, "reasons": list(self.reasons)}
 
 
 def _minutes(seconds: float, *, exact: bool = False) -> str:
