@@ -26,7 +26,7 @@ Neither rate is known; both are integrated out on a grid, under this prior:
   calibrated on average over them was overconfident on a hard pair: over 1000
   replays of bench/bisect_sim.py (good 200 min, bad 20 min) it was right 93.8%
   of the time when it said 95% or more (mean confidence 96.1%); with the cap,
-  96.6 to 97.4% over three seeds. A pair past the cap (a good build that never
+  96.6% and 97.0% over 500 replays each of two seeds. A pair past the cap (a good build that never
   hangs) is only easier: its clean segments fit the lowest good rate allowed;
 - optionally narrower ranges for either MTBF (``good_mtbf_s``, ``bad_mtbf_s``),
   what the user knows: "it hangs every 20 minutes or so now; it used to run
