@@ -52,6 +52,21 @@ def test_the_issue_sentences() -> None:
     assert one.sentence == "fixed (α 5%, β 5%) after 116.6 minutes with 1 hang"
 
 
+def test_ties_on_the_lines() -> None:
+    # a hang landing exactly at the accept time: the clean time before it already accepted
+    at = ISSUE.accept_at_s(0)
+    tie = walk(ISSUE, hang_exposures_s=[at], exposure_s=at)
+    assert tie.state is ProofState.ACCEPTED and tie.hangs == 0
+    # a second hang exactly on the reject deadline rejects (the line is inclusive)
+    by = ISSUE.reject_by_s(2)
+    edge = walk(ISSUE, hang_exposures_s=[1.0, by], exposure_s=by)
+    assert edge.state is ProofState.REJECTED and edge.exposure_s == by
+    with pytest.raises(ValueError, match="within the exposure"):
+        walk(ISSUE, hang_exposures_s=[10.0], exposure_s=5.0)
+    with pytest.raises(ValueError, match="not negative"):
+        decide(ISSUE, exposure_s=-1.0, hangs=0)
+
+
 def test_a_ratio_gives_the_same_plan() -> None:
     assert plan(broken_mtbf_s=20 * MIN, ratio=10, alpha=0.05, beta=0.05) == ISSUE
 
@@ -67,7 +82,8 @@ def test_a_ratio_gives_the_same_plan() -> None:
 #   (b = 0.5 / 0.693147 = 0.721348, a = -2.197225 / 0.693147 = -3.169925)
 #   accept: r=0 2.197225/0.5 = 4.394449; r=1 2.890372/0.5 = 5.780744; r=2 3.583519/0.5 = 7.167038
 #   reject: r=4 (2.772589-2.197225)/0.5 = 1.150728; r=5 (3.465736-2.197225)/0.5 = 2.537023
-#   (the handbook's table, adjusted for its truncation, reads 4.40 for r = 0)
+#   (the handbook's own tables are truncated and may correct A by (d+1)/2d, so
+#   they differ slightly; they could not be read here to compare)
 # "I-D": d = 1.5, α = β = 10%: ln d = 0.405465, k = 0.333333, L = 2.197225
 #   accept: r=0 2.197225*3 = 6.591674; r=1 2.602690*3 = 7.808069
 #   reject: r=6 (2.432791-2.197225)*3 = 0.706698; r=7 (2.838256-2.197225)*3 = 1.923094
