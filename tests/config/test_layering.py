@@ -26,7 +26,8 @@ SOAK = Path(soak.__file__).parent
 # report -> history -> run). A pattern names a module or a package (``soak.load``
 # is the package and everything in it); the first pattern that matches decides.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("leaves", ("soak", "soak.proc", "soak.tokens", "soak.flightrec")),
+    # soak.prove: the sequential test, pure; the live view, judge, report and history read it
+    ("leaves", ("soak", "soak.proc", "soak.tokens", "soak.flightrec", "soak.prove")),
     # every stage's config section: validated before anything runs
     ("sections", ("soak.*.config", "soak.export.push_config", "soak.target")),
     ("config", ("soak.config",)),  # composes the sections
@@ -41,6 +42,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("report", ("soak.report",)),  # one run read, judged and rendered; the night pushed
     ("history", ("soak.history",)),  # many runs, each read as the report reads one
     ("wiring", ("soak.run", "soak.sim", "soak.rigs")),
+    # soak bisect runs segments through soak.run: a floor above it (the posterior is pure)
+    ("bisect", ("soak.bisect",)),
     ("cli", ("soak.cli",)),
     ("main", ("soak.__main__",)),
 )

@@ -1,0 +1,52 @@
+"""A bisect's segments read back from their run directories: how a killed
+bisect resumes, and how bisect.json is rebuilt. Each segment is an ordinary run
+directory named ``segment-NNN-build-K`` (``conduct.segment_dir``) under the
+bisect's folder; its evidence is its time at risk and hangs as report and
+history read them (``soak.report.rundir.load_run``, ``soak.exposure``), one
+definition everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from soak.bisect.executor import SegmentResult
+from soak.errors import ConfigError
+
+SEGMENT_NAME = re.compile(r"segment-(\d{3,})-build-(\d+)")
+
+
+def parse_segment_dir(path: Path) -> tuple[int, int] | None:
+    """(segment number, build index) from a segment directory's name, else None."""
+    match = SEGMENT_NAME.fullmatch(path.name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
+    """One segment's evidence; a cut-off run (the bisect was killed mid-segment)
+    counts up to the last thing it recorded. ConfigError when it cannot be read."""
+    from soak.exposure import intervals_of
+    from soak.report.rundir import load_run
+
+    data = load_run(run_dir)
+    intervals = intervals_of(data.events, data.summary)
+    return SegmentResult(build=build, run_dir=run_dir, exposure_s=sum(i.length_s for i in intervals),
+                         hangs=sum(1 for i in intervals if i.hang),
+                         ended_by=intervals[-1].ended_by if intervals else "nothing ran")
+
+
+def read_segments(root: Path, *, on_skip: Callable[[ConfigError], None] | None = None) -> tuple[SegmentResult, ...]:
+    """Every segment under ``root`` in segment order. One that cannot be read is
+    handed to ``on_skip`` and left out: evidence missing, not evidence of anything."""
+    found = sorted((parsed, child) for child in root.iterdir()
+                   if child.is_dir() and not child.is_symlink() and (parsed := parse_segment_dir(child)) is not None)
+    results = []
+    for (_, build), path in found:
+        try:
+            results.append(read_segment(path, build=build))
+        except ConfigError as exc:
+            if on_skip is not None:
+                on_skip(exc)
+    return tuple(results)

@@ -1,0 +1,49 @@
+"""``soak history --prove``'s pure part (issue 36): a build's nights as one
+sequential test, and a broken MTBF taken from a named build's history.
+
+A build's runs, oldest first, are one path of the test: their time at risk laid
+end to end (``soak.exposure``'s intervals, the one definition), a hang at the end
+of every interval that a hang ended. Nights pool because the test's statistic
+is exposure and hang count only; where a night starts does not matter.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from soak.history.model import RunRecord
+from soak.prove.sprt import Decision, Plan, walk
+
+
+def runs_of(runs: Sequence[RunRecord], build: str) -> tuple[RunRecord, ...]:
+    """The runs of ``build``, named by its history key or its label, oldest first
+    (a run without a start time last, in the order given)."""
+    mine = [r for r in runs if build in (r.build, r.label)]
+    return tuple(sorted(mine, key=lambda r: (r.started_at is None, r.started_at or 0.0)))
+
+
+def path_of(runs: Sequence[RunRecord]) -> tuple[tuple[float, ...], float]:
+    """(cumulative exposure at each hang, total exposure) over these runs in order."""
+    marks: list[float] = []
+    total = 0.0
+    for run in runs:
+        for interval in run.intervals:
+            total += interval.length_s
+            if interval.hang:
+                marks.append(total)
+    return tuple(marks), total
+
+
+def prove_build(plan: Plan, runs: Sequence[RunRecord], build: str) -> Decision:
+    """Where ``build``'s sequential test stands over its nights so far."""
+    marks, total = path_of(runs_of(runs, build))
+    return walk(plan, hang_exposures_s=marks, exposure_s=total)
+
+
+def broken_mtbf_of(runs: Sequence[RunRecord], build: str) -> float | None:
+    """The broken build's MTBF for ``prove.broken_build``: its pooled exposure
+    over its hangs (the point estimate; the test's θ1 is "how often it hangs",
+    not a bound), None when history holds no hang of it."""
+    mine = runs_of(runs, build)
+    hangs = sum(r.hangs for r in mine)
+    return sum(r.exposure_s for r in mine) / hangs if hangs else None

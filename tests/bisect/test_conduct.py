@@ -1,0 +1,96 @@
+"""The bisect loop over an executor (soak/bisect/conduct.py), with a fake
+executor of simulated builds: one slot or several, finishing out of order,
+resumed from finished segments, stopped by the budget or the segment bound."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from soak.bisect.conduct import conduct, segment_dir
+from soak.bisect.executor import Build, SegmentResult
+from soak.bisect.posterior import BisectState, model, posterior
+
+MIN = 60.0
+ROOT = Path("/bisect")
+
+
+class FakeExecutor:
+    """Simulated builds: exponential times to hang, a segment stopped at its first
+    hang. With several queued, the last submitted finishes first (out of order)."""
+
+    def __init__(self, mtbf_s: list[float], *, slots: int = 1, seed: int = 0) -> None:
+        self.slots = slots
+        self._rng = random.Random(seed)
+        self._mtbf = mtbf_s
+        self._queue: list[SegmentResult] = []
+        self.submitted: list[tuple[int, Path]] = []
+
+    async def submit(self, build: Build, *, segment_s: float, run_dir: Path) -> None:
+        self.submitted.append((build.index, run_dir))
+        t = self._rng.expovariate(1 / self._mtbf[build.index])
+        hung = t < segment_s
+        self._queue.append(SegmentResult(build.index, run_dir, min(t, segment_s), int(hung),
+                                         "hang" if hung else "time"))
+
+    async def next_done(self) -> SegmentResult:
+        return self._queue.pop()
+
+    async def aclose(self) -> None:
+        self._queue.clear()
+
+
+def builds(n: int) -> list[Build]:
+    return [Build(i, f"build-{i}") for i in range(n)]
+
+
+def mtbfs(n: int, first_bad: int) -> list[float]:
+    return [5 * MIN if j >= first_bad else 6000 * MIN for j in range(n)]
+
+
+async def test_one_slot_finds_the_first_bad_build() -> None:
+    fake = FakeExecutor(mtbfs(6, 4), seed=1)
+    steps = []
+    out = await conduct(builds(6), fake, model=model(builds=6), segment_s=30 * MIN, root=ROOT,
+                        on_step=lambda s, r: steps.append((s.state, len(r))))
+    assert out.stopped_by == "found" and out.step.posterior.best == 4
+    assert steps[-1] == (BisectState.FOUND, len(out.results)) and len(steps) == len(out.results) + 1
+    dirs = [d for _, d in fake.submitted]
+    assert dirs[0] == segment_dir(ROOT, 0, Build(fake.submitted[0][0], "")) and len(set(dirs)) == len(dirs)
+
+
+async def test_several_slots_spread_over_builds_and_still_find_it() -> None:
+    fake = FakeExecutor(mtbfs(8, 2), slots=3, seed=2)
+    out = await conduct(builds(8), fake, model=model(builds=8), segment_s=30 * MIN, root=ROOT)
+    assert out.stopped_by == "found" and out.step.posterior.best == 2
+    assert len({b for b, _ in fake.submitted[:3]}) == 3  # the first three segments soak three builds
+
+
+async def test_a_killed_bisect_resumes_from_its_segments() -> None:
+    m = model(builds=6)
+    first = await conduct(builds(6), FakeExecutor(mtbfs(6, 3), seed=3), model=m, segment_s=30 * MIN, root=ROOT,
+                          max_segments=3)
+    assert first.stopped_by == "segment bound" and len(first.results) == 3
+    seen = []
+    fake = FakeExecutor(mtbfs(6, 3), seed=4)
+    again = await conduct(builds(6), fake, model=m, segment_s=30 * MIN, root=ROOT, done=first.results,
+                          on_step=lambda s, r: seen.append(s.posterior))
+    # the resumed loop starts where the first stood, and numbers its run directories on
+    assert seen[0] == posterior([r.segment for r in first.results], model=m)
+    assert fake.submitted[0][1].name.startswith("segment-003-")
+    assert again.stopped_by == "found" and again.step.posterior.best == 3
+    assert again.results[:3] == first.results
+
+
+async def test_the_budget_ends_it() -> None:
+    fake = FakeExecutor([6000 * MIN] * 6, seed=5)  # nothing hangs: no answer soon
+    out = await conduct(builds(6), fake, model=model(builds=6), segment_s=30 * MIN, root=ROOT, budget_s=3600.0)
+    assert out.stopped_by == "out_of_budget" and len(out.results) == 2
+    assert out.step.reasons[0].startswith("budget of 1.0 h spent below 95%")
+
+
+async def test_the_builds_must_be_the_models() -> None:
+    with pytest.raises(ValueError, match="the model's"):
+        await conduct(builds(5), FakeExecutor([1.0] * 5), model=model(builds=6), segment_s=60.0, root=ROOT)

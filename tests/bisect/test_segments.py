@@ -1,0 +1,36 @@
+"""A bisect's segments read back from run directories (soak/bisect/segments.py):
+the same exposure and hangs as history reads, in segment order, a cut-off
+segment counted to its last record, an unreadable one skipped by name."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from soak.bisect.segments import parse_segment_dir, read_segments
+from soak.history.model import run_record
+from soak.report.rundir import load_run
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+
+
+def test_names() -> None:
+    assert parse_segment_dir(Path("/b/segment-012-build-3")) == (12, 3)
+    assert parse_segment_dir(Path("/b/segment-12-build-3")) is None  # numbers have three digits at least
+    assert parse_segment_dir(Path("/b/latest")) is None
+
+
+def test_segments_read_as_history_reads_them(tmp_path: Path) -> None:
+    for number, build, fixture in ((1, 5, "pass"), (0, 2, "fail"), (2, 4, "cutoff")):
+        shutil.copytree(FIXTURES / fixture, tmp_path / f"segment-{number:03d}-build-{build}")
+    (tmp_path / "bisect.json").write_text("{}")  # not a segment
+    (tmp_path / "segment-003-build-1").mkdir()  # an empty directory: not readable
+    skipped = []
+    got = read_segments(tmp_path, on_skip=skipped.append)
+    assert [r.build for r in got] == [2, 5, 4]
+    for result, fixture in zip(got, ("fail", "pass", "cutoff")):
+        data = load_run(FIXTURES / fixture)
+        record = run_record(path=fixture, summary=data.summary, events=data.events, config=data.config)
+        assert (result.exposure_s, result.hangs) == (record.exposure_s, record.hangs), fixture
+    assert got[0].hangs >= 1 and got[1].hangs == 0 and got[0].exposure_s > 0
+    assert len(skipped) == 1 and "segment-003-build-1" in str(skipped[0])
