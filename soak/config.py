@@ -21,6 +21,7 @@ from soak.export.config import ExporterConfig, ViewConfig
 from soak.export.push_config import PushgatewayConfig
 from soak.load.config import LoadConfig
 from soak.probes.config import ProbesConfig
+from soak.prove.config import ProveConfig
 from soak.respond.config import ResponseConfig
 from soak.target.config import SimulatorTarget, TargetConfig, redact_target
 from soak.thresholds.config import ThresholdsConfig, threshold_problem
@@ -46,6 +47,8 @@ class RunConfig(StrictModel):
     view: ViewConfig = ViewConfig()
     thresholds: ThresholdsConfig = {}
     pushgateway: PushgatewayConfig = PushgatewayConfig()
+    # Is this build fixed? Wald's sequential test on the run's time at risk (docs/prove.md).
+    prove: Optional[ProveConfig] = None
 
 
 def load_run_config(path: str | Path, *, duration: float | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from soak.history.model import RunRecord
+from soak.prove.live import exposure_path
 from soak.prove.sprt import Decision, Plan, walk
 
 
@@ -24,14 +25,7 @@ def runs_of(runs: Sequence[RunRecord], build: str) -> tuple[RunRecord, ...]:
 
 def path_of(runs: Sequence[RunRecord]) -> tuple[tuple[float, ...], float]:
     """(cumulative exposure at each hang, total exposure) over these runs in order."""
-    marks: list[float] = []
-    total = 0.0
-    for run in runs:
-        for interval in run.intervals:
-            total += interval.length_s
-            if interval.hang:
-                marks.append(total)
-    return tuple(marks), total
+    return exposure_path(interval for run in runs for interval in run.intervals)
 
 
 def prove_build(plan: Plan, runs: Sequence[RunRecord], build: str) -> Decision:

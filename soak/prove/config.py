@@ -3,7 +3,8 @@ Wald's sequential test (``soak.prove.sprt``) on the run's own time at risk and
 hangs.
 
     prove:
-      broken_mtbf: 20m        # θ1, the broken build's MTBF (or broken_build: its label in history)
+      broken_mtbf: 20m        # θ1, the broken build's MTBF (or broken_build: its label in history,
+                              #   with history: the folder of run directories it is read from)
       target_mtbf: 200m       # θ0 (or ratio: 10, θ0 = ratio x θ1)
       alpha: 0.05             # risk of calling a fixed build broken
       beta: 0.05              # risk of calling a broken build fixed
@@ -13,15 +14,17 @@ hangs.
 
 Checked when the config is read: one ``ConfigError`` naming ``prove.<field>``
 (exit 2). A broken MTBF from history is resolved by the caller that reads the
-history (``plan_of(section, broken_mtbf_s=...)``); this section only names the
-build.
+history (``plan_of(section, broken_mtbf_s=...)``; ``soak run`` does it before the
+target starts); this section only names the build and the folder (``history``, a
+path beside the config file when relative).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from soak.configbase import Duration, StrictModel
 from soak.prove.sprt import Plan, plan, truncation
@@ -32,6 +35,7 @@ Positive = Annotated[Duration, Field(gt=0)]
 class ProveConfig(StrictModel):
     broken_mtbf: Optional[Positive] = None
     broken_build: Optional[str] = Field(default=None, min_length=1)
+    history: Optional[str] = Field(default=None, min_length=1)  # where broken_build's nights are
     target_mtbf: Optional[Positive] = None
     ratio: Optional[float] = Field(default=None, gt=1)
     alpha: float = Field(default=0.05, gt=0, lt=0.5)
@@ -41,11 +45,21 @@ class ProveConfig(StrictModel):
     truncate: Optional[str] = None  # "auto": MIL-HDBK-781A's truncation for these risks
     stop_at_decision: bool = False
 
+    @field_validator("history")
+    @classmethod
+    def _beside_the_config(cls, value: str | None, info: ValidationInfo) -> str | None:
+        base = (info.context or {}).get("base_dir") if isinstance(info.context, dict) else None
+        if value is None or base is None or Path(value).is_absolute():
+            return value
+        return str(Path(base) / value)
+
     @model_validator(mode="after")
     def _one_of_each(self) -> "ProveConfig":
         # each pair names one quantity two ways: both given would disagree silently
         if (self.broken_mtbf is None) == (self.broken_build is None):
             raise ValueError("give one of broken_mtbf (a duration) and broken_build (a build in history)")
+        if (self.broken_build is None) != (self.history is None):
+            raise ValueError("broken_build and history go together: the build's name and the folder of its runs")
         if (self.target_mtbf is None) == (self.ratio is None):
             raise ValueError("give one of target_mtbf (a duration) and ratio (target over broken)")
         if self.broken_mtbf is not None and self.target_mtbf is not None and self.target_mtbf <= self.broken_mtbf:

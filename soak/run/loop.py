@@ -32,6 +32,7 @@ from soak.events import EventType
 from soak.load.client import StreamingClient
 from soak.load.generator import LoadGenerator
 from soak.load.progress import ProgressTracker
+from soak.prove.sprt import Plan
 from soak.records import RunInfo, RunSink, TargetFacts, TargetKind, TargetLayout
 from soak.respond.responder import Responder
 from soak.run import signals
@@ -61,6 +62,7 @@ class RunOptions:
     report: ReportOptions | None = ReportOptions()  # None: no report at the end
     install_signal_handlers: bool = True
     heap: HeapTuning | None = None  # what soak.run.heap did, said in run_created
+    proof_plan: Plan | None = None  # prove: the sequential test, resolved (soak.run.proving)
 
 
 class SoakRun:

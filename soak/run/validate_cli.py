@@ -35,6 +35,9 @@ def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:
     config = load_run_config(config_path, duration=duration_flag(duration))
     layout = target_layout(config.target)
     workload = workload_factory(config, config_path=Path(config_path), block_size=layout.block_size)(None)
+    from soak.run.proving import resolve_plan
+
+    proof_plan = resolve_plan(config.prove, config_path=config_path)  # a broken build without history: exit 2
 
     async def plan():
         from soak.workload import make_counter
@@ -56,4 +59,8 @@ def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:
         print(f"{config_path}: ok ({config.target.kind} target, load {config.load.mode}, "
               f"concurrency {config.load.concurrency}, duration {config.duration:g}s)")
         print(planned.describe())
+        if proof_plan is not None:
+            from soak.prove.sprt import decide
+
+            print(f"prove: {decide(proof_plan, exposure_s=0.0, hangs=0).sentence}")
     return 0

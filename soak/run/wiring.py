@@ -120,6 +120,9 @@ def build_soak_run(
     layout = target_layout(config.target)
     make_workload = workload_factory(config, config_path=config_path, block_size=layout.block_size)
     make_workload(None)  # a bad workload or trace file fails here, before anything starts
+    from soak.run.proving import resolve_plan
+
+    proof_plan = resolve_plan(config.prove, config_path=config_path)  # history read once, before the target
     api_key = api_key_from_env(config.target.api_key_env, environ)
     target_config = config.target
     redactor = Redactor.for_run(
@@ -300,7 +303,7 @@ def build_soak_run(
         store=store,
         sinks=sinks,
         clock=clock,
-        options=RunOptions(api_key=api_key, heap=heap,
+        options=RunOptions(api_key=api_key, heap=heap, proof_plan=proof_plan,
                            report=ReportOptions(command=report_command, timeout_s=report_timeout_s,
                                                 html=report_html)),
     )

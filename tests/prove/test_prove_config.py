@@ -20,7 +20,7 @@ def test_the_issue_plan_from_yaml_values() -> None:
 
 
 def test_a_ratio_and_a_broken_build_from_history() -> None:
-    section = ProveConfig.model_validate({"broken_build": "nightly-1203", "ratio": 10})
+    section = ProveConfig.model_validate({"broken_build": "nightly-1203", "history": "runs", "ratio": 10})
     with pytest.raises(ValueError, match="nightly-1203"):
         plan_of(section)  # history had no MTBF for it
     got = plan_of(section, broken_mtbf_s=20 * MIN)
@@ -29,7 +29,9 @@ def test_a_ratio_and_a_broken_build_from_history() -> None:
 
 @pytest.mark.parametrize("values, message", [
     ({"ratio": 10}, "one of broken_mtbf"),
-    ({"broken_mtbf": "20m", "broken_build": "b", "ratio": 10}, "one of broken_mtbf"),
+    ({"broken_mtbf": "20m", "broken_build": "b", "history": "runs", "ratio": 10}, "one of broken_mtbf"),
+    ({"broken_build": "b", "ratio": 10}, "broken_build and history go together"),
+    ({"broken_mtbf": "20m", "history": "runs", "ratio": 10}, "broken_build and history go together"),
     ({"broken_mtbf": "20m"}, "one of target_mtbf"),
     ({"broken_mtbf": "20m", "target_mtbf": "10m"}, "must be above broken_mtbf"),
     ({"broken_mtbf": "20m", "ratio": 1}, "greater than 1"),
@@ -55,3 +57,35 @@ def test_truncate_auto_is_the_handbooks() -> None:
     section = ProveConfig.model_validate({"broken_mtbf": "20m", "ratio": 10, "truncate": "auto"})
     got = plan_of(section)
     assert got.max_hangs == 3 and got.max_exposure_s == pytest.approx(exposure)
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_run_config_takes_a_prove_section(tmp_path) -> None:
+    from soak.config import load_run_config
+
+    config = load_run_config(write(tmp_path, "duration: 10s\nprove:\n  broken_build: nightly-1\n"
+                                             "  history: runs\n  ratio: 10\n  stop_at_decision: true\n"))
+    assert config.prove is not None and config.prove.stop_at_decision
+    assert config.prove.history == str(tmp_path / "runs")  # beside the config, as a workload path is
+    assert load_run_config(write(tmp_path, "duration: 10s\n")).prove is None  # no section: no test
+
+
+@pytest.mark.parametrize("text, said", [
+    ("prove:\n  broken_mtbf: 20m\n  target_mtbf: 200m\n  stop_at_decison: true\n",
+     "run.yaml:5: prove.stop_at_decison: unknown key; did you mean 'stop_at_decision'?"),
+    ("prove:\n  broken_mtbf: 20m\n  target_mtbf: 10m\n", "run.yaml: prove: target_mtbf (600 s) must be above"),
+    ("prove:\n  broken_mtbf: 20m\n  ratio: 10\n  alpha: 0.7\n", "run.yaml: prove.alpha: "),
+])
+def test_a_bad_prove_section_is_one_line_and_exit_2(tmp_path, text, said) -> None:
+    import subprocess
+    import sys
+
+    path = write(tmp_path, "duration: 10s\n" + text)
+    done = subprocess.run([sys.executable, "-m", "soak", "validate", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert said in done.stderr

@@ -1,0 +1,74 @@
+"""The sequential test as a run goes, pure: the run's events in, where the test
+stands out.
+
+Exposure is the run's time at risk as ``soak.exposure`` counts it (the one
+definition the judge, the report and history use): from the start of load or a
+restart to a hang's onset, or to ``now`` while the load runs. Hangs are
+incidents of kind ``hang``. The path is walked (``sprt.walk``), so the answer is
+the first line the run crossed; once crossed it stays (the test has decided),
+which is what a run that stops at the decision acts on.
+
+Labels here are the run's own (its clock's labels lie on the monotonic line),
+so a step of the wall clock moves no exposure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from soak.events import EventType
+from soak.exposure import Interval, intervals_of
+from soak.prove.sprt import Decision, Plan, ProofState, walk
+
+# What the time at risk is read from (soak.exposure.intervals_of), and the fields it reads.
+_KEPT = frozenset({EventType.RUN_STARTED, EventType.LOAD_STARTED, EventType.LOAD_STOPPED,
+                   EventType.RESTART_DONE, EventType.INCIDENT})
+_FIELDS = ("ts", "mono", "onset_at", "detected_at", "kind")
+
+
+def exposure_path(intervals: Iterable[Interval]) -> tuple[tuple[float, ...], float]:
+    """(cumulative exposure at each hang, total exposure): intervals laid end to
+    end, in the order given; the test's statistic is exposure and hang count only."""
+    marks: list[float] = []
+    total = 0.0
+    for interval in intervals:
+        total += interval.length_s
+        if interval.hang:
+            marks.append(total)
+    return tuple(marks), total
+
+
+def proof_of(p: Plan, intervals: Sequence[Interval]) -> tuple[Decision, tuple[float, ...], float]:
+    """(the decision over this path, its hang marks, its total exposure)."""
+    marks, total = exposure_path(intervals)
+    return walk(p, hang_exposures_s=marks, exposure_s=total), marks, total
+
+
+class ProofTracker:
+    """Fed the run's events as they happen (``on_event``); ``at(now)`` says where
+    the test stands, the load counted as running up to ``now`` until it stopped."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._events: list[dict[str, Any]] = []
+        self._stopped = False
+        self.decided: Decision | None = None  # the first line crossed, kept
+
+    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+        if type not in _KEPT:
+            return
+        self._events.append({"type": str(type), **{k: fields[k] for k in _FIELDS if k in fields}})
+        if type == EventType.LOAD_STOPPED:
+            self._stopped = True
+
+    def at(self, now: float) -> Decision:
+        if self.decided is not None:
+            return self.decided
+        events = self._events if self._stopped else [*self._events, {"type": EventType.LOAD_STOPPED.value, "ts": now}]
+        decision = proof_of(self.plan, intervals_of(events, {}))[0]
+        if decision.state is not ProofState.UNDECIDED:
+            self.decided = decision
+        return decision
+
+
+__all__ = ["ProofTracker", "exposure_path", "proof_of"]

@@ -1,0 +1,93 @@
+"""``prove:`` in a run: the plan resolved before anything starts, and the
+sequential test followed while the load runs (``soak.prove.live.ProofTracker``).
+
+A broken MTBF named by build (``prove.broken_build``) is read from that build's
+nights in ``prove.history`` here, once: the plan the run tests is then written
+as the ``prove_plan`` event, so the judge, the report and ``soak report`` later
+judge with the very plan the run used, even once history has grown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from soak.errors import ConfigError
+from soak.events import EventType
+from soak.prove.config import ProveConfig, plan_of
+from soak.prove.live import ProofTracker
+from soak.prove.sprt import Plan
+from soak.records import Assessment, IncidentRecord, RunInfo
+from soak.samples import RequestRecord, Sample
+
+
+def broken_mtbf_from_history(section: ProveConfig, *, config_path: Path | str | None) -> float | None:
+    """The MTBF of ``section.broken_build`` pooled over its nights in
+    ``section.history``; a night that cannot be read is left out (readers are
+    total); a folder that holds none is one ConfigError naming the field."""
+    from soak.history.collect import find_runs
+    from soak.history.model import run_record
+    from soak.history.prove import broken_mtbf_of
+    from soak.report.rundir import load_run
+
+    assert section.history is not None and section.broken_build is not None
+    try:
+        dirs = find_runs([section.history])
+    except ConfigError as exc:
+        raise ConfigError(f"{section.history}: {exc.message}", path=config_path, field="prove.history") from exc
+    records = []
+    for path in dirs:
+        try:
+            data = load_run(path)
+            records.append(run_record(path=str(path), summary=data.summary, events=data.events, config=data.config))
+        except Exception:  # a damaged night is not this run's problem: the others still count
+            continue
+    return broken_mtbf_of(records, section.broken_build)
+
+
+def resolve_plan(section: ProveConfig | None, *, config_path: Path | str | None) -> Plan | None:
+    """The run's plan, or None without a ``prove:`` section; a broken build with
+    no hang in history (no MTBF to test against) is exit 2 naming the field."""
+    if section is None:
+        return None
+    broken = None
+    if section.broken_build is not None:
+        broken = broken_mtbf_from_history(section, config_path=config_path)
+    try:
+        return plan_of(section, broken_mtbf_s=broken)
+    except ValueError as exc:
+        field = "prove.broken_build" if section.broken_build is not None else "prove"
+        raise ConfigError(f"{exc} in {section.history}" if section.broken_build else str(exc),
+                          path=config_path, field=field) from exc
+
+
+class ProofSink:
+    """A ``RunSink`` that feeds the run's events (incidents included, as the store
+    writes them) to the tracker; the run loop asks it where the test stands."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.tracker = ProofTracker(plan)
+
+    def on_start(self, info: RunInfo) -> None:
+        pass
+
+    def on_sample(self, sample: Sample) -> None:
+        pass
+
+    def on_request(self, record: RequestRecord) -> None:
+        pass
+
+    def on_assessment(self, assessment: Assessment) -> None:
+        pass
+
+    def on_incident(self, incident: IncidentRecord) -> None:
+        self.tracker.on_event(EventType.INCIDENT, {"ts": incident.detected_at, **incident.to_json()})
+
+    def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
+        self.tracker.on_event(type, fields)
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["ProofSink", "broken_mtbf_from_history", "resolve_plan"]
