@@ -243,7 +243,10 @@ def _risks(p: Plan) -> str:
 def needed(p: Plan, *, exposure_s: float, hangs: int) -> Needed:
     """From an undecided point: the clean exposure left to the accept line, and
     the fewest more hangs that reject with the exposure they must land by."""
-    clean: float | None = max(0.0, p.accept_at_s(hangs) - exposure_s)
+    accept_at = p.accept_at_s(hangs)
+    clean: float | None = max(0.0, accept_at - exposure_s)
+    while clean is not None and exposure_s + clean < accept_at:  # rounding: the sum must reach the line
+        clean = math.nextafter(clean, math.inf)
     if p.max_exposure_s is not None and exposure_s + clean > p.max_exposure_s:
         clean = None
     # k more hangs reject when hangs + k >= c + b t, the earliest t being now
