@@ -27,12 +27,14 @@ class EventType(str, Enum):
     RUN_STARTED = "run_started"
     LOAD_STARTED = "load_started"
     CRITERIA_CONFIG = "criteria_config"
+    PROVE_PLAN = "prove_plan"  # prove: the sequential test's plan, as resolved (soak.run.proving)
     # while the load runs
     DETECTOR_STATE = "detector_state"
     DECISION = "decision"
     CRITERION_AT_RISK = "criterion_at_risk"
     CRITERION_FAIL = "criterion_fail"
     THRESHOLD_BREACHED = "threshold_breached"
+    PROOF_DECIDED = "proof_decided"  # prove: the test crossed a line or its truncation
     METRICS_STALE = "metrics_stale"
     METRICS_FRESH = "metrics_fresh"
     METRICS_SCRAPE_FAILED = "metrics_scrape_failed"

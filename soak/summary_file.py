@@ -320,6 +320,9 @@ class RunSummary:
     warnings: tuple[str, ...] = ()
     records: Mapping[str, int] = field(default_factory=dict)  # lines read, and the damage skipped, by kind
     stopped_by: str | None = None  # why the load stopped (load_stopped's reason): neutral, not why it failed
+    time_at_risk_s: float | None = None  # the judge's one count of time at risk (soak.exposure)
+    hangs_at_risk: int | None = None  # the hangs that ended an interval at risk
+    proof: Mapping[str, Any] | None = None  # prove: the sequential test (soak.prove.sprt.Decision.to_json)
 
     @classmethod
     def from_json(cls, obj: Any) -> RunSummary:
@@ -357,6 +360,8 @@ class RunSummary:
             records={k: v for k, v in (_mapping(obj.get("records")) or {}).items()
                      if isinstance(k, str) and _int(v) is not None},
             stopped_by=_str(obj.get("stopped_by")),
+            time_at_risk_s=_number(obj.get("time_at_risk_s")), hangs_at_risk=_int(obj.get("hangs_at_risk")),
+            proof=_mapping(obj.get("proof")),
         )
 
     @classmethod
@@ -371,6 +376,14 @@ class RunSummary:
     @property
     def hangs(self) -> int:
         return sum(1 for i in self.incidents if i.is_hang)
+
+    @property
+    def at_risk(self) -> tuple[int, float] | None:
+        """(hangs, exposure seconds) as the judge counted them; None in a summary
+        written before it did."""
+        if self.time_at_risk_s is None or self.hangs_at_risk is None:
+            return None
+        return self.hangs_at_risk, self.time_at_risk_s
 
     @property
     def build_entry(self) -> BuildEntry | None:

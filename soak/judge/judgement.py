@@ -2,9 +2,12 @@
 
 ``judge(recorded, ending)`` decides the failure criteria once on the recorded
 requests, evaluates the thresholds once on the recorded figures and window
-columns, and runs the exit-code ladder (``soak.judge.ladder``). The record on
-disk decides the verdict: an incident or a failed criterion is ``fail`` whatever
-the run believed at its end. ``summary_json(recorded, judgement)`` is its
+columns, counts the time at risk once (``soak.exposure``: summary.json's
+``time_at_risk_s``, which the end of a run and its MTBF read), decides the
+sequential test of a ``prove:`` run on it, and runs the exit-code ladder
+(``soak.judge.ladder``). The record on disk decides the verdict: an incident or
+a failed criterion is ``fail`` whatever the run believed at its end (under
+``prove:`` a hang in a test that accepted is not: docs/prove.md). ``summary_json(recorded, judgement)`` is its
 serialized form, summary.json.
 """
 
@@ -15,11 +18,14 @@ from typing import Any, Mapping
 
 from soak.criteria.constraints import CriteriaDecision
 from soak.criteria.constraints import judge as judge_criteria
+from soak.exposure import AtRisk, at_risk
 from soak.judge.ending import Ending, EndingSource
 from soak.judge.figures import figures
 from soak.judge.ladder import outcome_of
 from soak.judge.reasons import verdict_reasons
 from soak.judge.recorded import NOWHEN, Recorded
+from soak.prove.live import proof_of
+from soak.prove.sprt import Decision, ProofState
 from soak.records import Verdict
 from soak.thresholds.evaluate import ThresholdResult, evaluate_run, evaluate_windows, thresholds_entry
 
@@ -38,6 +44,9 @@ class Judgement:
     breached: tuple[str, ...]  # the thresholds the ladder counted (a live abort_on_fail stop first)
     incidents: tuple[Mapping[str, Any], ...]
     failed: bool  # an incident, a failed criterion or a failed response
+    at_risk: AtRisk = AtRisk(())  # the time at risk, counted once (soak.exposure)
+    proof: Decision | None = None  # prove: where the sequential test stands (or where it decided)
+    proof_path: tuple[tuple[float, ...], float] = ((), 0.0)  # (exposure at each hang, total exposure)
 
     def criteria_json(self) -> dict[str, Any]:
         return {**self.criteria.to_json(), **({"note": self.criteria_note} if self.criteria_note else {})}
@@ -84,10 +93,32 @@ def _stop_reason(ending: Ending, *, breached: tuple[str, ...], exit_code: int,
     return reason
 
 
+def _risk(recorded: Recorded) -> AtRisk:
+    """The run's time at risk; the summary's span places a run without load events."""
+    span = figures(recorded)
+    return at_risk(recorded.events.risk_events, {k: span[k] for k in ("started_at", "ended_at", "duration_s", "cut_off")})
+
+
+def _failed_but_hangs(recorded: Recorded, ending: Ending, criteria: CriteriaDecision) -> tuple[bool, bool]:
+    """Under prove: (a failure other than a hang, whether a hang was recorded).
+    The run's live failure is its hangs' when it recorded only hangs."""
+    hangs = [i for i in recorded.incidents if i.get("kind") == "hang"]
+    others = len(recorded.incidents) > len(hangs)
+    handling = (ending.stop_reason or "").startswith("incident handling failed")
+    live = ending.failed_live and (not hangs or handling)
+    return others or live or not criteria.passed, bool(hangs)
+
+
 def judge(recorded: Recorded, ending: Ending) -> Judgement:
     criteria = judge_criteria(recorded.criteria, recorded.requests.tally, final=True)
     incidents = recorded.incidents
     failed = ending.failed_live or ending.incidents_seen > 0 or bool(incidents) or not criteria.passed
+    risk = _risk(recorded)
+    proof, path, hanged = None, ((), 0.0), False
+    if recorded.proof_plan is not None:
+        proof, marks, total = proof_of(recorded.proof_plan, risk.intervals)
+        path = (marks, total)
+        failed, hanged = _failed_but_hangs(recorded, ending, criteria)
     results, entry = _thresholds(recorded)
     breached = [r.name for r in results or () if r.breached]
     for name in (ending.threshold_aborted, *(e.get("threshold") for e in recorded.events.threshold_breaches)):
@@ -97,19 +128,27 @@ def judge(recorded: Recorded, ending: Ending) -> Judgement:
         exit_code, end_verdict, stop_reason = None, Verdict.ABORTED, None
     else:
         exit_code, end_verdict = outcome_of(problem=ending.problem, failed=failed, breached=bool(breached),
-                                            fault=ending.harness_fault is not None, interrupted=ending.interrupted)
+                                            fault=ending.harness_fault is not None, interrupted=ending.interrupted,
+                                            proof=proof.state if proof is not None else None, hanged=hanged)
         stop_reason = ending.stop_reason if ending.source is EndingSource.RECORDED else \
             _stop_reason(ending, breached=tuple(breached), exit_code=exit_code, criteria=criteria)
-    # Whatever the loop believed at its end: the record on disk decides.
-    verdict = Verdict.FAIL if incidents or not criteria.passed else end_verdict
+    # Whatever the loop believed at its end: the record on disk decides (under prove, a hang
+    # in a test that accepted is the test's to judge, and it judged).
+    if proof is None:
+        verdict = Verdict.FAIL if incidents or not criteria.passed else end_verdict
+    else:
+        accepted = proof.state is ProofState.ACCEPTED
+        verdict = Verdict.FAIL if failed or (hanged and not accepted) else end_verdict
     reasons = verdict_reasons(verdict=verdict, ending=ending, stop_reason=stop_reason, incidents=incidents,
                               criteria_reasons=criteria.reasons,
                               breached_rows=[r.to_json() for r in results or () if r.breached],
                               live_breaches=recorded.events.threshold_breaches)
+    if proof is not None and (proof.state is not ProofState.ACCEPTED or verdict is not Verdict.PASS):
+        reasons = (*reasons, f"proof: {proof.sentence}")
     return Judgement(verdict=verdict, exit_code=exit_code, end_verdict=end_verdict, reasons=tuple(reasons),
                      stop_reason=stop_reason, criteria=criteria, criteria_note=recorded.criteria_note,
                      thresholds=results, thresholds_entry=entry, breached=tuple(breached),
-                     incidents=incidents, failed=failed)
+                     incidents=incidents, failed=failed, at_risk=risk, proof=proof, proof_path=path)
 
 
 def run_ended_fields(judgement: Judgement, ending: Ending) -> dict[str, Any]:
@@ -134,7 +173,16 @@ def summary_json(recorded: Recorded, judgement: Judgement) -> dict[str, Any]:
         "verdict_reasons": list(judgement.reasons),
         "criteria": judgement.criteria_json(),
         "thresholds": judgement.thresholds_entry,
+        # The one count of time at risk (soak.exposure): the end of the run and its MTBF read it.
+        "time_at_risk_s": judgement.at_risk.exposure_s,
+        "hangs_at_risk": judgement.at_risk.hangs,
     })
+    if judgement.proof is not None:
+        marks, total = judgement.proof_path
+        summary["proof"] = {**judgement.proof.to_json(),
+                            "path": {"hang_exposures_s": list(marks), "exposure_s": total}}
+    elif recorded.proof_note is not None:
+        summary["proof"] = {"decision": None, "note": recorded.proof_note}
     return summary
 
 

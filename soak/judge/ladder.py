@@ -6,13 +6,23 @@ whether anything failed (an incident, a failed criterion, a failed response),
 whether a threshold was breached, the harness's own fault, an operator's
 interrupt. When several apply the first of 1, 99, 4 wins: a hang outranks a
 breached SLO, which outranks a harness fault.
+
+Under ``prove:`` (docs/prove.md, "contract addition") the sequential test's
+decision stands in for the hangs: a hang alone is no failure, a rejected test
+is (exit 1); every other failure (a crash, a lost server, a failed criterion or
+response) still is. The order is kept (2, 3; 1; 4; 130; 99 over 0, 4 and 5).
+An accepted test is exit 0 and a pass, also after a hang; an undecided or
+truncated one is exit 5, verdict as without prove (fail after a hang, else pass).
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
+from soak.prove.sprt import ProofState
 from soak.records import Verdict
+
+UNDECIDED_EXIT = 5  # prove: the test ended undecided (docs/prove.md)
 
 
 class Problem(str, Enum):
@@ -23,8 +33,14 @@ class Problem(str, Enum):
 
 
 def outcome_of(*, problem: Problem | None, failed: bool, breached: bool, fault: bool,
-               interrupted: bool) -> tuple[int, Verdict]:
-    """(exit code, the run's verdict as the run loop saw it at its end)."""
+               interrupted: bool, proof: ProofState | None = None, hanged: bool = False) -> tuple[int, Verdict]:
+    """(exit code, the run's verdict as the run loop saw it at its end). With
+    ``proof`` (the run has a ``prove:`` section) ``failed`` is every failure but
+    a hang and ``hanged`` whether a hang was recorded."""
+    if proof is not None:
+        # a hang fails the verdict unless the test accepted in spite of it
+        unproven = hanged and proof is not ProofState.ACCEPTED
+        failed = failed or proof is ProofState.REJECTED
     if problem is Problem.ENVIRONMENT:
         code, verdict = 3, Verdict.ABORTED
     elif problem is Problem.USAGE:
@@ -34,13 +50,15 @@ def outcome_of(*, problem: Problem | None, failed: bool, breached: bool, fault: 
     elif fault:
         code, verdict = 4, Verdict.ABORTED
     elif interrupted:
-        code, verdict = 130, (Verdict.FAIL if failed else Verdict.ABORTED)
+        code, verdict = 130, (Verdict.FAIL if failed or (proof is not None and unproven) else Verdict.ABORTED)
+    elif proof is not None and proof is not ProofState.ACCEPTED:
+        code, verdict = UNDECIDED_EXIT, (Verdict.FAIL if unproven else Verdict.PASS)
     else:
         code, verdict = 0, Verdict.PASS
     # A failed criterion or an incident is exit 1, above 99; 99 above a harness fault.
-    if breached and not failed and code in (0, 1, 4):
+    if breached and not failed and code in (0, 1, 4, UNDECIDED_EXIT):
         code, verdict = 99, Verdict.FAIL
     return code, verdict
 
 
-__all__ = ["Problem", "outcome_of"]
+__all__ = ["Problem", "UNDECIDED_EXIT", "outcome_of"]

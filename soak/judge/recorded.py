@@ -22,6 +22,8 @@ from soak.criteria.rules import LoadSpan
 from soak.events import EventType
 from soak.jsonl import typed_fields
 from soak.percentiles import latency_stats
+from soak.prove.live import RISK_EVENTS, RISK_FIELDS
+from soak.prove.sprt import Plan
 from soak.counters import CounterDelta
 from soak.store.rundir import RunDir
 from soak.store.summary import (
@@ -75,6 +77,10 @@ class EventDigest:
     build: Mapping[str, Any] = field(default_factory=dict)
     criteria_section: Mapping[str, Any] | None = None
     threshold_breaches: tuple[Mapping[str, Any], ...] = ()  # live abort_on_fail stops
+    # What the time at risk is read from (soak.exposure.intervals_of): the load's start and
+    # stop, restarts and incidents, with only the fields it reads.
+    risk_events: tuple[Mapping[str, Any], ...] = ()
+    prove_plan: Mapping[str, Any] | None = None  # the prove_plan event's plan, as the run resolved it
 
     def span(self, *, cut_short: bool | None = None) -> LoadSpan:
         """The load's span; ``cut_short`` None: as ``run_ended`` recorded it."""
@@ -106,12 +112,16 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
     build: Mapping[str, Any] = {}
     breaches: list[Mapping[str, Any]] = []
     paused: Mapping[str, Any] | None = None
+    risk_events: list[Mapping[str, Any]] = []
+    prove_plan = None
     for event in events:
         ts, mono = _number(event.get("ts")), _number(event.get("mono"))
         last_ts, last_mono = _later(last_ts, ts), _later(last_mono, mono)
         if mono is None and ts is not None:
             unmarked_ts = _later(unmarked_ts, ts)
         kind = event.get("type")
+        if kind in RISK_EVENTS:
+            risk_events.append({k: event[k] for k in RISK_FIELDS if k in event})
         if kind == EventType.RUN_STARTED:
             run_started, started = event, (ts, mono)
         elif kind == EventType.LOAD_STARTED:
@@ -148,12 +158,15 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
             build = {k: v for k, v in event.items() if k not in ("ts", "type")}
         elif kind == EventType.THRESHOLD_BREACHED:
             breaches.append(event)
+        elif kind == EventType.PROVE_PLAN and isinstance(event.get("plan"), dict):
+            prove_plan = event["plan"]
     return EventDigest(
         started=started, load_started=load_started, load_stopped=load_stopped, ended=ended, last_ts=last_ts,
         last_mono=last_mono, unmarked_ts=unmarked_ts, run_started=run_started, run_ended=run_ended,
         incidents=tuple(incidents), restarts=len(lives), lives=tuple(lives), load_events=load_events,
         wall_steps=tuple(wall_steps), gpu_source=gpu_source, server_version=server_version,
-        warnings=tuple(warnings), build=build, criteria_section=criteria_section, threshold_breaches=tuple(breaches))
+        warnings=tuple(warnings), build=build, criteria_section=criteria_section, threshold_breaches=tuple(breaches),
+        risk_events=tuple(risk_events), prove_plan=prove_plan)
 
 
 @dataclass(frozen=True)
@@ -185,6 +198,8 @@ class Recorded:
     samples: SampleDigest
     incidents: tuple[Mapping[str, Any], ...]  # the events' and incidents/N's, merged
     read_stats: Mapping[str, int]
+    proof_plan: Plan | None = None  # prove: the sequential test the run asked for
+    proof_note: str | None = None  # a prove section that could not be read back, said
 
     @property
     def windowed(self) -> bool:
@@ -216,6 +231,27 @@ def criteria_of(section: Mapping[str, Any] | None, config: Mapping[str, Any], *,
         return CriteriaConfig.model_validate(from_config), None
     except Exception as exc:  # a hand-edited config.yaml: judge with the defaults, say so
         return CriteriaConfig(), f"config.yaml criteria unreadable ({type(exc).__name__}), defaults used"
+
+
+def proof_plan_of(recorded_plan: Mapping[str, Any] | None, section: Any) -> tuple[Plan | None, str | None]:
+    """The run's sequential test: the ``prove_plan`` event (the plan as the run
+    resolved it, a broken MTBF from history included), else config.yaml's
+    ``prove:`` section where it gives the broken MTBF itself."""
+    from soak.prove.config import ProveConfig, plan_of
+    from soak.prove.sprt import plan
+
+    if recorded_plan is not None:
+        try:
+            return plan(**{k: recorded_plan.get(k) for k in ("broken_mtbf_s", "target_mtbf_s", "alpha", "beta",
+                                                             "max_exposure_s", "max_hangs")}), None
+        except (TypeError, ValueError) as exc:
+            return None, f"recorded prove plan unreadable: {exc}"
+    if section is None:
+        return None, None
+    try:
+        return plan_of(ProveConfig.model_validate(section)), None
+    except Exception as exc:  # a hand-edited config.yaml: no proof, said
+        return None, f"config.yaml prove section unreadable ({type(exc).__name__})"
 
 
 def stale_after_of(config: Mapping[str, Any]) -> float:
@@ -292,7 +328,8 @@ def read_recorded(run_dir: RunDir | str | Path, *, cut_short: bool | None = None
         thresholds_error=thresholds_error, requests=requests,
         latency={name: latency_stats(getattr(requests, name)) for name in LATENCIES},
         window_requests=tuple(window_requests) if windowed else None, samples=samples,
-        incidents=tuple(incidents), read_stats=read_stats)
+        incidents=tuple(incidents), read_stats=read_stats,
+        **dict(zip(("proof_plan", "proof_note"), proof_plan_of(events.prove_plan, run.section("prove")))))
 
 
 __all__ = ["EventDigest", "Moment", "NOWHEN", "Recorded", "SampleDigest", "WINDOW_FIELDS", "digest_events",

@@ -20,10 +20,11 @@ from soak.events import EventType
 from soak.exposure import Interval, intervals_of
 from soak.prove.sprt import Decision, Plan, ProofState, walk
 
-# What the time at risk is read from (soak.exposure.intervals_of), and the fields it reads.
-_KEPT = frozenset({EventType.RUN_STARTED, EventType.LOAD_STARTED, EventType.LOAD_STOPPED,
-                   EventType.RESTART_DONE, EventType.INCIDENT})
-_FIELDS = ("ts", "mono", "onset_at", "detected_at", "kind")
+# What the time at risk is read from (soak.exposure.intervals_of), and the fields it reads:
+# the tracker and the judge keep only these of a run's events.
+RISK_EVENTS = frozenset({EventType.RUN_STARTED, EventType.LOAD_STARTED, EventType.LOAD_STOPPED,
+                         EventType.RESTART_DONE, EventType.INCIDENT})
+RISK_FIELDS = ("type", "ts", "mono", "onset_at", "detected_at", "kind")
 
 
 def exposure_path(intervals: Iterable[Interval]) -> tuple[tuple[float, ...], float]:
@@ -55,9 +56,9 @@ class ProofTracker:
         self.decided: Decision | None = None  # the first line crossed, kept
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
-        if type not in _KEPT:
+        if type not in RISK_EVENTS:
             return
-        self._events.append({"type": str(type), **{k: fields[k] for k in _FIELDS if k in fields}})
+        self._events.append({**{k: fields[k] for k in RISK_FIELDS if k in fields}, "type": str(type)})
         if type == EventType.LOAD_STOPPED:
             self._stopped = True
 
@@ -71,4 +72,4 @@ class ProofTracker:
         return decision
 
 
-__all__ = ["ProofTracker", "exposure_path", "proof_of"]
+__all__ = ["RISK_EVENTS", "RISK_FIELDS", "ProofTracker", "exposure_path", "proof_of"]

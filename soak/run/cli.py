@@ -85,9 +85,7 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
 
 def say_end(summary: RunSummary, *, exit_code: int, run_dir: Path, stream: TextIO) -> None:
     """The end-of-run block (soak.run.end_block), on every view mode; colour on a terminal only."""
-    from soak.exposure import at_risk
     from soak.run.end_block import end_block
-    from soak.store.rundir import RunDir
 
     files = [str(run_dir / name) for name in ("report.html", "summary.json") if (run_dir / name).exists()]
     build = summary.build_entry.key if summary.build_entry is not None else None
@@ -95,11 +93,10 @@ def say_end(summary: RunSummary, *, exit_code: int, run_dir: Path, stream: TextI
         colour = stream.isatty()
     except (AttributeError, ValueError):
         colour = False
-    # The time at risk report.html and soak history count (soak.exposure): one MTBF a night.
-    risk = at_risk(list(RunDir(run_dir).events()), summary)
     try:
+        # The time at risk is the judge's (summary.json's time_at_risk_s): one MTBF a night.
         stream.write(end_block(summary, exit_code=exit_code, files=files, build=build, colour=colour,
-                               at_risk=(risk.hangs, risk.exposure_s)))
+                               at_risk=summary.at_risk))
         stream.flush()
     except (OSError, ValueError):
         pass  # a closed stream: the run's record and exit status stand

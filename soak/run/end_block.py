@@ -27,6 +27,7 @@ EXIT_MEANINGS = {
     2: "bad config, workload or arguments",
     3: "the target or the environment stopped the run",
     4: "the harness itself failed",
+    5: "the sequential test (prove:) ended undecided",
     99: "a threshold breached",
     130: "interrupted by the operator",
 }
@@ -54,7 +55,7 @@ def mtbf_sentence(summary: RunSummary, *, at_risk: tuple[int, float] | None = No
     """The report's MTBF sentence. ``at_risk``: (hangs, exposure seconds) as the
     report and soak history count them (soak.exposure.at_risk, issue 35's one
     MTBF); None: the summary's hangs over its loaded time (duration_s)."""
-    hangs, exposure = at_risk if at_risk is not None else (summary.hangs, summary.duration_s)
+    hangs, exposure = at_risk if at_risk is not None else summary.at_risk or (summary.hangs, summary.duration_s)
     if exposure is None or exposure <= 0:
         return "no MTBF: no load was applied"
     failed = [r for r in summary.criteria.rows if r.failed] if summary.criteria is not None else []
@@ -149,6 +150,29 @@ def _why(summary: RunSummary, verdict: Verdict | None) -> list[str]:
     return reasons
 
 
+# The proof line's word for each decision (soak.prove.sprt.ProofState values).
+PROOF_WORDS = {"accepted": "fixed", "rejected": "not fixed", "undecided": "undecided", "truncated": "undecided"}
+
+
+def proof_line(summary: RunSummary) -> str | None:
+    """The sequential test's line ("proof  fixed: fixed (α 5%, β 5%) after 65.4 clean
+    minutes"), None for a run without ``prove:``."""
+    proof = summary.proof
+    if proof is None:
+        return None
+    sentence = proof.get("sentence") if isinstance(proof.get("sentence"), str) else proof.get("note")
+    word = PROOF_WORDS.get(str(proof.get("decision")), "not decided")
+    return f"proof       {word}: {clean(sentence or 'no sentence recorded')}"
+
+
+def _meaning(summary: RunSummary, exit_code: int) -> str:
+    if summary.proof is not None and exit_code == 0:
+        return "the sequential test accepted: fixed"
+    if summary.proof is not None and exit_code == 1 and summary.proof.get("decision") == "rejected":
+        return "the sequential test rejected: not fixed"
+    return EXIT_MEANINGS.get(exit_code, "see CONTRACTS.md")
+
+
 def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], build: str | None = None,
               at_risk: tuple[int, float] | None = None, colour: bool = False) -> str:
     """The end of a run in plain lines (ANSI colour only with ``colour``)."""
@@ -157,7 +181,7 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
     head = _paint(shown, _BOLD + _VERDICT_COLOURS.get(verdict, ""), colour) if verdict is not None else shown
     run = clean(summary.run_id or "")
     lines = [f"soak run {run}" + (f" (build {clean(build)})" if build else "") + ":",
-             f"verdict     {head}, exit {exit_code} ({EXIT_MEANINGS.get(exit_code, 'see CONTRACTS.md')})"]
+             f"verdict     {head}, exit {exit_code} ({_meaning(summary, exit_code)})"]
     reasons = _why(summary, verdict) if verdict is not Verdict.PASS or exit_code != 0 else []
     for i, reason in enumerate(reasons):
         lines.append(("why         " if i == 0 else "            ") + reason)
@@ -171,6 +195,9 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
                  f"{len(summary.incidents)}; restarts {summary.restarts or 0}")
     lines += _incident_lines(summary)
     lines.append(f"MTBF        {mtbf_sentence(summary, at_risk=at_risk)}")
+    proof = proof_line(summary)
+    if proof is not None:
+        lines.append(proof)
     lines += _latency_lines(summary.latency)
     lines += _threshold_lines(summary, colour)
     for path in files:
@@ -182,4 +209,4 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
     return "\n".join([*lines, last]) + "\n"
 
 
-__all__ = ["EXIT_MEANINGS", "clean", "end_block", "format_latency", "mtbf_sentence"]
+__all__ = ["EXIT_MEANINGS", "clean", "end_block", "format_latency", "mtbf_sentence", "proof_line"]

@@ -43,7 +43,7 @@ EVENT_TYPES = {
     "duration_s": is_number, "warmup_s": is_number, "number": is_int, "kind": is_str, "rule": is_str,
     "onset_at": is_timestamp, "detected_at": is_timestamp, "killed_pids": is_list, "gpus_released": is_bool,
     "evidence": is_str, "summary": is_str, "gpu_free_s": is_number, "reason": is_str, "exit_code": is_int, "load_cut_short": is_bool,
-    "verdict": is_str, "age_s": is_number, "message": is_str, "criteria": is_dict,
+    "verdict": is_str, "age_s": is_number, "message": is_str, "criteria": is_dict, "plan": is_dict,
     # run_ended: what the run knew at its end (soak.judge.ending.Ending)
     "problem": is_str, "interrupted": is_bool, "harness_fault": is_str, "failed_live": is_bool,
 }
