@@ -29,6 +29,7 @@ from soak.errors import PortInUse
 from soak.events import EventType
 from soak.export.config import ExporterConfig
 from soak.export.names import DETECTOR_STATE_VALUES, HARNESS_METRICS, RULE_STATE_VALUES, Kind
+from soak.prove.sprt import Decision, ProofState
 from soak.samples import server_accepted
 from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord, RunInfo
 from soak.samples import (
@@ -228,6 +229,8 @@ class Exporter:
         self._m["soak_run_start_time_seconds"].set(info.started_at)
         self._m["soak_run_planned_duration_seconds"].set(info.duration_s)
         self._ends_at = info.started_at + info.duration_s
+        for state in ProofState:  # every state 0 until a prove: run's first tick: no test (yet)
+            self._m["soak_prove_decision"].labels(decision=state.value).set(0)
 
     @_marks_change
     def on_sample(self, sample: Sample) -> None:
@@ -289,6 +292,21 @@ class Exporter:
         m["soak_last_incident_detection_delay_seconds"].set(incident.detected_at - incident.onset_at)
         if incident.gpu_free_s is not None:
             m["soak_last_incident_gpu_free_seconds"].set(incident.gpu_free_s)
+
+    @_marks_change
+    def on_proof(self, decision: Decision) -> None:
+        """A prove: run's sequential test, each detector tick (soak.run.proving)."""
+        m = self._m
+        m["soak_prove_exposure_seconds"].set(decision.exposure_s)
+        m["soak_prove_hangs"].set(decision.hangs)
+        m["soak_prove_accept_at_seconds"].set(decision.accept_at_s)
+        need = decision.needed
+        if need is not None and need.hangs is not None:
+            m["soak_prove_reject_at_hangs"].set(decision.hangs + need.hangs)
+        else:  # decided, or only the truncation is left: no hang count rejects from here
+            m["soak_prove_reject_at_hangs"].set(float("nan"))
+        for state in ProofState:
+            m["soak_prove_decision"].labels(decision=state.value).set(1 if state is decision.state else 0)
 
     @_marks_change
     def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:  # noqa: A002 - the RunSink signature

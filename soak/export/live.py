@@ -19,6 +19,7 @@ from soak.events import EventType
 from soak.printable import printable
 from soak.export.live_rows import StageWindow, levels_text, suspect_text
 from soak.percentiles import percentile
+from soak.prove.sprt import Decision, ProofState
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
 from soak.samples import GpuReading, GpuSample, GpuSource, RequestRecord, Sample, ServerSample
 from soak.counters import CounterDelta
@@ -77,6 +78,7 @@ class ViewState:
         self.warnings: list[str] = []  # e.g. a vLLM version soak has no facts for
         # Warnings that come and go by topic (metrics stale, a failure criterion at risk or failed).
         self.alerts: dict[str, str] = {}
+        self.proof: str | None = None  # prove: the sequential test's sentence (soak.prove.sprt)
 
     def on_request(self, record: RequestRecord) -> None:
         if record.outcome == "ok":
@@ -158,6 +160,7 @@ class ViewState:
             f"prefix hit {_pct(ratio)} | {'stage CPU%' if stage_cpu else 'gpu%'} max/mean {levels} | "
             f"detector {self.detector_text()}"
             + (f" | incidents {self.incidents}" if self.incidents else "")
+            + (f" | proof: {self.proof}" if self.proof else "")
             + (" | GPU READINGS STALE" if self.gpu_stale else "")
             + "".join(f" | WARNING {text}" for text in self.alerts.values())
         )
@@ -193,6 +196,8 @@ class ViewState:
         table.add_row("detector", Text(self.detector_text(), style=style))
         if self.incidents:
             table.add_row("incidents", f"[bold red]{self.incidents}[/]")
+        if self.proof:
+            table.add_row("proof", Text(self.proof))
         for topic, text in self.alerts.items():
             table.add_row(topic, Text(text, style="bold yellow"))
         return table
@@ -333,6 +338,14 @@ class LiveView:
     def on_incident(self, incident: IncidentRecord) -> None:
         self.state.incidents += 1
         self._say(f"soak: incident {incident.number}: {incident.summary}")
+
+    def on_proof(self, decision: Decision) -> None:
+        """Where the sequential test stands (a ``prove:`` run, each detector tick); its
+        decision is said once, as a line that stays."""
+        sentence = printable(decision.sentence)
+        if decision.state is not ProofState.UNDECIDED and not (self.state.proof or "").startswith(decision.state.value):
+            self._say(f"soak: proof: {decision.state.value}: {sentence}")
+        self.state.proof = sentence if decision.state is ProofState.UNDECIDED else f"{decision.state.value}: {sentence}"
 
     def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:
         warning = _warning(type, fields, self.state.info.started_at if self.state.info else None)

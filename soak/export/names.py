@@ -173,6 +173,17 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
             Kind.GAUGE,
             "Seconds from the last kill until the GPUs showed no process.",
         ),
+        # prove: the sequential test (soak.prove.sprt), on a run with a prove: section only
+        HarnessMetric("soak_prove_exposure_seconds", Kind.GAUGE,
+                      "The sequential test's exposure: loaded time at risk so far (or where it decided)."),
+        HarnessMetric("soak_prove_hangs", Kind.GAUGE, "The sequential test's hangs so far (or where it decided)."),
+        HarnessMetric("soak_prove_accept_at_seconds", Kind.GAUGE,
+                      "Exposure at which the test accepts 'fixed' with the hangs it has now."),
+        HarnessMetric("soak_prove_reject_at_hangs", Kind.GAUGE,
+                      "Hang count that would reject 'fixed' at the exposure now (absent when the truncation comes first)."),
+        HarnessMetric("soak_prove_decision", Kind.GAUGE,
+                      "The test's state, one series per state: 1 for the state it is in, 0 for the others (all 0: no prove: section).",
+                      ("decision",)),
     )
 }
 

@@ -44,6 +44,7 @@ from soak.run.incidents import CycleParts, IncidentCycle, TargetLives
 from soak.run.live_judge import LiveJudge
 from soak.run.parts import RunIdentity, RunParts
 from soak.run.probing import Probing
+from soak.run.proving import LiveProof
 from soak.run.sinks import FanOut
 from soak.run.stopping import LoadStop
 from soak.run.target import Target
@@ -92,7 +93,15 @@ class SoakRun:
         # Labels on the monotonic time line; the raw wall clock is only watched (soak.clock).
         self.clock = run_clock(clock or SystemClock())
         self._wall_watch = WallStepWatch()
-        self.sinks = FanOut([store, *sinks], on_error=self.faults.sink_error)
+        self.load_stop = LoadStop()
+        # prove: the sequential test followed live (soak.run.proving); it hears every event after the store
+        plan = options.proof_plan if config.prove is not None else None
+        self.proof = None if plan is None else LiveProof(
+            plan, stop_at_decision=bool(config.prove and config.prove.stop_at_decision), stop=self.load_stop,
+            emit=self.event,
+            show=lambda decision: self.sinks.on_proof(decision))
+        self.sinks = FanOut([store, *([self.proof.sink] if self.proof is not None else []), *sinks],
+                            on_error=self.faults.sink_error)
 
         self.workload: Workload | None = None
         self.facts: TargetFacts | None = None  # once the target answered
@@ -100,7 +109,6 @@ class SoakRun:
         self.generator: LoadGenerator | None = None
         self.detector = parts.detector
         self.responder: Responder | None = None
-        self.load_stop = LoadStop()
         # The failure criteria, judged live on every detector tick (soak.criteria).
         self.tally = RequestTally.for_config(config.criteria)
         self.live = LiveJudge(config.criteria, tally=self.tally, stop=self.load_stop, clock=self.clock, emit=self.event)
@@ -305,6 +313,8 @@ class SoakRun:
         self.tally.open_load(self.clock.monotonic())  # work is owed from here: no grace hides its absence
         # What the summary judges the requests by, as JSON (config.yaml is for people).
         self.event(EventType.CRITERIA_CONFIG, criteria=config.criteria.model_dump(mode="json"))
+        if self.proof is not None:
+            self.proof.started()
         result = await generator.run()
         self.tally.close_load(self.clock.monotonic())
         await self._scrape_metrics()
@@ -357,7 +367,10 @@ class SoakRun:
             assessment = self.detector.assess(self.clock.now())
             self.sinks.on_assessment(assessment)
             self.live.thresholds()
-            if await self.cycle.respond_all(assessment.new_incidents):
+            stopping = await self.cycle.respond_all(assessment.new_incidents)
+            if self.proof is not None:  # after the response: a hang it recorded counts now
+                self.proof.tick(self.clock.now())
+            if stopping:
                 return
 
     # -- the end (soak.run.ending) ------------------------------------------------

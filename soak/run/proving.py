@@ -10,13 +10,14 @@ judge with the very plan the run used, even once history has grown.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from soak.errors import ConfigError
-from soak.events import EventType
+from soak.events import Emit, EventType
 from soak.prove.config import ProveConfig, plan_of
 from soak.prove.live import ProofTracker
-from soak.prove.sprt import Plan
+from soak.prove.sprt import Decision, Plan, ProofState
+from soak.run.stopping import LoadStop
 from soak.records import Assessment, IncidentRecord, RunInfo
 from soak.samples import RequestRecord, Sample
 
@@ -90,4 +91,37 @@ class ProofSink:
         pass
 
 
-__all__ = ["ProofSink", "broken_mtbf_from_history", "resolve_plan"]
+class LiveProof:
+    """The run loop's part: each detector tick, where the test stands goes to the
+    sinks that show it; the decision is recorded once (``proof_decided``) and,
+    with ``prove.stop_at_decision``, stops the load like any other stop reason."""
+
+    def __init__(self, plan: Plan, *, stop_at_decision: bool, stop: LoadStop, emit: Emit,
+                 show: Callable[[Decision], None]) -> None:
+        self.plan = plan
+        self.sink = ProofSink(plan)
+        self._stop_at_decision = stop_at_decision
+        self._stop = stop
+        self._emit = emit
+        self._show = show
+        self._said = False
+
+    def started(self) -> None:
+        """The plan, as JSON, before the load: the judge tests with what the run tested."""
+        self._emit(EventType.PROVE_PLAN, plan=self.plan.to_json(),
+                   stop_at_decision=self._stop_at_decision)
+
+    def tick(self, now: float) -> Decision:
+        decision = self.sink.tracker.at(now)
+        self._show(decision)
+        if decision.state is not ProofState.UNDECIDED and not self._said:
+            self._said = True
+            self._emit(EventType.PROOF_DECIDED, decision=decision.state.value, sentence=decision.sentence,
+                       exposure_s=decision.exposure_s, hangs=decision.hangs)
+            load = self._stop.load
+            if self._stop_at_decision and load is not None and not load.stopping:
+                self._stop.stop(f"proof {decision.state.value}: {decision.sentence}")
+        return decision
+
+
+__all__ = ["LiveProof", "ProofSink", "broken_mtbf_from_history", "resolve_plan"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
+from soak.prove.sprt import Decision
 from soak.records import Assessment, IncidentRecord, RunInfo, RunSink
 from soak.samples import RequestRecord, Sample
 
@@ -55,6 +56,17 @@ class FanOut:
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
         self._each("on_event", lambda sink: sink.on_event(type, fields))
+
+    def on_proof(self, decision: Decision) -> None:
+        """A prove: run's sequential test, to the sinks that show it (the live view,
+        the exporter); not part of RunSink: the run store records the decision as
+        an event instead."""
+        for sink in self._sinks:
+            if hasattr(sink, "on_proof"):
+                try:
+                    sink.on_proof(decision)  # type: ignore[attr-defined]
+                except Exception as exc:  # noqa: BLE001 - one sink must not sink the run
+                    self._on_error(sink, "on_proof", exc)
 
     def close(self) -> None:
         if self._closed:
