@@ -225,6 +225,8 @@ def _minutes(seconds: float, *, exact: bool = False) -> str:
     """Minutes for a sentence: one decimal for a decision ("65.4 clean minutes"),
     whole minutes for what is still to come ("41 more"), where a tenth is noise."""
     m = seconds / 60
+    if 0 < m < 0.95:  # a test-sized plan (seconds, not minutes): two figures, never "0.0"
+        return f"{m:.2g}"
     return f"{m:.1f}" if exact or m < 10 else f"{m:.0f}"
 
 
@@ -273,7 +275,8 @@ def _decision(p: Plan, state: ProofState, exposure_s: float, hangs: int) -> Deci
     if state is ProofState.REJECTED:
         head = f"not fixed ({_risks(p)}): {_plural(hangs, 'hang')} within {_minutes(exposure_s, exact=True)} minutes"
         by = p.reject_by_s(hangs)
-        why = f"{_plural(hangs, 'hang')} reject when they land by minute {_minutes(by or 0.0, exact=True)}"
+        lands = "rejects when it lands" if hangs == 1 else "reject when they land"
+        why = f"{_plural(hangs, 'hang')} {lands} by minute {_minutes(by or 0.0, exact=True)}"
         return Decision(state, exposure_s, hangs, lr, p.accept_at_s(hangs), None, (head, why, basis), p)
     if state is ProofState.TRUNCATED:
         lean = "fixed" if lr < 0 else "broken"

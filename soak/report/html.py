@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from soak.durations import format_duration
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
+from soak.report.proof import proof_html
 from soak.durations import format_latency
 
 if TYPE_CHECKING:  # the model is built in render, which calls render_html: types only
@@ -44,6 +45,9 @@ pre{background:#f6f8fa;padding:8px;overflow-x:auto;white-space:pre-wrap;word-bre
 table.thresholds td.held{color:#1e7d32;font-weight:700} table.thresholds td.breached{color:#c62828;font-weight:700}
 table.thresholds tr.breached td{background:#fdecea}
 svg.zoom{display:block;background:#fff;border:1px solid #e1e4e8;margin:8px 0}
+svg.proof{display:block;background:#fff;border:1px solid #e1e4e8;margin:8px 0}
+.stat.proof.accepted{border-left-color:#1e7d32}.stat.proof.rejected{border-left-color:#c62828}
+.stat.proof.truncated{border-left-color:#9a6700}
 """
 
 
@@ -250,7 +254,7 @@ def _compact(value: Any) -> str:
 
 
 # summary.json's fields with a section of their own above: not repeated as a blob at the bottom
-_SHOWN_ABOVE = frozenset({"incidents", "thresholds", "criteria", "verdict_reasons"})
+_SHOWN_ABOVE = frozenset({"incidents", "thresholds", "criteria", "verdict_reasons", "proof"})
 
 
 def _summary_value(key: str, value: Any) -> str:
@@ -330,6 +334,7 @@ def render_html(model: ReportModel) -> str:
         out.append(f"<div class='cut'>{_e(note)}</div>")
     if model.mtbf is not None:
         out.append(f"<div class='stat'>{_e(model.mtbf.sentence())}</div>")
+    out.append(proof_html(s.proof))  # prove: the sequential test's sentence and walk (soak.report.proof)
     if model.incidents:
         out.append("<h2>Incidents</h2>")
         out.extend(_incident_html(v, model.start) for v in model.incidents)

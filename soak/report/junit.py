@@ -9,6 +9,13 @@ soak itself, one per failure criterion (``criteria.error_rate``,
 at most one, so every incident is listed in its text); a criterion that failed
 is its own case's ``<failure>`` with the reason; a run that was cut off or
 aborted without an incident is an ``<error>``.
+
+A ``prove:`` run has a ``prove`` case (docs/prove.md): a ``<failure>`` when the
+sequential test rejected, an ``<error type="prove_undecided">`` when it ended
+undecided or at its truncation (exit 5; the Ant schema has no skipped case), and
+a plain pass when it accepted, the sentence in every message. An accepted test's
+hangs are listed in ``system-out``; they fail the soak case only when the
+verdict failed.
 """
 
 from __future__ import annotations
@@ -43,6 +50,18 @@ def incident_line(incident: IncidentEntry, start: float | None) -> str:
             f"(rule {_or(incident.rule, '?')}){at}: {summary} [evidence {_or(incident.evidence, '?')}]")
 
 
+def _prove_case(suite: ET.Element, proof: Mapping[str, Any], *, name: str, failed: bool, undecided: bool) -> None:
+    """The ``prove`` case: the sequential test's decision and sentence."""
+    sentence = _clean(str(proof.get("sentence") or proof.get("note") or "no sentence recorded"))
+    case = ET.SubElement(suite, "testcase", {"name": "prove", "classname": f"soak.{name or 'soak'}", "time": "0.000"})
+    if failed:
+        ET.SubElement(case, "failure", {"type": "prove_rejected", "message": sentence}).text = \
+            "\n".join(_clean(str(r)) for r in proof.get("reasons") or [sentence])
+    elif undecided:
+        message = f"undecided: {sentence}"
+        ET.SubElement(case, "error", {"type": "prove_undecided", "message": message}).text = message
+
+
 def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname: str = "localhost",
                 properties: Sequence[tuple[str, str]] = (), system_out: str = "") -> bytes:
     summary = RunSummary.of(summary)  # summary.json as parsed reads through the typed record too
@@ -55,15 +74,22 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
     criteria_failed = [r for r in results if r.failed]
     thresholds = summary.thresholds.rows if summary.thresholds is not None else ()
     breached = [r for r in thresholds if not r.passed]
-    # The soak case fails on incidents, or on a fail verdict no criterion or threshold explains.
-    failed = bool(incidents) or (verdict == "fail" and not criteria_failed and not breached)
-    errored = not failed and not criteria_failed and not breached and (cut_off or verdict not in ("pass",))
+    proof = summary.proof
+    decision = proof.get("decision") if proof is not None else None
+    # An accepted test judged the hangs and passed the run: they are listed, not failed.
+    hangs_judged = decision == "accepted" and verdict == "pass"
+    proof_failed, proof_open = decision == "rejected", proof is not None and decision != "rejected" and not hangs_judged
+    # The soak case fails on incidents, or on a fail verdict no criterion, threshold or proof explains.
+    failed = (bool(incidents) and not hangs_judged) or \
+        (verdict == "fail" and not criteria_failed and not breached and not proof_failed)
+    errored = not failed and not criteria_failed and not breached and not proof_failed and \
+        (cut_off or verdict not in ("pass",))
 
     suite = ET.Element("testsuite", {
         "name": "soak", "timestamp": _timestamp(start), "hostname": hostname or "localhost",
-        "tests": str(1 + len(results) + len(thresholds)),
-        "failures": str(int(failed) + len(criteria_failed) + len(breached)),
-        "errors": "1" if errored else "0",
+        "tests": str(1 + len(results) + len(thresholds) + (proof is not None)),
+        "failures": str(int(failed) + len(criteria_failed) + len(breached) + proof_failed),
+        "errors": str(int(errored) + proof_open),
         "time": f"{duration:.3f}",
     })
     props = ET.SubElement(suite, "properties")
@@ -98,6 +124,11 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
             failure = ET.SubElement(t_case, "failure", {"type": f"threshold_{_or(result.outcome, 'breached')}",
                                                         "message": reason})
             failure.text = reason
+    if proof is not None:
+        _prove_case(suite, proof, name=name, failed=proof_failed, undecided=proof_open)
+        if hangs_judged and incidents:
+            listed = "\n".join(incident_line(i, start) for i in incidents)
+            system_out = f"{system_out}\nincidents (the sequential test accepted in spite of them):\n{listed}"
     ET.SubElement(suite, "system-out").text = _clean(system_out)
     ET.SubElement(suite, "system-err").text = ""
     ET.indent(suite)

@@ -231,8 +231,14 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     cut_off = bool(summary.cut_off)
     incidents = summary.incidents
     hangs = summary.hangs
-    risk = at_risk(run.events, summary)  # the time at risk soak history counts: one MTBF for a night
-    mtbf = mtbf_estimate(risk.hangs, risk.exposure_s, confidence=confidence) if risk.exposure_s > 0 else None
+    # The judge's count of time at risk (summary.json's time_at_risk_s), the one soak history counts;
+    # counted here only for a summary written before the judge recorded it.
+    counted = summary.at_risk
+    if counted is None:
+        risk = at_risk(run.events, summary)
+        counted = (risk.hangs, risk.exposure_s)
+    hangs_at_risk, exposure = counted
+    mtbf = mtbf_estimate(hangs_at_risk, exposure, confidence=confidence) if exposure > 0 else None
     criteria_failed = [r for r in summary.criteria.rows if r.failed] if summary.criteria is not None else []
     if criteria_failed and not hangs:
         # A server that fails its requests is not being exercised: hang-free time
@@ -357,6 +363,8 @@ def junit_for(model: ReportModel) -> bytes:
     req = s.requests
     props += [("requests_ok", str(req.ok or 0)), ("requests_failed", str(req.failed or 0))]
     props += [(f"cut_by_{cause}", str(count)) for cause, count in req.cut_by.items()]
+    if s.proof is not None:
+        props += [("proof", str(s.proof.get("decision"))), ("proof_sentence", str(s.proof.get("sentence")))]
     lines = [f"verdict {model.verdict}" + (" (cut off)" if model.cut_off else "")]
     if model.mtbf is not None:
         lines.append(model.mtbf.sentence())
