@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,17 +27,56 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default="soak_history", help="the Pushgateway job (default soak_history)")
     parser.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
                         help="a grouping label for the push, e.g. box=rtx3090-01 (repeatable)")
+    prove = parser.add_argument_group(
+        "is it fixed? (--prove: Wald's sequential test over each build's nights, as a run config's prove: section)")
+    prove.add_argument("--prove", nargs="?", const="", default=None, metavar="BUILD",
+                       help="test BUILD (default: every build but --broken-build) over its nights laid end to end")
+    prove.add_argument("--broken-mtbf", default=None, help="θ1, the broken build's MTBF, e.g. 20m")
+    prove.add_argument("--broken-build", default=None, metavar="BUILD",
+                       help="take θ1 from this build's nights in the history (its exposure over its hangs)")
+    prove.add_argument("--target-mtbf", default=None, help="θ0, the MTBF a fixed build has, e.g. 200m")
+    prove.add_argument("--ratio", type=float, default=None, help="θ0 as a multiple of θ1 (instead of --target-mtbf)")
+    prove.add_argument("--alpha", type=float, default=0.05, help="risk of calling a fixed build broken (default 0.05)")
+    prove.add_argument("--beta", type=float, default=0.05, help="risk of calling a broken build fixed (default 0.05)")
+    prove.add_argument("--max-exposure", default=None, help="truncation: the test ends undecided after this exposure")
+    prove.add_argument("--max-hangs", type=int, default=None, help="truncation: ... or at this many hangs")
+
+
+_PROVE_FLAGS = {"broken_mtbf": "--broken-mtbf", "broken_build": "--broken-build", "target_mtbf": "--target-mtbf",
+                "ratio": "--ratio", "alpha": "--alpha", "beta": "--beta", "max_exposure": "--max-exposure",
+                "max_hangs": "--max-hangs"}
+
+
+def prove_section(args: argparse.Namespace, dirs: list[Path]) -> Any:
+    """The flags as a ``prove:`` section, checked by the same rules (one line, exit 2)."""
+    from pydantic import ValidationError
+
+    from soak.errors import ArgumentError
+    from soak.prove.config import ProveConfig
+
+    given = {key: getattr(args, key) for key in _PROVE_FLAGS if getattr(args, key) is not None}
+    if "broken_build" in given:
+        given["history"] = str(dirs[0])  # the history given is where the broken build's nights are
+    try:
+        return ProveConfig.model_validate(given)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = error["loc"][0] if error["loc"] else None
+        flag = _PROVE_FLAGS.get(str(field), "--prove")
+        raise ArgumentError(f"{flag}: {error['msg'].removeprefix('Value error, ')}".replace("_mtbf", "-mtbf")
+                            .replace("broken_build", "broken-build")) from None
 
 
 def main(args: argparse.Namespace) -> int:
+    section = prove_section(args, args.dirs) if args.prove is not None else None
     return history(args.dirs, out=args.out, confidence=args.confidence, baseline=args.baseline,
                    baseline_mtbf=args.baseline_mtbf, window=args.window, pushgateway=args.pushgateway,
-                   job=args.job, labels=args.label, reports=args.reports)
+                   job=args.job, labels=args.label, reports=args.reports, prove=section, prove_build=args.prove)
 
 
 def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: str | None,
             baseline_mtbf: str | None, window: str, pushgateway: str | None, job: str, labels: list[str],
-            reports: Path | None = None) -> int:
+            reports: Path | None = None, prove: Any = None, prove_build: str | None = None) -> int:
     from soak.durations import duration_flag
     from soak.errors import ArgumentError
     from soak.history.collect import find_runs, is_run_dir
@@ -64,6 +104,8 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
 
     h = build_history(runs, confidence=confidence, baseline=baseline, baseline_mtbf_s=baseline_mtbf_s,
                       window_s=window_s, reports=reports, on_skip=skip)
+    if prove is not None:
+        h = with_proofs(h, prove, only=prove_build or None)
     if out is None:
         out = dirs[0] if len(dirs) == 1 and not is_run_dir(dirs[0]) else Path(".")
     written = write_history(h, out)
@@ -74,6 +116,8 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
         print(h.best["statement"])
     elif h.baseline is None:
         print(no_baseline_sentence(h))
+    for proof in h.proofs:
+        print(f"{proof.build}: {proof.decision.sentence}")
     for path in written.values():
         print(f"wrote {path}")
     if pushgateway:
@@ -82,3 +126,26 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
         push_history(h, url=pushgateway, job=job, grouping=grouping)
         print(f"pushed {len(h.builds)} builds to {pushgateway} (job {job})")
     return 0
+
+
+def with_proofs(h: Any, section: Any, *, only: str | None) -> Any:
+    """The history with each tested build's sequential test (``soak.history.prove``):
+    ``only`` that build, else every build but the broken one."""
+    import dataclasses
+
+    from soak.errors import ArgumentError
+    from soak.history.prove import broken_mtbf_of, prove_builds
+    from soak.prove.config import plan_of
+
+    known = [b.build for b in h.builds]
+    broken = broken_mtbf_of(h.runs, section.broken_build) if section.broken_build is not None else None
+    try:
+        plan = plan_of(section, broken_mtbf_s=broken)
+    except ValueError as exc:
+        raise ArgumentError(f"--broken-build: {exc} (builds: {', '.join(known)})") from None
+    labels = {r.label: r.build for r in h.runs if r.label}
+    if only is not None and only not in known and only not in labels:
+        raise ArgumentError(f"--prove: no build {only!r} among the runs, known: {', '.join(known)}")
+    skip = labels.get(section.broken_build, section.broken_build)
+    builds = [only] if only is not None else [b for b in known if b != skip]
+    return dataclasses.replace(h, proofs=prove_builds(plan, h.runs, builds))

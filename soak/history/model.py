@@ -151,6 +151,7 @@ class History:
     rate_tests: tuple[RateTest, ...]
     costs: Mapping[str, tuple[Cost, ...]] = field(default_factory=dict)  # build -> its costs against the baseline
     best: Mapping[str, Any] | None = None
+    proofs: tuple[Any, ...] = ()  # soak history --prove: soak.history.prove.BuildProof, one per build tested
 
 
 def build_stats(build: str, runs: Sequence[RunRecord], *, confidence: float) -> BuildStats:

@@ -9,7 +9,8 @@ is exposure and hang count only; where a night starts does not matter.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from soak.history.model import RunRecord
 from soak.prove.live import exposure_path
@@ -32,6 +33,29 @@ def prove_build(plan: Plan, runs: Sequence[RunRecord], build: str) -> Decision:
     """Where ``build``'s sequential test stands over its nights so far."""
     marks, total = path_of(runs_of(runs, build))
     return walk(plan, hang_exposures_s=marks, exposure_s=total)
+
+
+@dataclass(frozen=True)
+class BuildProof:
+    """One build's test over its nights: where it stands, and the path it walked."""
+
+    build: str
+    decision: Decision
+    hang_exposures_s: tuple[float, ...]
+    exposure_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"build": self.build, **self.decision.to_json(),
+                "path": {"hang_exposures_s": list(self.hang_exposures_s), "exposure_s": self.exposure_s}}
+
+
+def prove_builds(plan: Plan, runs: Sequence[RunRecord], builds: Sequence[str]) -> tuple[BuildProof, ...]:
+    """Each of ``builds`` tested over its own nights, in the order given."""
+    out = []
+    for build in builds:
+        marks, total = path_of(runs_of(runs, build))
+        out.append(BuildProof(build, walk(plan, hang_exposures_s=marks, exposure_s=total), marks, total))
+    return tuple(out)
 
 
 def broken_mtbf_of(runs: Sequence[RunRecord], build: str) -> float | None:

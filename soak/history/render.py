@@ -65,6 +65,7 @@ def history_json(h: History) -> dict[str, Any]:
         "builds": builds, "rate_tests": [dataclasses.asdict(t) for t in h.rate_tests],
         "costs": {k: [dataclasses.asdict(c) for c in v] for k, v in h.costs.items()},
         "runs": [run_json(r) for r in h.runs],
+        **({"proofs": [p.to_json() for p in h.proofs]} if h.proofs else {}),
     }, keep_infinity=True)
 
 
@@ -240,6 +241,27 @@ def _img(title: str, png: bytes) -> str:
     return f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
 
+def _proofs_html(h: History) -> str:
+    """soak history --prove: each build's nights as one sequential test, its walk
+    drawn between the accept and reject lines (soak.report.proof)."""
+    if not h.proofs:
+        return ""
+    from soak.report.proof import walk_svg
+
+    out = ["<h2>Is it fixed? (sequential test over each build's nights)</h2><p class='muted'>Each build's nights "
+           "laid end to end, oldest first: the thick line is its walk (one step up per hang); green: the accept "
+           "line, reached in clean time means fixed; red: the reject line, a hang on or above it means not fixed; "
+           "dashed: the truncation (docs/prove.md).</p>"]
+    for p in h.proofs:
+        d = p.decision
+        out.append(f"<h3>{_e(p.build)}</h3><p class='lead proof {_e(d.state.value)}'>{_e(d.sentence)}</p>")
+        out.append(f"<p class='muted'>{'<br>'.join(_e(r) for r in d.reasons[1:])}</p>")
+        out.append(walk_svg(d.plan, hang_exposures_s=p.hang_exposures_s, exposure_s=p.exposure_s,
+                            decision=d.state.value, decided_at=(d.exposure_s, d.hangs),
+                            title=f"{p.build}: the sequential test over its nights"))
+    return "".join(out)
+
+
 def history_html(h: History, *, out_dir: Path | None = None) -> str:
     """The page; ``out_dir``: where it is written, so that report links are relative to it."""
     pct = f"{h.confidence * 100:g}%"
@@ -276,6 +298,7 @@ def history_html(h: History, *, out_dir: Path | None = None) -> str:
             rows.append([c.label, fmt(c.a), fmt(c.b), (fmt(c.delta) + rel) if c.delta is not None else "—", interval,
                          "—" if c.p_value is None else f"{c.p_value:.3g}", c.verdict, c.method])
         out.append(_table(["figure", str(h.baseline), build, "change", f"{pct} interval", "p", "verdict", "method"], rows))
+    out.append(_proofs_html(h))
     out.append("<h2>Plots</h2>")
     if h.builds:
         out.append(_img("MTBF interval per build", plot_mtbf(h)))
