@@ -1,0 +1,81 @@
+"""``soak run`` with a ``prove:`` section against the simulator, end to end: the
+sequential test followed live, the run stopped at the decision, summary.json's
+``proof``, the exit code (docs/prove.md, "contract addition"), junit.xml's
+prove case and the end block's proof line.
+
+Plans are test-sized (MTBFs of seconds): with θ1 1 s and θ0 10 s the test
+accepts after ln(19) / (1 - 1/10) = 3.27 clean seconds."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from soakrun_helpers import events, small_config, write_config
+
+from soak.events import EventType
+
+EVIDENCE = {"py_spy": False, "flight_recorder_wait": "1s"}
+
+
+def _junit_prove(run_dir) -> ET.Element:
+    (case,) = [c for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase") if c.get("name") == "prove"]
+    return case
+
+
+def test_a_clean_build_is_accepted_and_the_run_stops_at_the_decision(tmp_path, harness) -> None:
+    config = small_config(duration="60s")
+    config["prove"] = {"broken_mtbf": "1s", "target_mtbf": "10s", "stop_at_decision": True}
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "prove.yaml", config), run_dir)
+    assert h.wait(timeout_s=90) == 0, h.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    proof = summary["proof"]
+    assert proof["decision"] == "accepted" and proof["hangs"] == 0
+    assert abs(proof["exposure_s"] - 3.2716) < 0.01  # where it decided: the accept line
+    assert proof["sentence"].startswith("fixed (α 5%, β 5%) after ")
+    assert proof["plan"]["target_mtbf_s"] == 10.0 and proof["boundaries"]["accept"][0][1] == proof["exposure_s"]
+    assert summary["verdict"] == "pass" and summary["exit_code"] == 0
+    assert summary["stopped_by"].startswith("proof accepted: fixed")  # a stop reason like the others
+    assert summary["duration_s"] < 10 and summary["time_at_risk_s"] >= proof["exposure_s"]
+    types = [e["type"] for e in events(run_dir)]
+    assert types.count(EventType.PROVE_PLAN.value) == 1 and types.count(EventType.PROOF_DECIDED.value) == 1
+    assert list(_junit_prove(run_dir)) == []  # the prove case passed
+    assert "proof       fixed: fixed (α 5%, β 5%) after" in h.stderr
+    assert "verdict     PASS, exit 0 (the sequential test accepted: fixed)" in h.stderr
+
+
+def test_a_deadlocking_build_is_rejected_exit_1(tmp_path, harness) -> None:
+    config = small_config(duration="40s")
+    # every simulator start deadlocks 60 simulated seconds (3 s at time scale 20) in
+    config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "60s"}]}
+    config["response"] = {"on_hang": "stop", "evidence": EVIDENCE}
+    # θ1 10 s, θ0 1000 s (ratio 100): one hang rejects when it lands by (1 - 0.639) / 0.0215 = 16.8 s
+    config["prove"] = {"broken_mtbf": "10s", "target_mtbf": "1000s"}
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "prove.yaml", config), run_dir)
+    assert h.wait(timeout_s=90) == 1, h.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    proof = summary["proof"]
+    assert proof["decision"] == "rejected" and proof["hangs"] == 1 and proof["exposure_s"] < 16.8
+    assert proof["path"]["hang_exposures_s"] == [proof["exposure_s"]]
+    assert summary["verdict"] == "fail" and summary["hangs_at_risk"] == 1
+    assert any(r.startswith("proof: not fixed") for r in summary["verdict_reasons"])
+    (failure,) = list(_junit_prove(run_dir))
+    assert failure.tag == "failure" and failure.get("type") == "prove_rejected"
+    assert "proof       not fixed: not fixed (α 5%, β 5%): 1 hang within" in h.stderr
+
+
+def test_a_run_too_short_to_decide_is_exit_5_and_passes(tmp_path, harness) -> None:
+    config = small_config(duration="3s")
+    config["prove"] = {"broken_mtbf": "20m", "ratio": 10}
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "prove.yaml", config), run_dir)
+    assert h.wait(timeout_s=60) == 5, h.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["proof"]["decision"] == "undecided" and summary["verdict"] == "pass"
+    assert summary["proof"]["sentence"] == "65 more clean minutes to accept; 2 hangs before minute 37 reject"
+    assert summary["proof"]["needed"]["hangs"] == 2
+    (error,) = list(_junit_prove(run_dir))
+    assert error.get("type") == "prove_undecided"
+    assert "exit 5 (the sequential test (prove:) ended undecided)" in h.stderr
