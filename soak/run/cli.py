@@ -6,7 +6,8 @@ judges, responds, and records everything in the run directory. Exit status per
 CONTRACTS.md: 0 pass, 1 incident, 2 bad config, 3 target never ready, the
 environment lacks something or the target is not what the config says, 4 the
 harness itself failed (traceback in harness_error.txt), 130 interrupted (the
-results so far are kept).
+results so far are kept); with a ``prove:`` section, 0 accepted, 1 rejected and
+5 undecided (docs/prove.md, "contract addition").
 """
 
 from __future__ import annotations
