@@ -79,3 +79,27 @@ def test_a_run_too_short_to_decide_is_exit_5_and_passes(tmp_path, harness) -> No
     (error,) = list(_junit_prove(run_dir))
     assert error.get("type") == "prove_undecided"
     assert "exit 5 (the sequential test (prove:) ended undecided)" in h.stderr
+
+
+def test_an_accept_after_a_hang_is_a_pass_with_the_hang_listed(tmp_path, harness) -> None:
+    """θ1 0.5 s, θ0 1 s, α 5%, β 0.1%: b = (2 - 1) / ln 2 = 1.443 hangs/s, a = -ln(0.95/0.001) / ln 2
+    = -9.89, c = 4.32. Clean, it accepts at 9.89 / 1.443 = 6.85 s; with one hang at 7.55 s; no hang
+    count below 5 rejects. The simulator deadlocks 140 simulated seconds (7 s) into each life, so
+    the first hang lands 4 to 6.5 s into the load (before 6.85) and the restarted life is clean
+    long past 7.55: one hang, then accepted, whatever the start-up took within those bounds."""
+    config = small_config(duration="40s")
+    config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "140s"}]}
+    config["response"] = {"on_hang": "restart", "max_restarts": 3, "evidence": EVIDENCE}
+    config["prove"] = {"broken_mtbf": "0.5s", "target_mtbf": "1s", "beta": 0.001, "stop_at_decision": True}
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "prove.yaml", config), run_dir)
+    assert h.wait(timeout_s=90) == 0, h.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    proof = summary["proof"]
+    assert proof["decision"] == "accepted" and proof["hangs"] == 1, proof["path"]
+    assert abs(proof["exposure_s"] - 7.55) < 0.01
+    assert summary["verdict"] == "pass" and summary["restarts"] == 1
+    assert [i["kind"] for i in summary["incidents"]] == ["hang"]  # still listed
+    cases = {c.get("name"): c for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
+    assert all(list(case) == [] for case in cases.values())  # the accepted test judged the hang
+    assert "incidents   1. hang (log_signature)" in h.stderr and "proof       fixed:" in h.stderr
