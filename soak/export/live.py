@@ -79,6 +79,7 @@ class ViewState:
         # Warnings that come and go by topic (metrics stale, a failure criterion at risk or failed).
         self.alerts: dict[str, str] = {}
         self.proof: str | None = None  # prove: the sequential test's sentence (soak.prove.sprt)
+        self.proof_said = False  # its decision said once, as a line that stays
 
     def on_request(self, record: RequestRecord) -> None:
         if record.outcome == "ok":
@@ -343,9 +344,13 @@ class LiveView:
         """Where the sequential test stands (a ``prove:`` run, each detector tick); its
         decision is said once, as a line that stays."""
         sentence = printable(decision.sentence)
-        if decision.state is not ProofState.UNDECIDED and not (self.state.proof or "").startswith(decision.state.value):
-            self._say(f"soak: proof: {decision.state.value}: {sentence}")
-        self.state.proof = sentence if decision.state is ProofState.UNDECIDED else f"{decision.state.value}: {sentence}"
+        if decision.state is ProofState.UNDECIDED:
+            self.state.proof = sentence
+            return
+        self.state.proof = f"{decision.state.value}: {sentence}"
+        if not self.state.proof_said:
+            self.state.proof_said = True
+            self._say(f"soak: proof: {self.state.proof}")
 
     def on_event(self, type: EventType | str, fields: Mapping[str, Any]) -> None:
         warning = _warning(type, fields, self.state.info.started_at if self.state.info else None)

@@ -7,8 +7,8 @@ columns, counts the time at risk once (``soak.exposure``: summary.json's
 sequential test of a ``prove:`` run on it, and runs the exit-code ladder
 (``soak.judge.ladder``). The record on disk decides the verdict: an incident or
 a failed criterion is ``fail`` whatever the run believed at its end (under
-``prove:`` a hang in a test that accepted is not: docs/prove.md). ``summary_json(recorded, judgement)`` is its
-serialized form, summary.json.
+``prove:`` a hang in a test that accepted is not: docs/prove.md).
+``summary_json(recorded, judgement)`` is its serialized form, summary.json.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Judgement:
     thresholds_entry: Mapping[str, Any] | None
     breached: tuple[str, ...]  # the thresholds the ladder counted (a live abort_on_fail stop first)
     incidents: tuple[Mapping[str, Any], ...]
-    failed: bool  # an incident, a failed criterion or a failed response
+    failed: bool  # an incident, a failed criterion or a failed response (under prove: any of them but a hang)
     at_risk: AtRisk = AtRisk(())  # the time at risk, counted once (soak.exposure)
     proof: Decision | None = None  # prove: where the sequential test stands (or where it decided)
     proof_path: tuple[tuple[float, ...], float] = ((), 0.0)  # (exposure at each hang, total exposure)
