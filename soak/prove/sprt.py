@@ -221,13 +221,31 @@ class Decision:
                 "plan": p.to_json(), "sentence": self.sentence, "reasons": list(self.reasons)}
 
 
-def _minutes(seconds: float, *, exact: bool = False) -> str:
-    """Minutes for a sentence: one decimal for a decision ("65.4 clean minutes"),
-    whole minutes for what is still to come ("41 more"), where a tenth is noise."""
+def _number(seconds: float, *, exact: bool = False) -> tuple[str, str]:
+    """(figure, unit) for a sentence: minutes, one decimal for a decision ("65.4
+    clean minutes"), whole minutes for what is still to come ("41 more"), where a
+    tenth is noise; under a minute, seconds (a plan of seconds, or the last stretch)."""
+    if seconds < 59.5:
+        return (f"{seconds:.1f}" if exact or seconds < 10 else f"{seconds:.0f}"), "second"
     m = seconds / 60
-    if 0 < m < 0.95:  # a test-sized plan (seconds, not minutes): two figures, never "0.0"
-        return f"{m:.2g}"
-    return f"{m:.1f}" if exact or m < 10 else f"{m:.0f}"
+    return (f"{m:.1f}" if exact or m < 10 else f"{m:.0f}"), "minute"
+
+
+def _span(seconds: float, adjective: str = "", *, exact: bool = False) -> str:
+    """"65.4 clean minutes", "12 more clean seconds"."""
+    figure, unit = _number(seconds, exact=exact)
+    return f"{figure} {adjective + ' ' if adjective else ''}{unit}s"
+
+
+def _mark(seconds: float, *, exact: bool = False) -> str:
+    """A point of exposure: "minute 36.9", "second 12"."""
+    figure, unit = _number(seconds, exact=exact)
+    return f"{unit} {figure}"
+
+
+def _mtbf(seconds: float) -> str:
+    figure, unit = _number(seconds, exact=True)
+    return f"{figure} {'min' if unit == 'minute' else 's'}"
 
 
 def _percent(risk: float) -> str:
@@ -264,36 +282,36 @@ def needed(p: Plan, *, exposure_s: float, hangs: int) -> Needed:
 
 def _decision(p: Plan, state: ProofState, exposure_s: float, hangs: int) -> Decision:
     lr = p.log_ratio(exposure_s, hangs)
-    basis = (f"θ1 {_minutes(p.broken_mtbf_s, exact=True)} min broken, θ0 {_minutes(p.target_mtbf_s, exact=True)} "
-             f"min target (ratio {p.ratio:.3g}); {_plural(hangs, 'hang')} in "
-             f"{_minutes(exposure_s, exact=True)} minutes of exposure")
+    basis = (f"θ1 {_mtbf(p.broken_mtbf_s)} broken, θ0 {_mtbf(p.target_mtbf_s)} target (ratio {p.ratio:.3g}); "
+             f"{_plural(hangs, 'hang')} in {_span(exposure_s, exact=True)} of exposure")
     if state is ProofState.ACCEPTED:
-        what = "clean minutes" if hangs == 0 else f"minutes with {_plural(hangs, 'hang')}"
-        head = f"fixed ({_risks(p)}) after {_minutes(exposure_s, exact=True)} {what}"
-        why = f"the accept line for {_plural(hangs, 'hang')} is {_minutes(p.accept_at_s(hangs), exact=True)} minutes"
+        what = _span(exposure_s, "clean", exact=True) if hangs == 0 else \
+            f"{_span(exposure_s, exact=True)} with {_plural(hangs, 'hang')}"
+        head = f"fixed ({_risks(p)}) after {what}"
+        why = f"the accept line for {_plural(hangs, 'hang')} is {_span(p.accept_at_s(hangs), exact=True)}"
         return Decision(state, exposure_s, hangs, lr, p.accept_at_s(hangs), None, (head, why, basis), p)
     if state is ProofState.REJECTED:
-        head = f"not fixed ({_risks(p)}): {_plural(hangs, 'hang')} within {_minutes(exposure_s, exact=True)} minutes"
+        head = f"not fixed ({_risks(p)}): {_plural(hangs, 'hang')} within {_span(exposure_s, exact=True)}"
         by = p.reject_by_s(hangs)
         lands = "rejects when it lands" if hangs == 1 else "reject when they land"
-        why = f"{_plural(hangs, 'hang')} {lands} by minute {_minutes(by or 0.0, exact=True)}"
+        why = f"{_plural(hangs, 'hang')} {lands} by {_mark(by or 0.0, exact=True)}"
         return Decision(state, exposure_s, hangs, lr, p.accept_at_s(hangs), None, (head, why, basis), p)
     if state is ProofState.TRUNCATED:
         lean = "fixed" if lr < 0 else "broken"
         head = (f"undecided at the truncation ({_risks(p)}): {_plural(hangs, 'hang')} in "
-                f"{_minutes(exposure_s, exact=True)} minutes, leaning {lean}")
-        limits = [f"{_minutes(p.max_exposure_s, exact=True)} minutes" if p.max_exposure_s is not None else "",
+                f"{_span(exposure_s, exact=True)}, leaning {lean}")
+        limits = [_span(p.max_exposure_s, exact=True) if p.max_exposure_s is not None else "",
                   _plural(p.max_hangs, "hang") if p.max_hangs is not None else ""]
         why = "the test stops at " + " or ".join(x for x in limits if x) + " without crossing a line"
         return Decision(state, exposure_s, hangs, lr, p.accept_at_s(hangs), None, (head, why, basis), p)
     need = needed(p, exposure_s=exposure_s, hangs=hangs)
     parts = []
     if need.clean_s is not None:
-        parts.append(f"{_minutes(need.clean_s)} more clean minutes to accept")
+        parts.append(f"{_span(need.clean_s, 'more clean')} to accept")
     if need.hangs is not None and need.by_s is not None:
         more = "more " if hangs else ""  # "2 hangs" from a clean start, "2 more hangs" after one
-        parts.append(f"{need.hangs} {more}{'hang' if need.hangs == 1 else 'hangs'} before minute "
-                     f"{_minutes(need.by_s)} reject")
+        parts.append(f"{need.hangs} {more}{'hang' if need.hangs == 1 else 'hangs'} before "
+                     f"{_mark(need.by_s)} reject")
     if not parts:
         parts.append("undecided until the truncation")
     return Decision(state, exposure_s, hangs, lr, p.accept_at_s(hangs), need, ("; ".join(parts), basis), p)
