@@ -248,6 +248,8 @@ def proof_plan_of(recorded_plan: Mapping[str, Any] | None, section: Any) -> tupl
             return None, f"recorded prove plan unreadable: {exc}"
     if section is None:
         return None, None
+    if section.get("broken_build") is not None:  # its MTBF came from history at the run's start
+        return None, "no prove plan recorded: the run ended before its load started"
     try:
         return plan_of(ProveConfig.model_validate(section)), None
     except Exception as exc:  # a hand-edited config.yaml: no proof, said
