@@ -76,8 +76,8 @@ def _chart(doc: Mapping[str, Any]) -> str:
                      f'<text x="{left - 6}" y="{y(p) + 4:.1f}" text-anchor="end" font-size="11">{p:g}</text>')
     stop = float(doc["threshold"])
     parts.append(f'<line class="stop-at" x1="{left}" x2="{width - right}" y1="{y(stop):.1f}" y2="{y(stop):.1f}" '
-                 f'stroke="#444" stroke-dasharray="5,4"/><text x="{width - right + 4}" y="{y(stop) + 4:.1f}" '
-                 f'font-size="11">stop at {stop:g}</text>')
+                 f'stroke="#444" stroke-dasharray="5,4"/><text x="{left + 6}" y="{y(stop) - 4:.1f}" '
+                 f'font-size="11" fill="#444">stop at {stop:g}</text>')
     for i in range(len(rows)):
         if n <= 20 or i % max(1, n // 10) == 0:
             parts.append(f'<text x="{x(i):.1f}" y="{height - bottom + 16}" text-anchor="middle" '
@@ -95,7 +95,7 @@ def _chart(doc: Mapping[str, Any]) -> str:
                 fill = color if seg["hangs"] else "#fff"
                 parts.append(f'<circle cx="{x(i):.1f}" cy="{y(rows[i][k]):.1f}" r="3.5" fill="{fill}" '
                              f'stroke="{color}"><title>segment {i}: {label}, {seg["hangs"]} hangs</title></circle>')
-        parts.append(f'<text x="{width - right + 4}" y="{top + 14 * k + 10}" font-size="12" fill="{color}">'
+        parts.append(f'<text x="{width - right + 8}" y="{top + 16 * k + 30}" font-size="12" fill="{color}">'
                      f'&#9632; {label}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -128,6 +128,20 @@ def _segments_table(doc: Mapping[str, Any], reports: Sequence[str | None]) -> st
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
+def _why(doc: Mapping[str, Any]) -> list[str]:
+    """The evidence behind the sentence, by label: the leading build's margin, and
+    why the next segment soaks the build it does."""
+    now = doc["now"]
+    post = now["posterior"]
+    out = [f"P(first bad) per build: " + ", ".join(f"{_label(doc, k)} {p:.3f}" for k, p in enumerate(post["first_bad"]))]
+    nxt = now.get("next")
+    if nxt is not None and now["state"] == "searching":
+        k = nxt["build"]
+        out.append(f"next: {_label(doc, k)}, whose segment is expected to teach the most "
+                   f"({nxt['gain_bits'][k]:.2f} bits about the first bad build)")
+    return out
+
+
 def render_html(doc: Mapping[str, Any], *, reports: Sequence[str | None] = (), title: str = "bisect") -> str:
     """The page. ``reports``: per segment, the link to its report.html relative to
     the page (None: the segment has none yet)."""
@@ -139,10 +153,11 @@ def render_html(doc: Mapping[str, Any], *, reports: Sequence[str | None] = (), t
     assumptions = (f"segments of {span(doc['segment_s'])} of time at risk, each ended at its first hang; stop at "
                    f"posterior {doc['threshold']:g}{'' if budget is None else f' or {span(budget)} at risk'}; "
                    f"both MTBFs log-uniform on {span(model['mtbf_min_s'])} to {span(model['mtbf_max_s'])}, "
-                   f"the bad rate {model['min_ratio']:g} to {model['max_ratio'] or 'any'} times the good one; "
+                   f"the bad rate {model['min_ratio']:g} to {'any' if model['max_ratio'] is None else format(model['max_ratio'], 'g')} "
+                   f"times the good one; "
                    f"posterior MTBFs now: good ~{span(now['posterior']['good_mtbf_s'])}, "
                    f"bad ~{span(now['posterior']['bad_mtbf_s'])}")
-    reasons = "".join(f"<li>{html.escape(str(r))}</li>" for r in now.get("reasons") or [])
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in _why(doc))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}: which build broke it?</title>
 <style>
@@ -159,6 +174,7 @@ tr.best td {{ font-weight: bold; }} .small {{ color: #666; font-size: .9em; }}
 <ul class="small">{reasons}</ul>
 <h2>Posterior of each build being the first bad one</h2>
 {_chart(doc)}
+<p class="small">A dot marks the build a segment soaked: filled, it hung; open, it ran its segment clean.</p>
 <p class="small">{html.escape(assumptions)}</p>
 <h2>Builds</h2>
 {_builds_table(doc)}
