@@ -119,3 +119,25 @@ def test_a_killed_bisect_resumes_to_the_same_answer(tmp_path: Path) -> None:
     assert after[:3] == before and len(doc["segments"]) == len(after)  # the cut segment counted, none lost
     cut = doc["segments"][2]
     assert cut["run_dir"].endswith(before[2]) and cut["exposure_s"] > 0
+
+
+def test_sigterm_stops_the_segment_and_exits_130_and_a_spent_budget_exits_5(tmp_path: Path) -> None:
+    out = tmp_path / "bisect"
+    path = _bisect_file(tmp_path, budget={"segments": 1})
+    proc = _soak(str(path), "--out", str(out))
+    deadline = time.monotonic() + 60
+    while not (out / ".running").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int((out / ".running").read_text().split()[0])
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, text
+    assert "interrupted" in text.splitlines()[-1] and "resume with: soak bisect" in text.splitlines()[-1]
+    assert not Path(f"/proc/{child}").exists() and (out / "bisect.json").is_file()
+    # the same folder, resumed: the stopped segment is the one the budget allows, so nothing more runs
+    again = _soak(str(path), "--out", str(out))
+    text, _ = again.communicate(timeout=60)
+    assert again.returncode == 5, text
+    assert "undecided, the budget (segment count) is spent" in text.splitlines()[-1]
+    assert json.loads((out / "bisect.json").read_text())["stopped_by"] == "segment bound"
