@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -37,7 +38,6 @@ from soak.target.config import TargetConfig
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,79}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PositiveDuration = Duration
 
 
 class BuildSpec(StrictModel):
@@ -127,13 +127,16 @@ class BisectConfig(StrictModel):
         return self
 
 
+@dataclass(frozen=True)
 class Bisect:
     """A loaded bisect: the config, each build's segment config (a run config as a
     mapping, target included, env taken out) and env, and the model."""
 
-    def __init__(self, config: BisectConfig, *, path: Path, segment_configs: list[dict[str, Any]],
-                 envs: list[dict[str, str]], model: Any) -> None:
-        self.config, self.path, self.segment_configs, self.envs, self.model = config, path, segment_configs, envs, model
+    config: BisectConfig
+    path: Path
+    segment_configs: tuple[dict[str, Any], ...]
+    envs: tuple[dict[str, str], ...]
+    model: Any  # posterior.Model
 
     @property
     def labels(self) -> list[str]:
@@ -231,7 +234,7 @@ def load_bisect(path: str | Path) -> Bisect:
                            bad_mtbf_s=config.rates.bad_mtbf)
     except ValueError as exc:
         raise ConfigError(str(exc), path=path, field="rates") from exc
-    return Bisect(config, path=path, segment_configs=segment_configs, envs=envs, model=model)
+    return Bisect(config, path, tuple(segment_configs), tuple(envs), model)
 
 
 def _prior(config: BisectConfig, *, path: Path) -> list[float] | None:

@@ -39,7 +39,7 @@ def test_a_build_from_a_run_config_with_env_kept_out(tmp_path: Path) -> None:
     spec = load_bisect(tmp_path / "bisect.yaml")
     first, second = spec.segment_configs
     assert "env" not in first["target"] and "hf_s3cret" not in yaml.safe_dump(spec.segment_configs)
-    assert spec.envs == [{"HF_TOKEN": "hf_s3cret"}, {"A": "1"}]
+    assert spec.envs == ({"HF_TOKEN": "hf_s3cret"}, {"A": "1"})
     assert first["target"]["cwd"] == str((tmp_path / "srv").resolve())  # the build's file's folder
     assert first["duration"] == "660s" and "prove" not in first  # the segment plus the warm-up; the bisect stops
     assert first["load"] == {"concurrency": 3} and second["target"]["command"] == "vllm serve m2"
