@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -89,6 +90,16 @@ def test_four_simulated_builds_end_to_end(tmp_path: Path) -> None:
     for seg in doc["segments"]:  # every segment an ordinary run directory with its report
         assert (Path(seg["run_dir"]) / "summary.json").is_file() and (Path(seg["run_dir"]) / "report.html").is_file()
         assert yaml.safe_load((Path(seg["run_dir"]) / "config.yaml").read_text())["build"] == seg["label"]
+    # the simulator's wall_mtbf is in the harness's seconds: a hang's time at risk is the onset it drew
+    for seg in doc["segments"]:
+        config = yaml.safe_load((out / "configs" / f"{Path(seg['run_dir']).name}.yaml").read_text())
+        sim = config["target"]["sim"]
+        mean = {"10m": 600.0, "1s": 1.0}[sim["faults"][0]["wall_mtbf"]]
+        drawn = random.Random(f"soak-sim-fault/{sim['seed']}/0/wall").expovariate(1 / mean)
+        if seg["hangs"]:
+            assert abs(seg["exposure_s"] - drawn) < 1.0, (seg, drawn)
+        else:
+            assert drawn > 5.0 - 1.0 and seg["exposure_s"] > 5.0 - 1.0
     html = (out / "bisect.html").read_text()
     assert "first bad build: b3" in html and html.count('class="build-line"') == 4
 
