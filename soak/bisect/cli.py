@@ -73,6 +73,9 @@ def write_outputs(out: Path, doc: dict[str, Any], results, *, title: str) -> Non
     write_atomic(out / "bisect.html", render_html(doc, reports=_reports(out, results), title=title))
 
 
+SLURM_JOBS = ".slurm-jobs"  # the Slurm executor's jobs in flight (soak.bisect.slurm)
+
+
 def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, str] | None = None,
            say: Callable[[str], None] | None = None) -> int:
     import asyncio
@@ -92,6 +95,12 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     config = spec.config
     _check_out(out, spec.labels, resume=resume)
     wait_for_orphan(out)
+    if config.executor.kind == "slurm":
+        from soak.bisect.slurm import cancel_leftover_jobs
+
+        left = cancel_leftover_jobs(out / SLURM_JOBS, env=environ)
+        if left:
+            say(f"soak bisect: cancelled {len(left)} job(s) the killed bisect left in flight: {' '.join(left)}")
     done = read_segments(out, on_skip=lambda exc: _set_aside(exc, say))
     builds = [Build(i, b.label) for i, b in enumerate(config.builds)]
     options = dict(model=spec.model, segment_s=config.segment, threshold=config.stop_at,
@@ -115,6 +124,8 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
 
     executor = LocalExecutor(root=out, segment_configs=spec.segment_configs, envs=spec.envs, seed=config.seed,
                              environ=environ)
+    if config.executor.kind == "slurm":
+        executor = _slurm_executor(config, local=executor, envs=spec.envs, environ=environ, out=out, say=say)
 
     async def run():
         task = asyncio.current_task()
@@ -142,6 +153,24 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
         write_outputs(out, doc, outcome.results, title=config.name)
     say(printable(f"soak bisect: {sentence(doc)}; {out / 'bisect.html'}"))
     return EXIT_FOUND if outcome.stopped_by == "found" else EXIT_UNDECIDED
+
+
+def _slurm_executor(config, *, local, envs, environ, out: Path, say):
+    """Segments as Slurm jobs: the same ``soak run`` command and segment config the
+    local executor writes (``LocalExecutor.command``), submitted with sbatch."""
+    from soak.bisect.slurm import SlurmExecutor, SlurmOptions
+
+    spec = config.executor
+    options = SlurmOptions(slots=spec.slots, cpus_per_segment=spec.cpus_per_segment,
+                           gpus_per_segment=spec.gpus_per_segment, partition=spec.partition,
+                           overhead_s=spec.overhead, poll_s=spec.poll, job_name="soak-bisect",
+                           comment=f"soak bisect {config.name}")
+    from soak.printable import printable
+
+    return SlurmExecutor(lambda build, segment_s, run_dir: local.command(build, segment_s=segment_s, run_dir=run_dir)[0],
+                         options=options, env=environ, build_env=lambda build: envs[build.index],
+                         log_dir=out / "configs", jobs_file=out / SLURM_JOBS,
+                         on_event=lambda line: say(printable(f"soak bisect: slurm {line}")))
 
 
 def _set_aside(exc, say: Callable[[str], None]) -> None:

@@ -63,9 +63,21 @@ def time_limit(segment_s: float, overhead_s: float) -> str:
 
 def parse_job_state(scontrol_line: str) -> str | None:
     """JobState from one ``scontrol show job -o`` line; None when absent."""
-    for token in scontrol_line.split():
-        if token.startswith("JobState="):
-            return token.partition("=")[2] or None
+    return _field(scontrol_line, "JobState")
+
+
+def parse_exit_code(scontrol_line: str) -> int | None:
+    """The batch script's exit status from ``ExitCode=STATUS:SIGNAL``; None when absent."""
+    value = _field(scontrol_line, "ExitCode")
+    head = (value or "").partition(":")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _field(line: str, name: str) -> str | None:
+    for token in line.split():
+        key, _, value = token.partition("=")
+        if key == name:
+            return value or None
     return None
 
 
@@ -81,6 +93,14 @@ class SlurmExecutor:
     segment_command: SegmentCommand
     options: SlurmOptions = field(default_factory=SlurmOptions)
     env: Mapping[str, str] | None = None
+    # A build's own environment (soak bisect's env:): sbatch exports its caller's
+    # environment to the job, so the values travel there, never into a file of ours.
+    build_env: Callable[[Build], Mapping[str, str]] | None = None
+    log_dir: Path | None = None  # where each job's stdout goes; default beside its run directory
+    # The job ids in flight, one a line, rewritten on every change: a bisect killed
+    # with SIGKILL cannot scancel, so its resume does (``cancel_leftover_jobs``)
+    # before reading the segments back.
+    jobs_file: Path | None = None
     on_event: Callable[[str], None] | None = None  # one line per submit/end/cancel, for the bisect's log
     _jobs: dict[str, tuple[Build, Path]] = field(default_factory=dict)
     _closed: bool = False
@@ -101,17 +121,23 @@ class SlurmExecutor:
         sbatch = ["sbatch", "--parsable", f"--job-name={opts.job_name}",
                   f"--comment={opts.comment or run_dir.parent.name} build {build.label}",
                   f"--time={time_limit(segment_s, opts.overhead_s)}", f"--cpus-per-task={opts.cpus_per_segment}",
-                  f"--output={run_dir}.slurm.out", f"--chdir={Path.cwd()}"]
+                  f"--output={self._log(run_dir)}", f"--chdir={Path.cwd()}"]
         if opts.gpus_per_segment > 0:
             sbatch.append(f"--gres=gpu:{opts.gpus_per_segment}")
         if opts.partition:
             sbatch.append(f"--partition={opts.partition}")
         sbatch += ["--wrap", "exec " + shlex.join(argv)]
-        out = await self._command(sbatch)
+        env = dict(self.env) if self.env is not None else None
+        if self.build_env is not None:
+            import os
+
+            env = {**(env if env is not None else os.environ), **self.build_env(build)}
+        out = await self._command(sbatch, env=env)
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
         self._jobs[job_id] = (build, run_dir)
+        self._remember()
         self._say(f"job {job_id}: build {build.label} -> {run_dir.name}")
 
     async def next_done(self) -> SegmentResult:
@@ -119,9 +145,10 @@ class SlurmExecutor:
             raise SlurmError("no segment in flight")
         while True:
             for job_id in list(self._jobs):
-                state = await self._state(job_id)
+                line = await self._show(job_id)
+                state = parse_job_state(line) if line is not None else None
                 if state is None or state.split("+")[0] in ENDED:
-                    return self._finish(job_id, state)
+                    return self._finish(job_id, state, parse_exit_code(line or ""))
             await asyncio.sleep(self.options.poll_s)
 
     async def aclose(self) -> None:
@@ -144,11 +171,28 @@ class SlurmExecutor:
             if ids:
                 await asyncio.sleep(self.options.poll_s)
         self._say("cancelled " + " ".join(self._jobs))
+        self._jobs.clear()
+        self._remember()
 
-    def _finish(self, job_id: str, state: str | None) -> SegmentResult:
+    def _remember(self) -> None:
+        if self.jobs_file is not None:
+            from soak.fsio import write_atomic
+
+            write_atomic(self.jobs_file, "".join(f"{job}\n" for job in self._jobs))
+
+    def _finish(self, job_id: str, state: str | None, exit_code: int | None) -> SegmentResult:
         build, run_dir = self._jobs.pop(job_id)
+        self._remember()
         base = (state or "GONE").split("+")[0]
-        cut = base in CLUSTER_ENDED or state is None
+        # Past MinJobAge scontrol forgets a job: it ended, and its summary.json says whether by itself.
+        cut = base in CLUSTER_ENDED or (state is None and not (run_dir / "summary.json").is_file())
+        if not cut and exit_code in (2, 3, 4):
+            from soak.bisect.local import SegmentFailed
+
+            why = {2: "its config was refused", 3: "the target never became ready or the node lacks something",
+                   4: "the harness failed"}[exit_code]
+            raise SegmentFailed(f"segment {run_dir.name} (build {build.label}, job {job_id}): soak run exited "
+                                f"{exit_code}, {why} (see {self._log(run_dir)})", exit_code=3 if exit_code == 3 else 4)
         try:
             result = _read(run_dir, build.index)
         except ConfigError:
@@ -159,17 +203,26 @@ class SlurmExecutor:
         self._say(f"job {job_id}: {base}, {result.exposure_s:.0f} s at risk, {result.hangs} hang(s), {result.ended_by}")
         return result
 
+    def _log(self, run_dir: Path) -> Path:
+        return (self.log_dir / f"{run_dir.name}.log") if self.log_dir is not None else run_dir.with_name(
+            run_dir.name + ".slurm.out")
+
     async def _state(self, job_id: str) -> str | None:
+        line = await self._show(job_id)
+        return parse_job_state(line) if line is not None else None
+
+    async def _show(self, job_id: str) -> str | None:
         try:
-            out = await self._command(["scontrol", "show", "job", "-o", job_id])
+            return await self._command(["scontrol", "show", "job", "-o", job_id])
         except SlurmError:
             return None  # scontrol forgot it (past MinJobAge): it ended
-        return parse_job_state(out)
 
-    async def _command(self, argv: list[str]) -> str:
+    async def _command(self, argv: list[str], *, env: Mapping[str, str] | None = None) -> str:
+        if env is None and self.env is not None:
+            env = self.env
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=dict(self.env) if self.env is not None else None)
+            env=dict(env) if env is not None else None)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.options.command_timeout_s)
         except asyncio.TimeoutError:
@@ -191,3 +244,28 @@ def _read(run_dir: Path, build: int) -> SegmentResult:
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no run directory")
     return read_segment(run_dir, build=build)
+
+
+def cancel_leftover_jobs(jobs_file: Path, *, env: Mapping[str, str] | None = None, wait_s: float = 60.0) -> list[str]:
+    """Before a resume: scancel the jobs a killed bisect left in flight (only the
+    ids it wrote down: its own) and wait until Slurm ends them, so their run
+    directories are complete when read back. Returns the ids cancelled."""
+    import subprocess
+    import time
+
+    try:
+        ids = [line.strip() for line in jobs_file.read_text(encoding="utf-8").splitlines() if line.strip().isdigit()]
+    except OSError:
+        return []
+    if ids:
+        run_env = dict(env) if env is not None else None
+        subprocess.run(["scancel", *ids], env=run_env, capture_output=True, timeout=30, check=False)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            listed = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i"], env=run_env,
+                                    capture_output=True, text=True, timeout=30, check=False).stdout.split()
+            if not listed:
+                break
+            time.sleep(0.5)
+    jobs_file.unlink(missing_ok=True)
+    return ids

@@ -16,6 +16,7 @@ key with its did-you-mean (soak.configkeys), exit 2.
     budget: {time_at_risk: 2h, segments: 40}
     prior: uniform               # or [weights], or {history: [DIR, ...]}
     rates: {min_ratio: 2, max_ratio: 100, good_mtbf: [1h, 30d], bad_mtbf: [1m, 1h]}
+    executor: {kind: local}      # or {kind: slurm, slots: 2, gpus_per_segment: 8, partition: gpu}
 
 A build's ``env`` (and a launched target's own ``env``) reaches the server
 through the segment's ``soak run`` environment, so no segment config, run
@@ -28,7 +29,7 @@ import copy
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -98,6 +99,44 @@ class RatesSpec(StrictModel):
     grid: int = Field(default=40, ge=4, le=200)
 
 
+class LocalExecutorSpec(StrictModel):
+    """One segment after another on this machine (soak.bisect.local)."""
+
+    kind: Literal["local"] = "local"
+
+
+_PARTITION = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class SlurmExecutorSpec(StrictModel):
+    """Each segment a Slurm batch job (soak.bisect.slurm; docs/running.md, "cluster")."""
+
+    kind: Literal["slurm"]
+    slots: int = Field(default=2, ge=1, le=64)  # segments in flight at once
+    cpus_per_segment: int = Field(default=1, ge=1, le=1024)
+    gpus_per_segment: int = Field(default=0, ge=0, le=64)  # --gres=gpu:N
+    partition: Optional[str] = None
+    overhead: Duration = 600.0  # start-up, drain and report, added to the segment for --time
+    poll: Duration = 2.0  # how often squeue's view is read
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _PARTITION.match(value):
+            raise ValueError(f"{value[:40]!r} is not a partition name")
+        return value
+
+    @field_validator("overhead", "poll")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError("must be a positive duration")
+        return value
+
+
+ExecutorSpec = Annotated[Union[LocalExecutorSpec, SlurmExecutorSpec], Field(discriminator="kind")]
+
+
 class BisectConfig(StrictModel):
     name: str = Field(default="bisect", min_length=1, max_length=80)
     base: Union[Path, dict[str, Any], None] = None  # a run config (path or inline); None: the defaults
@@ -108,6 +147,7 @@ class BisectConfig(StrictModel):
     prior: Union[Literal["uniform"], list[float], HistoryPrior] = "uniform"
     rates: RatesSpec = RatesSpec()
     seed: int = 0  # each segment's seeds derive from it and the segment's number
+    executor: ExecutorSpec = LocalExecutorSpec()  # who runs the segments, and where
 
     @field_validator("segment")
     @classmethod
