@@ -18,7 +18,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))  # prom_helpers, as its conftest does
 from tests.dashboards.test_pushgateway import pushgateway  # noqa: E402,F401  (the real Pushgateway fixture)
 
-pytestmark = pytest.mark.xdist_group("slurm")
+pytestmark = pytest.mark.xdist_group("slurm-bisect")
 
 REPO = Path(__file__).resolve().parents[2]
 

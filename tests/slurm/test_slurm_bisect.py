@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.xdist_group("slurm")
+pytestmark = pytest.mark.xdist_group("slurm-bisect")
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "workloads" / "bisect-demo" / "base.yaml"
@@ -98,3 +98,30 @@ def test_a_bad_executor_section_is_one_line_and_exit_2(tmp_path, capsys, executo
     assert main(["bisect", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and said in err and str(path) in err, err
+
+
+def test_a_segment_cancelled_by_an_operator_is_cut_and_the_bisect_goes_on(slurm_cluster, tmp_path):
+    out = tmp_path / "bisect"
+    path = bisect_file(tmp_path, segment="30s", executor={"kind": "slurm", "slots": 1, "overhead": "2m", "poll": "0.5s"},
+                       builds=[{"label": f"b{i + 1}", "target": {"kind": "simulator", "sim": {"time_scale": 20}}}
+                               for i in range(4)], budget={"segments": 2})
+    proc = soak_bisect(slurm_cluster, str(path), "--out", str(out))
+    deadline = time.monotonic() + 90
+    first = None
+    while time.monotonic() < deadline and first is None:
+        segment = out / "segment-000-build-0"
+        jobs = (out / ".slurm-jobs").read_text().split() if (out / ".slurm-jobs").is_file() else []
+        if jobs and not segment.exists():
+            segment = next(iter(out.glob("segment-000-*")), segment)
+        if jobs and (segment / "requests.jsonl").is_file() and (segment / "requests.jsonl").stat().st_size > 0:
+            first = jobs[0]
+        time.sleep(0.3)
+    assert first is not None
+    time.sleep(3)
+    assert slurm_cluster.run("scancel", first).returncode == 0  # an operator, from outside the bisect
+    text, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 5, text  # two segments spent, good builds only: undecided
+    doc = json.loads((out / "bisect.json").read_text())
+    assert [seg["ended_by"] for seg in doc["segments"]][0] == "cut: cancelled", doc["segments"]
+    assert doc["segments"][0]["hangs"] == 0 and doc["segments"][0]["exposure_s"] > 2
+    assert len(doc["segments"]) == 2  # it went on to the next segment
