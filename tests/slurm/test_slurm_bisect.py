@@ -125,3 +125,23 @@ def test_a_segment_cancelled_by_an_operator_is_cut_and_the_bisect_goes_on(slurm_
     assert [seg["ended_by"] for seg in doc["segments"]][0] == "cut: cancelled", doc["segments"]
     assert doc["segments"][0]["hangs"] == 0 and doc["segments"][0]["exposure_s"] > 2
     assert len(doc["segments"]) == 2  # it went on to the next segment
+
+
+def test_sigterm_to_a_slurm_bisect_cancels_its_jobs_and_leaves_nothing_queued(slurm_cluster, tmp_path):
+    out = tmp_path / "bisect"
+    path = bisect_file(tmp_path, segment="60s",
+                       builds=[{"label": f"b{i + 1}", "target": {"kind": "simulator", "sim": {"time_scale": 20}}}
+                               for i in range(4)])
+    proc = soak_bisect(slurm_cluster, str(path), "--out", str(out))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        jobs = (out / ".slurm-jobs").read_text().split() if (out / ".slurm-jobs").is_file() else []
+        if len(jobs) == 2:
+            break
+        time.sleep(0.3)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, text
+    assert "resume with: soak bisect" in text
+    assert not slurm_cluster.run("squeue", "-h").stdout.strip(), "a job was left queued or running"
