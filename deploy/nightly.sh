@@ -18,6 +18,10 @@
 #                  config's build: label of the unfixed build; unset: history names no baseline
 #                  (it never guesses one, so a new night cannot change it)
 #   SOAK_BASELINE_MTBF  optional --baseline-mtbf for soak history, e.g. 15m
+#   SOAK_RUN_PREFIX  optional prefix of the run directory's name (the fleet nightly: the box,
+#                  so that several boxes' nights share one runs folder and one history)
+#   SOAK_HISTORY_RENDER  1 (default): run `soak history` after keeping the night's files;
+#                  0: keep them only (the fleet nightly pools every box's night once, after all)
 # Exit status is soak run's (0 pass, 1 incident, 2 bad config, 3 target never ready,
 # 99 threshold breached, 130 interrupted), so the unit/cron job shows a failed night as failed.
 set -uo pipefail
@@ -34,6 +38,7 @@ PYTHON=${SOAK_PYTHON:-$(dirname "$SOAK_PATH")/python}
 
 mkdir -p "$RUNS_DIR"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
+stamp="${SOAK_RUN_PREFIX:-}$stamp"
 run_dir="$RUNS_DIR/$stamp"
 n=1
 while [ -e "$run_dir" ]; do  # a second run within the same second
@@ -67,6 +72,9 @@ if [ -n "$HISTORY_DIR" ] && [ -d "$run_dir" ]; then
     for f in summary.json events.jsonl config.yaml requests.jsonl plan.json; do
         [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$keep/"
     done
+    if [ "${SOAK_HISTORY_RENDER:-1}" = 0 ]; then
+        exit $rc
+    fi
     hargs=(history "$HISTORY_DIR/runs" --out "$HISTORY_DIR" --reports "$RUNS_DIR")
     if [ -n "${SOAK_BASELINE:-}" ]; then
         hargs+=(--baseline "$SOAK_BASELINE")

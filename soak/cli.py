@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("soak.report.diagnose_cli", "name the first divergence of the NCCL flight-recorder dumps"),
     "plan": ("soak.report.plan_cli", "how long a clean soak must run to beat a baseline MTBF"),
     "history": ("soak.history.cli", "many runs read together: MTBF per build, fixed or not, cost between builds"),
+    "bisect": ("soak.bisect.cli", "which build broke it? soak segments of ordered builds until one is named first bad"),
 }
 
 

@@ -75,7 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KIND[:k=v,...]",
-        help="pp_deadlock | all_idle_deadlock | crash | slow | metrics_stall, with trigger at=, after_requests=, mtbf= "
+        help="pp_deadlock | all_idle_deadlock | crash | slow | metrics_stall, with trigger at=, after_requests=, mtbf= (simulated s), pp_deadlock also wall_mtbf= (wall s of load) "
         "and the fault's own settings; repeatable",
     )
 

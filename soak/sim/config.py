@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from soak.configbase import Duration, StrictModel
@@ -40,6 +40,25 @@ class PpDeadlockFault(FaultTrigger):
     seq_id: int = 40427
     # The RPC whose timeout is logged; None: the version's (0.11.2 execute_model, 0.33 sample_tokens).
     rpc_method: Optional[Literal["execute_model", "sample_tokens"]] = None
+    # A build's hang rate (soak bisect's simulated builds): the onset is an exponential
+    # draw with this mean (seeded by the seed), in WALL seconds counted from the first
+    # request: the harness's time at risk (monotonic, from the start of load), which
+    # time_scale does not compress. ``mtbf`` is in simulated seconds like every other
+    # duration here, so at time_scale 10 an ``mtbf: 20m`` hangs after ~2 wall minutes.
+    wall_mtbf: Optional[Duration] = None
+
+    @field_validator("wall_mtbf")
+    @classmethod
+    def _positive_wall_mtbf(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError("must be a positive duration such as 20m")
+        return value
+
+    @model_validator(mode="after")
+    def _one_mtbf(self):
+        if self.wall_mtbf is not None and self.mtbf is not None:
+            raise ValueError("give wall_mtbf (wall seconds of load) or mtbf (simulated seconds), not both")
+        return self
 
 
 class AllIdleDeadlockFault(FaultTrigger):

@@ -3,7 +3,10 @@
 Each configured fault fires once, at the first of its triggers: ``at``
 (simulated seconds after start-up), ``after_requests`` (when request N+1
 arrives), or a draw from an exponential with mean ``mtbf`` (seeded by the
-config's seed and the fault's position). ``POST /sim/fault`` fires one now.
+config's seed and the fault's position). ``pp_deadlock`` also takes
+``wall_mtbf``: the same draw in wall seconds from the first request, the
+harness's time at risk, untouched by ``time_scale`` (a simulated build's hang
+rate for ``soak bisect``). ``POST /sim/fault`` fires one now.
 The onset's wall time is published in ``/sim/state`` so benches can compute
 detection latency.
 
@@ -84,6 +87,7 @@ class _Armed:
     def __init__(self, spec: FaultConfig, due_at: float | None) -> None:
         self.spec = spec
         self.due_at = due_at  # simulated seconds, or None (only after_requests)
+        self.wall_due: float | None = None  # wall seconds after the first request (wall_mtbf)
         self.fired = False
         self.active = False
         self.onset_at: float | None = None  # unix wall seconds
@@ -98,6 +102,7 @@ class _Armed:
             "ended_at": self.ended_at,
             "due_at_sim": self.due_at,
             "after_requests": self.spec.after_requests,
+            "due_after_first_request_wall_s": self.wall_due,
         }
 
 
@@ -109,9 +114,13 @@ class FaultController:
             due = [t for t in (spec.at,) if t is not None]
             if spec.mtbf is not None:
                 due.append(random.Random(f"soak-sim-fault/{server.config.seed}/{i}").expovariate(1.0 / spec.mtbf))
-            if not due and spec.after_requests is None:
+            wall = getattr(spec, "wall_mtbf", None)
+            if not due and spec.after_requests is None and wall is None:
                 due.append(0.0)
             self.armed.append(_Armed(spec, min(due) if due else None))
+            # wall seconds after the first request (None: no such trigger)
+            self.armed[-1].wall_due = (None if wall is None else
+                                       random.Random(f"soak-sim-fault/{server.config.seed}/{i}/wall").expovariate(1.0 / wall))
         self._tasks: set[asyncio.Task] = set()
         self.ignore_sigterm = False
 
@@ -126,7 +135,16 @@ class FaultController:
         if not armed.fired:
             self.fire(armed)
 
+    async def _fire_after_wall(self, armed: _Armed) -> None:
+        await asyncio.sleep(armed.wall_due)  # wall seconds: time_scale compresses the server's work, not this
+        if not armed.fired:
+            self.fire(armed)
+
     def on_request(self, number: int) -> None:
+        if number == 1:  # load has started: the harness's time at risk runs from here
+            for armed in self.armed:
+                if armed.wall_due is not None and not armed.fired:
+                    self._spawn(self._fire_after_wall(armed))
         for armed in self.armed:
             n = armed.spec.after_requests
             if n is not None and not armed.fired and number > n:

@@ -1,0 +1,185 @@
+"""``soak bisect BISECT.yaml --out DIR [--resume]``: which build broke it?
+
+Runs segments (ordinary ``soak run`` directories, DIR/segment-NNN-build-K) one
+after another through the local executor, keeps the posterior over the first bad
+build, and writes DIR/bisect.json and DIR/bisect.html after every segment. One
+line per segment, one ending line. A DIR that already holds segments is resumed
+from them (``--resume`` says so explicitly and refuses a DIR with none).
+
+Exit status (docs/bisect.md): 0 a build named at the stated posterior; 5 the
+budget (time at risk or segment count) spent undecided; 2 bad input; 3 a
+segment's target never became ready; 4 a harness fault (a segment's soak run
+failed, or its directory cannot be read); 130 interrupted (Ctrl-C, SIGTERM: the
+segment in flight is stopped, what it recorded kept, and a later run resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+EXIT_FOUND, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 5, 130
+DEFAULT_SEGMENT_BOUND = 200  # segments at most when the budget names no count
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bisect", metavar="BISECT.yaml", type=Path, help="the builds, base run config, segment and stop")
+    parser.add_argument("--out", metavar="DIR", type=Path, required=True,
+                        help="the bisect's folder: a segment run directory each, bisect.json, bisect.html")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a killed bisect from DIR's segments (automatic when DIR holds some)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return bisect(args.bisect, out=args.out, resume=args.resume)
+
+
+def _check_out(out: Path, labels: list[str], *, resume: bool) -> None:
+    import json
+
+    from soak.bisect.segments import parse_segment_dir
+    from soak.errors import UsageError
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / "bisect.json"
+    segments = [c for c in out.iterdir() if c.is_dir() and parse_segment_dir(c) is not None]
+    if resume and not segments:
+        raise UsageError(f"{out}: no segments to resume (segment-NNN-build-K directories)")
+    if record.is_file():
+        try:
+            had = [b["label"] for b in json.loads(record.read_text(encoding="utf-8"))["builds"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{out}/bisect.json: cannot be read ({type(exc).__name__}); give a new --out") from exc
+        if had != labels:
+            raise UsageError(f"{out}: a bisect of other builds ({', '.join(map(str, had))[:200]}); give a new --out")
+    elif any(c.name not in ("configs",) for c in out.iterdir()) and not segments:
+        raise UsageError(f"{out}: not empty and holds no bisect; give a new or empty --out")
+
+
+def _reports(out: Path, results) -> list[str | None]:
+    return [f"{r.run_dir.name}/report.html" if (r.run_dir / "report.html").is_file() else None for r in results]
+
+
+def write_outputs(out: Path, doc: dict[str, Any], results, *, title: str) -> None:
+    from soak.bisect.page import render_html
+    from soak.bisect.record import write_bisect_json
+    from soak.fsio import write_atomic
+
+    write_bisect_json(out / "bisect.json", doc)
+    write_atomic(out / "bisect.html", render_html(doc, reports=_reports(out, results), title=title))
+
+
+SLURM_JOBS = ".slurm-jobs"  # the Slurm executor's jobs in flight (soak.bisect.slurm)
+
+
+def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, str] | None = None,
+           say: Callable[[str], None] | None = None) -> int:
+    import asyncio
+    import signal
+
+    from soak.bisect.spec import load_bisect
+    from soak.bisect.conduct import conduct
+    from soak.bisect.executor import Build
+    from soak.bisect.local import LocalExecutor, wait_for_orphan
+    from soak.bisect.page import segment_line, sentence
+    from soak.bisect.record import bisect_document
+    from soak.bisect.segments import read_segments
+    from soak.printable import printable
+
+    say = say or (lambda line: print(line, flush=True))
+    spec = load_bisect(path)
+    config = spec.config
+    _check_out(out, spec.labels, resume=resume)
+    wait_for_orphan(out)
+    if config.executor.kind == "slurm":
+        from soak.bisect.slurm import cancel_leftover_jobs
+
+        left = cancel_leftover_jobs(out / SLURM_JOBS, env=environ)
+        if left:
+            say(f"soak bisect: cancelled {len(left)} job(s) the killed bisect left in flight: {' '.join(left)}")
+    done = read_segments(out, on_skip=lambda exc: _set_aside(exc, say))
+    builds = [Build(i, b.label) for i, b in enumerate(config.builds)]
+    options = dict(model=spec.model, segment_s=config.segment, threshold=config.stop_at,
+                   budget_s=config.budget.time_at_risk)
+    bound = config.budget.segments or DEFAULT_SEGMENT_BOUND
+    if done:
+        say(printable(f"soak bisect: resuming {out}: {len(done)} segments read back"))
+    else:
+        say(printable(f"soak bisect: {len(builds)} builds ({', '.join(spec.labels)}), segments of "
+                      f"{config.segment:g}s at risk, stop at {config.stop_at:g}; writing {out}"))
+    shown = [len(done)]
+    doc: dict[str, Any] = {}
+
+    def on_step(step, results) -> None:
+        doc.clear()
+        doc.update(bisect_document(builds, results, **options))
+        write_outputs(out, doc, results, title=config.name)
+        for number in range(shown[0], len(results)):
+            say(segment_line(bisect_document(builds, results[:number + 1], **options), number))
+        shown[0] = len(results)
+
+    executor = LocalExecutor(root=out, segment_configs=spec.segment_configs, envs=spec.envs, seed=config.seed,
+                             environ=environ)
+    if config.executor.kind == "slurm":
+        executor = _slurm_executor(config, local=executor, envs=spec.envs, environ=environ, out=out, say=say)
+
+    async def run():
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await conduct(builds, executor, root=out, done=done, on_step=on_step, max_segments=bound,
+                                 **options)
+        finally:
+            await executor.aclose()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    try:
+        outcome = asyncio.run(run())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        results = read_segments(out)  # the stopped segment too, as far as it recorded
+        doc = bisect_document(builds, results, **options)
+        write_outputs(out, doc, results, title=config.name)
+        say(printable(f"soak bisect: interrupted; {sentence(doc)}; resume with: soak bisect {path} --out {out}"))
+        return EXIT_INTERRUPTED
+    if outcome.stopped_by == "segment bound":
+        doc["stopped_by"] = "segment bound"
+        write_outputs(out, doc, outcome.results, title=config.name)
+    say(printable(f"soak bisect: {sentence(doc)}; {out / 'bisect.html'}"))
+    return EXIT_FOUND if outcome.stopped_by == "found" else EXIT_UNDECIDED
+
+
+def _slurm_executor(config, *, local, envs, environ, out: Path, say):
+    """Segments as Slurm jobs: the same ``soak run`` command and segment config the
+    local executor writes (``LocalExecutor.command``), submitted with sbatch."""
+    from soak.bisect.slurm import SlurmExecutor, SlurmOptions
+
+    spec = config.executor
+    options = SlurmOptions(slots=spec.slots, cpus_per_segment=spec.cpus_per_segment,
+                           gpus_per_segment=spec.gpus_per_segment, partition=spec.partition,
+                           overhead_s=spec.overhead, poll_s=spec.poll, job_name="soak-bisect",
+                           comment=f"soak bisect {config.name}")
+    from soak.printable import printable
+
+    return SlurmExecutor(lambda build, segment_s, run_dir: local.command(build, segment_s=segment_s, run_dir=run_dir)[0],
+                         options=options, env=environ, build_env=lambda build: envs[build.index],
+                         log_dir=out / "configs", jobs_file=out / SLURM_JOBS,
+                         on_event=lambda line: say(printable(f"soak bisect: slurm {line}")))
+
+
+def _set_aside(exc, say: Callable[[str], None]) -> None:
+    """An unreadable segment directory (the bisect died before its run wrote
+    anything) is renamed out of the segment pattern: evidence of nothing, and its
+    number free for the next segment."""
+    where = Path(exc.path) if getattr(exc, "path", None) else None
+    if where is not None and where.is_dir():
+        target = where.with_name(where.name + ".unreadable")
+        if not target.exists():
+            where.rename(target)
+    print(f"soak bisect: skipped {exc}", file=sys.stderr)

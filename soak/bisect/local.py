@@ -1,0 +1,183 @@
+"""The local executor: one segment at a time on this machine, each an ordinary
+``python -m soak run`` in its own process group (its own session), so the
+segment's run directory is one that report, history and compare read, and a
+Ctrl-C at the terminal reaches the bisect only: closing the executor stops its
+own child's group, never anything else.
+
+A segment's config is the build's run config (``config.segment_config``) with
+seeds of its own, derived from the bisect's seed and the segment's directory
+name: every segment is a fresh draw (a simulated build's onset too), and a
+resumed bisect draws the same seeds for the same segments. The build's env goes
+to the child through its environment, never into a file.
+
+The child gets SIGTERM if the bisect dies (PR_SET_PDEATHSIG): a SIGKILLed
+bisect leaves a segment that ends itself like an interrupted ``soak run``
+(results so far kept, server killed), which the resumed bisect reads back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from soak.bisect.executor import Build, SegmentResult
+from soak.errors import ConfigError, SoakError
+
+RUNNING = ".running"  # DIR/.running: "PID RUN_DIR" of the segment in flight
+
+
+class SegmentFailed(SoakError):
+    """A segment's ``soak run`` could not run (its exit status says why); the
+    bisect ends with it rather than soak a build that cannot start again and again."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def segment_seed(seed: int, run_dir: Path) -> int:
+    digest = hashlib.sha256(f"soak-bisect/{seed}/{run_dir.name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def seeded(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """The segment config with its own seeds: the run's (workload) and a simulator's."""
+    out = copy.deepcopy(dict(config))
+    out["seed"] = seed
+    target = out.get("target")
+    if isinstance(target, dict) and target.get("kind", "simulator") == "simulator":
+        sim = dict(target.get("sim") or {})
+        sim["seed"] = seed
+        target["sim"] = sim
+    return out
+
+
+def _die_with_parent() -> None:  # in the child, before exec
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: a killed bisect leaves its segment to end at its duration
+        pass
+
+
+class LocalExecutor:
+    slots = 1
+
+    def __init__(self, *, root: Path, segment_configs: Sequence[Mapping[str, Any]],
+                 envs: Sequence[Mapping[str, str]], seed: int = 0, environ: Mapping[str, str] | None = None,
+                 python: str = sys.executable, grace_s: float = 30.0, slack_s: float = 300.0) -> None:
+        self.root, self.seed, self.python = root, seed, python
+        self.configs, self.envs = list(segment_configs), list(envs)
+        self.environ = dict(os.environ if environ is None else environ)
+        self.grace_s, self.slack_s = grace_s, slack_s
+        self._proc: asyncio.subprocess.Process | None = None
+        self._current: tuple[Build, Path, float] | None = None
+
+    def command(self, build: Build, *, segment_s: float, run_dir: Path) -> tuple[list[str], Path, float]:
+        """Write the segment's config; the ``soak run`` command, its config file and its time bound."""
+        config = seeded(self.configs[build.index], segment_seed(self.seed, run_dir))
+        folder = self.root / "configs"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{run_dir.name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        argv = [self.python, "-m", "soak", "run", str(path), "--out", str(run_dir), "--view", "plain"]
+        exporter = config.get("exporter")
+        if not (isinstance(exporter, dict) and "port" in exporter):
+            argv += ["--exporter-port", "0"]  # segments never fight over the harness's default port
+        target = config.get("target") if isinstance(config.get("target"), dict) else {}
+        from soak.durations import parse_duration
+
+        startup = parse_duration(target.get("startup_timeout", 1800 if target.get("kind") == "launched" else 60))
+        bound = parse_duration(config["duration"]) + startup + self.slack_s
+        return argv, path, bound
+
+    async def submit(self, build: Build, *, segment_s: float, run_dir: Path) -> None:
+        if self._proc is not None:
+            raise RuntimeError("the local executor runs one segment at a time")
+        argv, _, bound = self.command(build, segment_s=segment_s, run_dir=run_dir)
+        log = open(self.root / "configs" / f"{run_dir.name}.log", "wb")
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env={**self.environ, **self.envs[build.index]}, start_new_session=True, preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        (self.root / RUNNING).write_text(f"{self._proc.pid} {run_dir}\n", encoding="utf-8")
+        self._current = (build, run_dir, bound)
+
+    async def next_done(self) -> SegmentResult:
+        assert self._proc is not None and self._current is not None
+        build, run_dir, bound = self._current
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), timeout=bound)
+        except asyncio.TimeoutError:
+            await self._stop()
+            code = None
+        self._proc = self._current = None
+        (self.root / RUNNING).unlink(missing_ok=True)
+        log = self.root / "configs" / f"{run_dir.name}.log"
+        if code in (2, 3, 4):
+            why = {2: "its config was refused", 3: "the target never became ready or the environment lacks "
+                   "something", 4: "the harness failed"}[code]
+            raise SegmentFailed(f"segment {run_dir.name} (build {build.label}): soak run exited {code}, {why} "
+                                f"(see {log})", exit_code=3 if code == 3 else 4)
+        from soak.bisect.segments import read_segment
+
+        try:
+            return read_segment(run_dir, build=build.index)
+        except ConfigError as exc:
+            raise SegmentFailed(f"segment {run_dir.name}: its run directory cannot be read: {exc} (see {log})",
+                                exit_code=4) from exc
+
+    async def _stop(self) -> None:
+        """SIGTERM to the child's own group (soak run ends as interrupted: its
+        results kept, its server killed), SIGKILL to that group after the grace."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)  # the group is the child's: start_new_session made it its leader
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=wait)
+                return
+            except asyncio.TimeoutError:
+                continue
+
+    async def aclose(self) -> None:
+        await self._stop()
+        self._proc = self._current = None
+        (self.root / RUNNING).unlink(missing_ok=True)
+
+
+def wait_for_orphan(root: Path, *, timeout_s: float = 60.0) -> None:
+    """Before a resume: a segment the killed bisect left running ends itself
+    (its PDEATHSIG); wait for it so its run directory is complete when read back."""
+    import time
+
+    marker = root / RUNNING
+    try:
+        pid = int(marker.read_text(encoding="utf-8").split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            break  # gone
+        if b"soak" not in cmdline or str(root).encode() not in cmdline:
+            break  # the PID is someone else's now
+        time.sleep(0.2)
+    marker.unlink(missing_ok=True)

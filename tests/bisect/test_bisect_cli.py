@@ -1,0 +1,154 @@
+"""``soak bisect`` as a user runs it: bad input is one line and exit 2; four
+simulated builds (b3 the first bad one) bisected end to end through real
+``soak run`` segments, named at 0.95; and a bisect SIGKILLed mid-way resumed
+from its run directories to the same answer with no segment lost.
+
+The two live tests run 4-7 short segments each (about 6 s of start-up and
+report per segment): 40-60 s apiece, the price of one real bisect in CI. The
+builds are simulator configs with their own wall_mtbf (good 10 min, bad 1 s);
+the bisect's seed fixes every segment's draw, seed 1 one that takes 5 segments
+when nothing is killed (the pure core's replay of the same draws)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from soak.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "workloads" / "bisect-demo" / "base.yaml"
+
+
+def _sim(wall_mtbf: str) -> dict:
+    return {"kind": "simulator", "sim": {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "wall_mtbf": wall_mtbf}]}}
+
+
+def _bisect_file(tmp_path: Path, **over) -> Path:
+    doc = {"name": "ci-bisect", "base": str(BASE), "segment": "5s", "stop_at": 0.95, "seed": 1,
+           "budget": {"segments": 14},
+           "rates": {"mtbf_min": "1s", "mtbf_max": "1h", "max_ratio": None},
+           "builds": [{"label": f"b{i + 1}", "target": _sim("10m" if i < 2 else "1s")} for i in range(4)], **over}
+    path = tmp_path / "bisect.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _soak(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "soak", "bisect", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"segmnet": "5s"}, "unknown key; did you mean 'segment'?"),
+    ({"stop_at": 1.5}, "stop_at: "),
+    ({"prior": [1, 2]}, "prior: needs 4 weights"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys, change, said) -> None:
+    path = _bisect_file(tmp_path, **change)
+    assert main(["bisect", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and said in err, err
+
+
+def test_a_build_without_a_target_names_the_build(tmp_path: Path, capsys) -> None:
+    doc = yaml.safe_load(_bisect_file(tmp_path).read_text())
+    doc["builds"][2] = {"label": "b3"}
+    doc["builds"][3]["target"]["sim"]["faults"][0]["wall_mtbf"] = "-1s"
+    (tmp_path / "bisect.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["bisect", str(tmp_path / "bisect.yaml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "builds.2" in err or "builds[2]" in err, err
+    assert main(["bisect", str(_bisect_file(tmp_path)), "--out", str(tmp_path / "new"), "--resume"]) == 2
+    assert "no segments to resume" in capsys.readouterr().err
+
+
+def _segment_dirs(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name.startswith("segment-") and p.is_dir())
+
+
+def test_four_simulated_builds_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bisect"
+    proc = _soak(str(_bisect_file(tmp_path)), "--out", str(out))
+    text, _ = proc.communicate(timeout=240)
+    lines = text.strip().splitlines()
+    assert proc.returncode == 0, text
+    assert lines[-1].startswith("soak bisect: first bad build: b3 (posterior 0.9"), text
+    doc = json.loads((out / "bisect.json").read_text())
+    assert doc["now"]["state"] == "found" and doc["now"]["posterior"]["best"] == 2
+    assert len(doc["segments"]) == len(_segment_dirs(out)) == sum(l.startswith("segment ") for l in lines)
+    for seg in doc["segments"]:  # every segment an ordinary run directory with its report
+        assert (Path(seg["run_dir"]) / "summary.json").is_file() and (Path(seg["run_dir"]) / "report.html").is_file()
+        assert yaml.safe_load((Path(seg["run_dir"]) / "config.yaml").read_text())["build"] == seg["label"]
+    # the simulator's wall_mtbf is in the harness's seconds: a hang's time at risk is the onset it drew
+    for seg in doc["segments"]:
+        config = yaml.safe_load((out / "configs" / f"{Path(seg['run_dir']).name}.yaml").read_text())
+        sim = config["target"]["sim"]
+        mean = {"10m": 600.0, "1s": 1.0}[sim["faults"][0]["wall_mtbf"]]
+        drawn = random.Random(f"soak-sim-fault/{sim['seed']}/0/wall").expovariate(1 / mean)
+        if seg["hangs"]:
+            assert abs(seg["exposure_s"] - drawn) < 1.0, (seg, drawn)
+        else:
+            assert drawn > 5.0 - 1.0 and seg["exposure_s"] > 5.0 - 1.0
+    html = (out / "bisect.html").read_text()
+    assert "first bad build: b3" in html and html.count('class="build-line"') == 4
+
+
+def test_a_killed_bisect_resumes_to_the_same_answer(tmp_path: Path) -> None:
+    out = tmp_path / "bisect"
+    path = _bisect_file(tmp_path)
+    proc = _soak(str(path), "--out", str(out))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the third segment under load
+        dirs = _segment_dirs(out) if out.exists() else []
+        events = out / dirs[-1] / "events.jsonl" if len(dirs) == 3 else None
+        if events is not None and events.is_file() and '"load_started"' in events.read_text().replace(": ", ":"):
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)  # no goodbye: no bisect.json update, the segment in flight orphaned
+    proc.communicate(timeout=30)
+    before = _segment_dirs(out)
+    assert len(before) == 3
+    again = _soak(str(path), "--out", str(out))
+    text, _ = again.communicate(timeout=240)
+    assert again.returncode == 0, text
+    assert text.splitlines()[0].startswith("soak bisect: resuming ") and "3 segments read back" in text.splitlines()[0]
+    assert text.strip().splitlines()[-1].startswith("soak bisect: first bad build: b3 (posterior 0.9"), text
+    doc = json.loads((out / "bisect.json").read_text())
+    after = _segment_dirs(out)
+    assert after[:3] == before and len(doc["segments"]) == len(after)  # the cut segment counted, none lost
+    cut = doc["segments"][2]
+    assert cut["run_dir"].endswith(before[2]) and cut["exposure_s"] > 0
+
+
+def test_sigterm_stops_the_segment_and_exits_130_and_a_spent_budget_exits_5(tmp_path: Path) -> None:
+    out = tmp_path / "bisect"
+    path = _bisect_file(tmp_path, budget={"segments": 1})
+    proc = _soak(str(path), "--out", str(out))
+    deadline = time.monotonic() + 60
+    while not (out / ".running").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int((out / ".running").read_text().split()[0])
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, text
+    assert "interrupted" in text.splitlines()[-1] and "resume with: soak bisect" in text.splitlines()[-1]
+    assert not Path(f"/proc/{child}").exists() and (out / "bisect.json").is_file()
+    # the same folder, resumed: the stopped segment is the one the budget allows, so nothing more runs
+    again = _soak(str(path), "--out", str(out))
+    text, _ = again.communicate(timeout=60)
+    assert again.returncode == 5, text
+    assert "undecided, the budget (segment count) is spent" in text.splitlines()[-1]
+    assert json.loads((out / "bisect.json").read_text())["stopped_by"] == "segment bound"

@@ -1,0 +1,80 @@
+"""The local executor (soak/bisect/local.py): a segment's config with seeds of
+its own and no env value in it, its soak run in its own process group, and
+closing it stops that group and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from soak.bisect.executor import Build
+from soak.bisect.local import LocalExecutor, seeded, segment_seed
+
+SIM = {"name": "s", "build": "b0", "duration": "30s", "response": {"on_hang": "stop"},
+       "target": {"kind": "simulator", "sim": {"time_scale": 20, "seed": 7,
+                                               "faults": [{"kind": "pp_deadlock", "wall_mtbf": "10s"}]}}}
+LAUNCHED = {"name": "s", "build": "b1", "duration": "30s",
+            "target": {"kind": "launched", "command": ["vllm", "serve", "m"], "startup_timeout": "10m"}}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31), st.integers(0, 998))
+def test_every_segment_draws_its_own_seeds_and_a_resume_the_same(seed: int, number: int) -> None:
+    a, b = Path(f"/d/segment-{number:03d}-build-0"), Path(f"/d/segment-{number + 1:03d}-build-0")
+    assert segment_seed(seed, a) == segment_seed(seed, Path("/elsewhere") / a.name)
+    assert segment_seed(seed, a) != segment_seed(seed, b)
+    out = seeded(SIM, segment_seed(seed, a))
+    assert out["seed"] == out["target"]["sim"]["seed"] == segment_seed(seed, a)
+    assert SIM["target"]["sim"]["seed"] == 7  # the build's config is not changed in place
+
+
+def test_the_segment_config_holds_no_env_value(tmp_path: Path) -> None:
+    executor = LocalExecutor(root=tmp_path, segment_configs=[SIM, LAUNCHED],
+                             envs=[{}, {"HF_TOKEN": "hf_s3cret_value"}], seed=3, environ={})
+    argv, path, bound = executor.command(Build(1, "b1"), segment_s=30, run_dir=tmp_path / "segment-000-build-1")
+    written = path.read_text()
+    assert "hf_s3cret_value" not in written and yaml.safe_load(written)["target"]["command"] == ["vllm", "serve", "m"]
+    assert argv[1:4] == ["-m", "soak", "run"] and argv[argv.index("--out") + 1] == str(tmp_path / "segment-000-build-1")
+    assert argv[-2:] == ["--exporter-port", "0"]
+    assert bound == 30 + 600 + 300  # the run, the target's start-up allowance, the slack
+
+
+def test_closing_stops_its_own_group_only(tmp_path: Path) -> None:
+    # a stand-in for `python -m soak run`: a child that ignores SIGTERM, with a grandchild
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\ntrap '' TERM\nsleep 300 &\necho $! > \"$(dirname $0)/grandchild\"\nwait\n")
+    fake.chmod(0o755)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        executor = LocalExecutor(root=tmp_path, segment_configs=[SIM, SIM], envs=[{}, {}], python=str(fake),
+                                 grace_s=0.5, environ=dict(os.environ))
+
+        async def go() -> int:
+            await executor.submit(Build(0, "b0"), segment_s=30, run_dir=tmp_path / "segment-000-build-0")
+            for _ in range(100):
+                if (tmp_path / "grandchild").is_file() and (tmp_path / "grandchild").read_text().strip():
+                    break
+                await asyncio.sleep(0.05)
+            assert (tmp_path / ".running").read_text().split()[1] == str(tmp_path / "segment-000-build-0")
+            pid = executor._proc.pid
+            assert os.getpgid(pid) == pid != os.getpgid(0)  # its own group: a terminal's Ctrl-C is the bisect's
+            await executor.aclose()
+            await executor.aclose()  # idempotent
+            return pid
+
+        child = asyncio.run(go())
+        grandchild = int((tmp_path / "grandchild").read_text())
+        for pid in (child, grandchild):
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert bystander.poll() is None and not (tmp_path / ".running").exists()
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
