@@ -18,6 +18,9 @@
 #                  config's build: label of the unfixed build; unset: history names no baseline
 #                  (it never guesses one, so a new night cannot change it)
 #   SOAK_BASELINE_MTBF  optional --baseline-mtbf for soak history, e.g. 15m
+#   SOAK_PROVE     optional: soak history's sequential test over the nights, its flags as one
+#                  string, e.g. "--prove nightly-1206 --broken-build nightly-1203 --ratio 10"
+#                  (docs/prove.md: is this build fixed, and when will we know)
 #   SOAK_RUN_PREFIX  optional prefix of the run directory's name (the fleet nightly: the box,
 #                  so that several boxes' nights share one runs folder and one history)
 #   SOAK_HISTORY_RENDER  1 (default): run `soak history` after keeping the night's files;
@@ -81,6 +84,10 @@ if [ -n "$HISTORY_DIR" ] && [ -d "$run_dir" ]; then
     fi
     if [ -n "${SOAK_BASELINE_MTBF:-}" ]; then
         hargs+=(--baseline-mtbf "$SOAK_BASELINE_MTBF")
+    fi
+    if [ -n "${SOAK_PROVE:-}" ]; then
+        # shellcheck disable=SC2206  # a list of flags, split on purpose
+        hargs+=(${SOAK_PROVE})
     fi
     if [ -n "${SOAK_PUSHGATEWAY:-}" ]; then
         hargs+=(--pushgateway "$SOAK_PUSHGATEWAY" --label "box=${SOAK_BOX:-$(hostname -s)}")

@@ -34,6 +34,8 @@ def test_a_fleet_nightly_of_two_boxes_is_pooled_by_history_and_pushed_per_box(sl
     env = {**slurm_cluster.env, "SOAK_FLEET_DIR": str(fleet), "SOAK_CONFIG": str(tmp_path / "fleet.yaml"),
            "SOAK_FLEET_BOXES": "2", "SOAK_FLEET_SHARE_NODES": "1", "SOAK_BIN": str(soak_bin),
            "SOAK_PYTHON": sys.executable, "SOAK_PUSHGATEWAY": f"http://127.0.0.1:{pushgateway}",
+           # proving across nights: both boxes' nights of the build as one sequential test
+           "SOAK_PROVE": "--prove fleet-build --broken-mtbf 20m --target-mtbf 200m",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     import subprocess
 
@@ -53,6 +55,8 @@ def test_a_fleet_nightly_of_two_boxes_is_pooled_by_history_and_pushed_per_box(sl
     builds = {b["build"]: b for b in history["builds"]}
     assert builds["fleet-build"]["runs"] == 2, history["builds"]  # both boxes' nights, pooled
     assert (fleet / "history" / "history.html").is_file()
+    (proof,) = history["proofs"]  # the two nights laid end to end: about 16 s of 65 clean minutes
+    assert proof["build"] == "fleet-build" and proof["decision"] == "undecided", proof
 
     with urllib.request.urlopen(f"http://127.0.0.1:{pushgateway}/metrics", timeout=10) as response:
         metrics = response.read().decode()
