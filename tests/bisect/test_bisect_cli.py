@@ -155,3 +155,15 @@ def test_sigterm_stops_the_segment_and_exits_130_and_a_spent_budget_exits_5(tmp_
     assert again.returncode == 5, text
     assert "undecided, the budget (segment count) is spent" in text.splitlines()[-1]
     assert json.loads((out / "bisect.json").read_text())["stopped_by"] == "segment bound"
+
+
+def test_an_unreadable_segment_is_set_aside_and_its_number_reused(tmp_path: Path) -> None:
+    from soak.bisect.cli import _set_aside
+    from soak.bisect.segments import read_segments
+
+    out = tmp_path / "bisect"
+    out.mkdir()
+    (out / "segment-000-build-1").mkdir()  # the bisect died before this run wrote anything
+    _set_aside(out, {r.run_dir for r in read_segments(out)})
+    assert sorted(p.name for p in out.iterdir()) == ["segment-000-build-1.unreadable"]
+    assert read_segments(out) == ()
