@@ -132,7 +132,9 @@ def build_config(args: argparse.Namespace):
         data.update(loaded)
         source = str(args.config)
         walls = [f for f in data.get("faults") or [] if isinstance(f, dict) and f.get("wall_mtbf") is not None]
-        if walls and "launch" not in data:  # only a wall_mtbf draw depends on it: no counter file otherwise
+        # only a wall_mtbf draw depends on it: no counter file otherwise; 0 is "not given"
+        # (the harness writes the whole SimConfig, launch: 0 included, before every start)
+        if walls and not data.get("launch"):
             data["launch"] = _next_launch(Path(args.config))
     for key, value in vars(args).items():
         if key.startswith("sim_") and value is not None:

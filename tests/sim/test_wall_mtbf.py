@@ -86,7 +86,8 @@ def test_each_launch_of_a_config_draws_a_fresh_onset(tmp_path) -> None:
     from soak.sim.cli import build_config
 
     path = tmp_path / "sim_config.yaml"
-    path.write_text(yaml.safe_dump({"seed": 4, "faults": [{"kind": "pp_deadlock", "wall_mtbf": "20m"}]}))
+    # launch: 0 as the harness writes it (the whole SimConfig) before every start
+    path.write_text(yaml.safe_dump({"seed": 4, "launch": 0, "faults": [{"kind": "pp_deadlock", "wall_mtbf": "20m"}]}))
     args = argparse.Namespace(config=path, fault=[])
     launches = [build_config(args) for _ in range(3)]
     assert [c.launch for c in launches] == [0, 1, 2]
