@@ -92,8 +92,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     config = spec.config
     _check_out(out, spec.labels, resume=resume)
     wait_for_orphan(out)
-    done = read_segments(out, on_skip=lambda exc: print(f"soak bisect: skipped {exc}", file=sys.stderr))
-    _set_aside(out, {r.run_dir for r in done})
+    done = read_segments(out, on_skip=lambda exc: _set_aside(exc, say))
     builds = [Build(i, b.label) for i, b in enumerate(config.builds)]
     options = dict(model=spec.model, segment_s=config.segment, threshold=config.stop_at,
                    budget_s=config.budget.time_at_risk)
@@ -145,14 +144,19 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     return EXIT_FOUND if outcome.stopped_by == "found" else EXIT_UNDECIDED
 
 
-def _set_aside(out: Path, read: set[Path]) -> None:
-    """A segment directory that cannot be read at all (the bisect died before its
-    run wrote anything) is renamed out of the segment pattern: evidence of nothing,
-    and its number free for the next segment, which would otherwise collide with it."""
+def _set_aside(exc, say: Callable[[str], None]) -> None:
+    """An unreadable segment directory (the bisect died before its run wrote
+    anything) is renamed out of the segment pattern: evidence of nothing, and its
+    number free for the next segment, which would otherwise collide with it. The
+    error may name a file inside the directory: the segment is the nearest folder
+    up that is named like one."""
     from soak.bisect.segments import parse_segment_dir
 
-    for child in sorted(out.iterdir()):
-        if child.is_dir() and parse_segment_dir(child) is not None and child not in read:
-            target = child.with_name(child.name + ".unreadable")
-            if not target.exists():
-                child.rename(target)
+    named = Path(exc.path) if getattr(exc, "path", None) else None
+    # a file in the run directory or a folder of it (incidents/1/...): three steps up at most
+    where = next((p for p in ([named, *named.parents][:4] if named else []) if parse_segment_dir(p)), None)
+    if where is not None and where.is_dir():
+        target = where.with_name(where.name + ".unreadable")
+        if not target.exists():
+            where.rename(target)
+    print(f"soak bisect: skipped {exc}", file=sys.stderr)

@@ -164,6 +164,18 @@ def test_an_unreadable_segment_is_set_aside_and_its_number_reused(tmp_path: Path
     out = tmp_path / "bisect"
     out.mkdir()
     (out / "segment-000-build-1").mkdir()  # the bisect died before this run wrote anything
-    _set_aside(out, {r.run_dir for r in read_segments(out)})
+    assert read_segments(out, on_skip=lambda exc: _set_aside(exc, print)) == ()
     assert sorted(p.name for p in out.iterdir()) == ["segment-000-build-1.unreadable"]
     assert read_segments(out) == ()
+
+
+def test_set_aside_finds_the_segment_from_a_file_inside_it(tmp_path: Path) -> None:
+    from soak.bisect.cli import _set_aside
+    from soak.errors import ConfigError
+
+    seg = tmp_path / "segment-003-build-0"
+    (seg / "incidents" / "1").mkdir(parents=True)
+    _set_aside(ConfigError("damaged", path=seg / "incidents" / "1" / "incident.json"), print)
+    assert (tmp_path / "segment-003-build-0.unreadable").is_dir() and not seg.exists()
+    _set_aside(ConfigError("damaged", path=tmp_path / "elsewhere.json"), print)  # no segment: nothing renamed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["segment-003-build-0.unreadable"]
