@@ -176,8 +176,14 @@ def _slurm_executor(config, *, local, envs, environ, out: Path, say):
 def _set_aside(exc, say: Callable[[str], None]) -> None:
     """An unreadable segment directory (the bisect died before its run wrote
     anything) is renamed out of the segment pattern: evidence of nothing, and its
-    number free for the next segment."""
-    where = Path(exc.path) if getattr(exc, "path", None) else None
+    number free for the next segment, which would otherwise collide with it. The
+    error may name a file inside the directory: the segment is the nearest folder
+    up that is named like one."""
+    from soak.bisect.segments import parse_segment_dir
+
+    named = Path(exc.path) if getattr(exc, "path", None) else None
+    # a file in the run directory or a folder of it (incidents/1/...): three steps up at most
+    where = next((p for p in ([named, *named.parents][:4] if named else []) if parse_segment_dir(p)), None)
     if where is not None and where.is_dir():
         target = where.with_name(where.name + ".unreadable")
         if not target.exists():

@@ -65,8 +65,8 @@ def _die_with_parent() -> None:  # in the child, before exec
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: a killed bisect leaves its segment to end at its duration
-        pass
+    except (OSError, AttributeError):  # not Linux: a killed bisect leaves its segment to end at its duration
+        return
 
 
 class LocalExecutor:
@@ -104,13 +104,10 @@ class LocalExecutor:
         if self._proc is not None:
             raise RuntimeError("the local executor runs one segment at a time")
         argv, _, bound = self.command(build, segment_s=segment_s, run_dir=run_dir)
-        log = open(self.root / "configs" / f"{run_dir.name}.log", "wb")
-        try:
+        with open(self.root / "configs" / f"{run_dir.name}.log", "wb") as log:  # the child keeps its own copy
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 env={**self.environ, **self.envs[build.index]}, start_new_session=True, preexec_fn=_die_with_parent)
-        finally:
-            log.close()
         (self.root / RUNNING).write_text(f"{self._proc.pid} {run_dir}\n", encoding="utf-8")
         self._current = (build, run_dir, bound)
 

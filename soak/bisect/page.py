@@ -67,8 +67,8 @@ def _chart(doc: Mapping[str, Any]) -> str:
     rows = [list(doc["model"]["prior"])] + [list(s["posterior"]) for s in doc["segments"]]
     width, height, left, right, top, bottom = 760, 280, 48, 120, 16, 36
     n = max(len(rows) - 1, 1)
-    x = lambda i: left + (width - left - right) * i / n  # noqa: E731 - two one-line scales
-    y = lambda p: top + (height - top - bottom) * (1 - p)  # noqa: E731
+    x = lambda i: left + (width - left - right) * i / n  # two one-line scales
+    y = lambda p: top + (height - top - bottom) * (1 - p)
     parts = [f'<svg id="posterior-chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
              f'role="img" aria-label="posterior of each build being the first bad one, after every segment">']
     for p in (0, 0.25, 0.5, 0.75, 1.0):
@@ -133,7 +133,7 @@ def _why(doc: Mapping[str, Any]) -> list[str]:
     why the next segment soaks the build it does."""
     now = doc["now"]
     post = now["posterior"]
-    out = [f"P(first bad) per build: " + ", ".join(f"{_label(doc, k)} {p:.3f}" for k, p in enumerate(post["first_bad"]))]
+    out = ["P(first bad) per build: " + ", ".join(f"{_label(doc, k)} {p:.3f}" for k, p in enumerate(post["first_bad"]))]
     nxt = now.get("next")
     if nxt is not None and now["state"] == "searching":
         k = nxt["build"]

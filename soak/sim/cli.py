@@ -96,6 +96,21 @@ def parse_fault_flag(text: str) -> dict[str, Any]:
     return fault
 
 
+def _next_launch(config: Path) -> int:
+    """How many times this config has started a simulator before (a run's restarts
+    start it again): counted in a file beside it; 0 where that cannot be kept."""
+    counter = config.with_name(config.name + ".launches")
+    try:
+        before = int(counter.read_text(encoding="ascii").strip() or 0)
+    except (OSError, ValueError):
+        before = 0
+    try:
+        counter.write_text(f"{before + 1}\n", encoding="ascii")
+    except OSError:
+        return 0
+    return before
+
+
 def build_config(args: argparse.Namespace):
     """SimConfig from --config and the flags; bad input raises ConfigError / ArgumentError."""
     from pydantic import ValidationError
@@ -116,6 +131,11 @@ def build_config(args: argparse.Namespace):
             raise ConfigError("expected a mapping of simulator settings", path=args.config)
         data.update(loaded)
         source = str(args.config)
+        walls = [f for f in data.get("faults") or [] if isinstance(f, dict) and f.get("wall_mtbf") is not None]
+        # only a wall_mtbf draw depends on it: no counter file otherwise; 0 is "not given"
+        # (the harness writes the whole SimConfig, launch: 0 included, before every start)
+        if walls and not data.get("launch"):
+            data["launch"] = _next_launch(Path(args.config))
     for key, value in vars(args).items():
         if key.startswith("sim_") and value is not None:
             data[key[4:]] = value

@@ -153,6 +153,11 @@ class SimConfig(StrictModel):
     worker_backend: Literal["cpu", "cuda"] = "cpu"
     worker_own_session: Optional[int] = None  # this worker rank calls setsid (kill-path tests)
     faults: list[FaultConfig] = Field(default_factory=list)
+    # Which launch of this config this is (``soak sim --config`` counts them beside the
+    # file): a run that restarts the server after a wall_mtbf hang draws a fresh onset
+    # each launch, seeded by (seed, launch), so its hangs are a Poisson process, not one
+    # onset repeated.
+    launch: int = Field(default=0, ge=0)
 
     @field_validator("worker_own_session")
     @classmethod

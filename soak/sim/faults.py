@@ -106,6 +106,11 @@ class _Armed:
         }
 
 
+def _wall_seed(seed: int, position: int, launch: int) -> str:
+    """The wall_mtbf draw's seed: launch 0 as the config's seed alone gives it, a restart its own."""
+    return f"soak-sim-fault/{seed}/{position}/wall" + (f"/{launch}" if launch else "")
+
+
 class FaultController:
     def __init__(self, server: "SimServer") -> None:
         self.server = server
@@ -120,7 +125,7 @@ class FaultController:
             self.armed.append(_Armed(spec, min(due) if due else None))
             # wall seconds after the first request (None: no such trigger)
             self.armed[-1].wall_due = (None if wall is None else
-                                       random.Random(f"soak-sim-fault/{server.config.seed}/{i}/wall").expovariate(1.0 / wall))
+                                       random.Random(_wall_seed(server.config.seed, i, server.config.launch)).expovariate(1.0 / wall))
         self._tasks: set[asyncio.Task] = set()
         self.ignore_sigterm = False
 

@@ -74,3 +74,26 @@ async def test_fires_after_the_draw_in_wall_seconds_from_the_first_request(sim_a
     assert fault["fired"] and fault["kind"] == "pp_deadlock"
     # the same wall delay at time_scale 1 and 200: time_scale compresses the server's work only
     assert due - 0.05 <= fault["onset_at"] - started <= due + 0.5
+
+
+def test_each_launch_of_a_config_draws_a_fresh_onset(tmp_path) -> None:
+    # a run that restarts its server after a hang: every launch its own draw (a Poisson
+    # process of hangs), launch 0 the seed's own; counted beside the config file
+    import argparse
+
+    import yaml
+
+    from soak.sim.cli import build_config
+
+    path = tmp_path / "sim_config.yaml"
+    # launch: 0 as the harness writes it (the whole SimConfig) before every start
+    path.write_text(yaml.safe_dump({"seed": 4, "launch": 0, "faults": [{"kind": "pp_deadlock", "wall_mtbf": "20m"}]}))
+    args = argparse.Namespace(config=path, fault=[])
+    launches = [build_config(args) for _ in range(3)]
+    assert [c.launch for c in launches] == [0, 1, 2]
+    draws = [SimServer(c).faults.armed[0].wall_due for c in launches]
+    assert draws[0] == _due(4) and len(set(draws)) == 3
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"seed": 4, "faults": [{"kind": "crash", "mtbf": "20m"}]}))
+    assert build_config(argparse.Namespace(config=plain, fault=[])).launch == 0
+    assert not (tmp_path / "plain.yaml.launches").exists()  # no wall_mtbf, no counter file
