@@ -112,6 +112,9 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
             "max": float(x.max())}
 
 
+CUT = "cut by the harness"
+
+
 def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]], list[tuple[str, int]]]:
     ok = requests.ok
     cached, prompt = requests["cached_tokens"][ok], requests["prompt_tokens"][ok]
@@ -127,7 +130,8 @@ def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]]
         ("output tokens", _percentiles(requests["output_tokens"][ok])),
         ("cached share of prompt (%)", _percentiles(cached_share)),
     ]
-    return rows, requests.outcome_counts()
+    # "aborted" is a stream the harness cut (drain, incident, interrupt): one word for it on every page
+    return rows, [(CUT if outcome == "aborted" else outcome, n) for outcome, n in requests.outcome_counts()]
 
 
 def _incident_view(incident: Incident, run: RunData) -> IncidentView:

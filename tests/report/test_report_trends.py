@@ -141,3 +141,4 @@ def test_a_line_of_readings_never_spans_a_gap_of_three_periods(steps_s: list[flo
     x, y = broken(ts, np.ones(ts.size))
     for a, _, b, _ in _segments(x, y):
         assert b - a <= limit
+
