@@ -58,25 +58,44 @@ def shift(obj: Any, delta: float) -> Any:
 
 class Counters:
     """Counters that carry on across pieces: each piece's first reading continues
-    from the last one written; a drop inside a piece (a restart) starts from zero."""
+    from the last one written, grown by the piece's own first step (a step of
+    no growth at every seam would read as a dip); a drop inside a piece (a
+    restart) starts from zero."""
 
     def __init__(self) -> None:
         self.last_out: dict[str, float] = {}
         self.last_in: dict[str, float] = {}
         self.offset: dict[str, float] = {}
+        self.lead: dict[str, float] = {}
 
-    def new_piece(self) -> None:
+    def new_piece(self, rows: list[dict]) -> None:
+        """``rows``: the piece's samples, for the growth of its first step."""
         self.last_in.clear()
         self.offset.clear()
+        self.lead.clear()
+        firsts: dict[str, list[float]] = {}
+        for s in rows:
+            for key, v in _counter_values(s):
+                if len(firsts.setdefault(key, [])) < 2:
+                    firsts[key].append(v)
+        self.lead = {k: max(0.0, vs[1] - vs[0]) for k, vs in firsts.items() if len(vs) == 2}
 
     def value(self, key: str, v: float) -> float:
         if key not in self.offset:
-            self.offset[key] = self.last_out.get(key, v) - v
+            self.offset[key] = (self.last_out[key] + self.lead.get(key, 0.0) - v) if key in self.last_out else 0.0
         elif v < self.last_in[key]:
             self.offset[key] = 0.0  # the server restarted: its counter counts from zero
         self.last_in[key] = v
         self.last_out[key] = v + self.offset[key]
         return self.last_out[key]
+
+
+def _counter_values(s: dict) -> list[tuple[str, float]]:
+    if s.get("kind") == "server" and isinstance(s.get("values"), dict):
+        return [("server." + k, v) for k, v in s["values"].items() if k not in GAUGES and isinstance(v, (int, float))]
+    if s.get("kind") == "client":
+        return [("client." + k, s[k]) for k in CLIENT_COUNTERS if isinstance(s.get(k), (int, float))]
+    return []
 
 
 def _sample(s: dict, delta: float, counters: Counters) -> dict:
@@ -133,8 +152,9 @@ def splice(src: Path, dst: Path, *, minutes: float, hangs_at: list[float]) -> fl
     out_samples, out_requests, out_events = [], [], []
     for index, (lo, hi, to) in enumerate(plan):
         delta = to - lo
-        counters.new_piece()
-        out_samples += [_sample(s, delta, counters) for s in samples if lo <= s.get("ts", -1) < hi]
+        rows = [s for s in samples if lo <= s.get("ts", -1) < hi]
+        counters.new_piece(rows)
+        out_samples += [_sample(s, delta, counters) for s in rows]
         for r in requests:
             if lo <= (r.get("ended_at") or -1) < hi:
                 r = shift(r, delta)
