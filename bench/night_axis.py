@@ -58,36 +58,40 @@ def shift(obj: Any, delta: float) -> Any:
 
 class Counters:
     """Counters that carry on across pieces: each piece's first reading continues
-    from the last one written, grown by the piece's own first step (a step of
-    no growth at every seam would read as a dip); a drop inside a piece (a
-    restart) starts from zero."""
+    from the last one written, grown at the piece's own first rate over the time
+    between them (a step of no growth at every seam would read as a dip); a drop
+    inside a piece (a restart) starts from zero."""
 
     def __init__(self) -> None:
-        self.last_out: dict[str, float] = {}
+        self.last_out: dict[str, tuple[float, float]] = {}  # key -> (time, value) last written
         self.last_in: dict[str, float] = {}
         self.offset: dict[str, float] = {}
-        self.lead: dict[str, float] = {}
+        self.rate: dict[str, float] = {}
 
     def new_piece(self, rows: list[dict]) -> None:
-        """``rows``: the piece's samples, for the growth of its first step."""
+        """``rows``: the piece's samples, for the rate of its first step."""
         self.last_in.clear()
         self.offset.clear()
-        self.lead.clear()
-        firsts: dict[str, list[float]] = {}
+        firsts: dict[str, list[tuple[float, float]]] = {}
         for s in rows:
             for key, v in _counter_values(s):
                 if len(firsts.setdefault(key, [])) < 2:
-                    firsts[key].append(v)
-        self.lead = {k: max(0.0, vs[1] - vs[0]) for k, vs in firsts.items() if len(vs) == 2}
+                    firsts[key].append((s["ts"], v))
+        self.rate = {k: max(0.0, (b[1] - a[1]) / (b[0] - a[0])) for k, (a, b) in
+                     ((k, vs) for k, vs in firsts.items() if len(vs) == 2) if b[0] > a[0]}
 
-    def value(self, key: str, v: float) -> float:
+    def value(self, key: str, t: float, v: float) -> float:
         if key not in self.offset:
-            self.offset[key] = (self.last_out[key] + self.lead.get(key, 0.0) - v) if key in self.last_out else 0.0
+            if key in self.last_out:
+                then, out = self.last_out[key]
+                self.offset[key] = out + self.rate.get(key, 0.0) * max(0.0, t - then) - v
+            else:
+                self.offset[key] = 0.0
         elif v < self.last_in[key]:
             self.offset[key] = 0.0  # the server restarted: its counter counts from zero
         self.last_in[key] = v
-        self.last_out[key] = v + self.offset[key]
-        return self.last_out[key]
+        self.last_out[key] = (t, v + self.offset[key])
+        return v + self.offset[key]
 
 
 def _counter_values(s: dict) -> list[tuple[str, float]]:
@@ -100,13 +104,14 @@ def _counter_values(s: dict) -> list[tuple[str, float]]:
 
 def _sample(s: dict, delta: float, counters: Counters) -> dict:
     s = shift(s, delta)
+    t = s["ts"]
     if s.get("kind") == "server" and isinstance(s.get("values"), dict):
-        s["values"] = {k: counters.value("server." + k, v) if k not in GAUGES and isinstance(v, (int, float)) else v
+        s["values"] = {k: counters.value("server." + k, t, v) if k not in GAUGES and isinstance(v, (int, float)) else v
                        for k, v in s["values"].items()}
     elif s.get("kind") == "client":
         for k in CLIENT_COUNTERS:
             if isinstance(s.get(k), (int, float)):
-                s[k] = counters.value("client." + k, s[k])
+                s[k] = counters.value("client." + k, t, s[k])
     return s
 
 
