@@ -174,7 +174,7 @@ def splice(src: Path, dst: Path, *, minutes: float, hangs_at: list[float]) -> fl
     for path in sorted((src / "incidents").glob("*/incident.json")):
         number = json.loads(path.read_text()).get("number")
         onset = next(e["onset_at"] for e in events if e.get("type") == "incident" and e.get("number") == number)
-        delta = next(to - lo for lo, hi, to in plan if lo <= onset < hi and hi - lo < 600)
+        delta = next(to - lo for lo, hi, to in plan if lo <= onset < hi)  # its episode, or the recorded end
         (dst / "incidents" / path.parent.name).mkdir(parents=True)
         for f in path.parent.iterdir():
             if f.suffix == ".json":
