@@ -37,11 +37,16 @@ def _members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
+# the fields tagged unions are told apart by: a section's kind, a distribution's dist
+TAG_FIELDS = ("kind", "dist")
+
+
 def _tags(model: type[BaseModel]) -> tuple[Any, ...]:
-    kind = model.model_fields.get("kind")
-    if kind is None:
-        return ()
-    return typing.get_args(_unwrap(kind.annotation)) or (kind.default,)
+    for name in TAG_FIELDS:
+        tag = model.model_fields.get(name)
+        if tag is not None:
+            return typing.get_args(_unwrap(tag.annotation)) or (tag.default,)
+    return ()
 
 
 def _is_model(annotation: Any) -> bool:
@@ -144,9 +149,25 @@ def bare_durations(model: type[BaseModel], data: Any) -> list[tuple[list[str | i
     return found
 
 
+def one_edit(a: str, b: str) -> bool:
+    """``a`` is ``b`` with one letter dropped, added, changed, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                   and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = next((i for i, (x, y) in enumerate(zip(short, long)) if x != y), len(short))
+    return short[i:] == long[i + 1:]
+
+
 def suggestion(key: str, known: Sequence[str]) -> str | None:
-    """The known key ``key`` most likely misspells, or None."""
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    """The known key ``key`` most likely misspells, or None. A key one slip away
+    (``one_edit``) wins over a merely similar one: difflib alone reads
+    ``mai_context_tokens`` as ``min_context_tokens``, two slips away."""
+    near = [k for k in known if one_edit(key, k)]
+    close = difflib.get_close_matches(key, near or known, n=1, cutoff=0.0 if near else 0.6)
     return close[0] if close else None
 
 
@@ -196,4 +217,4 @@ def _line_in(node: Any, keys: Sequence[str | int]) -> int | None:
     return line
 
 
-__all__ = ["bare_durations", "key_line", "key_lines", "section_keys", "suggestion", "unknown_key_message"]
+__all__ = ["bare_durations", "key_line", "key_lines", "one_edit", "section_keys", "suggestion", "unknown_key_message"]

@@ -99,8 +99,12 @@ def failed_and_finished(run: RunData) -> tuple[int, int]:
 
 
 def hangs_and_exposure(run: RunData) -> tuple[int, float]:
-    exposure = run.summary.duration_s
-    return run.summary.hangs, exposure if exposure is not None else 0.0
+    """The run's hangs in its time at risk (soak.exposure): the hang rate compare
+    gives is the one report.html, soak history and the push count."""
+    from soak.exposure import at_risk
+
+    risk = at_risk(run.events, run.summary)
+    return risk.hangs, risk.exposure_s
 
 
 def _clamp(d: Difference, lo: float, hi: float) -> Difference:

@@ -21,7 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 # compare and the zoom read these without matplotlib; kept importable from here
-from soak.report.series import bin_edges, binned_max, binned_mean, counter_rate, heatmap_grid  # noqa: E402,F401
+from soak.report.series import (bin_edges, binned_max, binned_mean, broken, counter_rate, heatmap_grid,  # noqa: E402,F401
+                                steps, unread)
 
 if TYPE_CHECKING:
     from soak.report.rundir import RequestColumns
@@ -59,6 +60,22 @@ def _mark(ax, markers: Sequence[Marker], start: float) -> None:
             ax.axvline((m.ts - start) / 60.0, color="#ff7f0e", lw=1.0, ls=":", alpha=0.9)
             continue
         ax.axvline((m.ts - start) / 60.0, color="#d62728", lw=1.2, ls="--" if m.style == "onset" else "-", alpha=0.9)
+
+
+Spans = Sequence[tuple[float, float]]
+
+
+def _shade(ax, down: Spans, start: float) -> None:
+    """The spans the server was down for a kill and restart, so a break in the
+    lines reads as the restart it is."""
+    for i, (a, b) in enumerate(down):
+        ax.axvspan((a - start) / 60.0, (b - start) / 60.0, color="#999", alpha=0.18, lw=0,
+                   label="server down (kill, restart)" if i == 0 else None)
+
+
+def _step(ax, edges: np.ndarray, values: np.ndarray, start: float, *, cut: Spans = (), **style) -> None:
+    x, y = steps(edges, values, cut=cut)
+    ax.plot((x - start) / 60.0, y, **style)
 
 
 def _empty(ax, text: str) -> None:
@@ -123,28 +140,42 @@ def gpu_heatmap_png(ts: np.ndarray, stage_util: np.ndarray, *, start: float, mar
 
 def token_rates_png(server_ts: np.ndarray, server_generated: np.ndarray, client_ts: np.ndarray,
                     client_tokens: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
-                    max_columns: int = 240, xlim: tuple[float, float] | None = None) -> bytes:
-    """Generated tokens per second as the server counts them and as the client receives them."""
+                    max_columns: int = 240, xlim: tuple[float, float] | None = None, down: Spans = ()) -> bytes:
+    return _png(token_rates_figure(server_ts, server_generated, client_ts, client_tokens, start=start,
+                                   markers=markers, max_columns=max_columns, xlim=xlim, down=down))
+
+
+def token_rates_figure(server_ts: np.ndarray, server_generated: np.ndarray, client_ts: np.ndarray,
+                       client_tokens: np.ndarray, *, start: float, markers: Sequence[Marker] = (),
+                       max_columns: int = 240, xlim: tuple[float, float] | None = None, down: Spans = ()) -> Figure:
+    """Generated tokens per second as the server counts them and as the client
+    receives them, each bin's rate held across the part of it the counter was
+    read; a line breaks where its counter was not read (the server's also where
+    it was ``down``: killed and restarting). A client read through a restart
+    counts on: its zero there is real."""
     fig = _figure(2.8)
     ax = fig.add_subplot(111)
     spans = [a for a in (np.asarray(server_ts), np.asarray(client_ts)) if a.size >= 2]
     if not spans:
         _empty(ax, "no token counters recorded")
         _finish(fig, ax, "token rate (tokens/s)", xlim)
-        return _png(fig)
+        return fig
     t0, t1 = min(a[0] for a in spans), max(a[-1] for a in spans)
     edges = bin_edges(t0, t1, max_columns=max_columns, min_width_s=5.0)
-    x = _minutes((edges[:-1] + edges[1:]) / 2, start)
+    _shade(ax, down, start)
     if np.asarray(server_ts).size >= 2:
-        ax.plot(x, counter_rate(server_ts, server_generated, edges), lw=1.4, label="server: vllm:generation_tokens")
+        _step(ax, edges, counter_rate(server_ts, server_generated, edges, down=down), start,
+              cut=unread(server_ts, down=down), lw=1.4,
+              label="server: vllm:generation_tokens")
     if np.asarray(client_ts).size >= 2:
-        ax.plot(x, counter_rate(client_ts, client_tokens, edges), lw=1.1, ls="--", label="client: tokens received")
+        _step(ax, edges, counter_rate(client_ts, client_tokens, edges), start, cut=unread(client_ts), lw=1.1, ls="--",
+              label="client: tokens received")
     ax.set_ylabel("tokens/s")
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower left", fontsize=8, framealpha=0.8)
     _mark(ax, markers, start)
-    _finish(fig, ax, "Generated-token rate", xlim)
-    return _png(fig)
+    _finish(fig, ax, f"Generated-token rate (per {np.diff(edges)[0]:.3g} s)", xlim)
+    return fig
 
 
 # A scatter of every request of a 24-hour soak (a few hundred thousand points)
@@ -169,17 +200,27 @@ def _thin(*columns: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def ttft_png(requests: RequestColumns, *, start: float, end: float | None = None,
-             markers: Sequence[Marker] = (), windows: int = 40, xlim: tuple[float, float] | None = None) -> bytes:
-    """TTFT p50 and p99 per time window (by request completion time)."""
+             markers: Sequence[Marker] = (), windows: int = 40, xlim: tuple[float, float] | None = None,
+             down: Spans = ()) -> bytes:
+    return _png(ttft_figure(requests, start=start, end=end, markers=markers, windows=windows, xlim=xlim, down=down))
+
+
+def ttft_figure(requests: RequestColumns, *, start: float, end: float | None = None,
+                markers: Sequence[Marker] = (), windows: int = 40, xlim: tuple[float, float] | None = None,
+                down: Spans = ()) -> Figure:
+    """TTFT p50 and p99 per time window (by request completion time), each held
+    across its window; a window no request ended in, and a span the server was
+    ``down``, is a break in the line."""
     fig = _figure(2.8)
     ax = fig.add_subplot(111)
     ts, ttft = _request_arrays(requests, "ttft_s")
     if ts.size == 0:
         _empty(ax, "no request with a first token")
         _finish(fig, ax, "TTFT", xlim)
-        return _png(fig)
-    t1 = end if end is not None else ts.max()
-    edges = bin_edges(start, max(t1, ts.max()), max_columns=windows, min_width_s=30.0)
+        return fig
+    t1 = max(end if end is not None else ts.max(), ts.max())
+    edges = bin_edges(start, t1, max_columns=windows, min_width_s=30.0)
+    width = float(np.diff(edges)[0])
     idx = np.digitize(ts, edges) - 1
     p50 = np.full(len(edges) - 1, np.nan)
     p99 = np.full(len(edges) - 1, np.nan)
@@ -187,25 +228,28 @@ def ttft_png(requests: RequestColumns, *, start: float, end: float | None = None
         sel = ttft[idx == i]
         if sel.size:
             p50[i], p99[i] = np.percentile(sel, [50, 99])
-    x = _minutes((edges[:-1] + edges[1:]) / 2, start)
+    edges[-1] = min(edges[-1], t1)  # the last window ends with the run
+    _shade(ax, down, start)
     shown_ts, shown_ttft = _thin(ts, ttft)
     ax.scatter(_minutes(shown_ts, start), shown_ttft, s=3, color="#bbb", label="requests", zorder=1)
-    ax.plot(x, p50, marker="o", ms=3, lw=1.4, label="p50", zorder=2)
-    ax.plot(x, p99, marker="o", ms=3, lw=1.4, label="p99", zorder=2)
+    _step(ax, edges, p50, start, cut=down, lw=1.6, label="p50", zorder=2)
+    _step(ax, edges, p99, start, cut=down, lw=1.6, label="p99", zorder=2)
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
     _mark(ax, markers, start)
-    _finish(fig, ax, f"Time to first token (p50 / p99 per {np.diff(edges)[0]:.0f} s window)", xlim)
-    return _png(fig)
+    _finish(fig, ax, f"Time to first token (p50 / p99 per {width:.0f} s window)", xlim)
+    return fig
 
 
 def context_png(requests: RequestColumns, server_ts: np.ndarray, kv_usage: np.ndarray, *, start: float,
-                markers: Sequence[Marker] = (), xlim: tuple[float, float] | None = None) -> bytes:
-    """Prompt (context) length of each request, with the server's KV-cache usage."""
+                markers: Sequence[Marker] = (), xlim: tuple[float, float] | None = None, down: Spans = ()) -> bytes:
+    """Prompt (context) length of each request, with the server's KV-cache usage
+    (a line of readings that breaks where the server was not read)."""
     fig = _figure(2.8)
     ax = fig.add_subplot(111)
     ts, ptok = _request_arrays(requests, "prompt_tokens")
+    _shade(ax, down, start)
     if ts.size == 0:
         _empty(ax, "no prompt token counts")
     else:
@@ -215,7 +259,8 @@ def context_png(requests: RequestColumns, server_ts: np.ndarray, kv_usage: np.nd
     kv = np.asarray(kv_usage, dtype=float)
     if kv.size and np.isfinite(kv).any():
         ax2 = ax.twinx()
-        ax2.plot(_minutes(server_ts, start), kv * 100.0, color="#2ca02c", lw=0.9, alpha=0.8, label="KV cache used (%)")
+        kv_ts, kv = broken(server_ts, kv, down=down)
+        ax2.plot(_minutes(kv_ts, start), kv * 100.0, color="#2ca02c", lw=0.9, alpha=0.8, label="KV cache used (%)")
         ax2.set_ylim(0, 105)
         ax2.set_ylabel("KV %")
         ax2.legend(loc="lower right", fontsize=8, framealpha=0.8)
@@ -227,20 +272,23 @@ def context_png(requests: RequestColumns, server_ts: np.ndarray, kv_usage: np.nd
 
 
 def hit_ratio_png(server_ts: np.ndarray, hits: np.ndarray, queries: np.ndarray, requests: RequestColumns, *,
-                  start: float, markers: Sequence[Marker] = (), max_columns: int = 120, xlim: tuple[float, float] | None = None) -> bytes:
-    """Prefix-cache hit ratio: rate(hits)/rate(queries) from the server, and
+                  start: float, markers: Sequence[Marker] = (), max_columns: int = 120,
+                  xlim: tuple[float, float] | None = None, down: Spans = ()) -> bytes:
+    """Prefix-cache hit ratio: rate(hits)/rate(queries) from the server (each
+    bin's held across it, broken where the server was not read), and
     cached/prompt tokens from the client's usage reports."""
     fig = _figure(2.6)
     ax = fig.add_subplot(111)
     drew = False
+    _shade(ax, down, start)
     st = np.asarray(server_ts, dtype=float)
     if st.size >= 2:
         edges = bin_edges(st[0], st[-1], max_columns=max_columns, min_width_s=10.0)
-        rh, rq = counter_rate(st, hits, edges), counter_rate(st, queries, edges)
+        rh, rq = counter_rate(st, hits, edges, down=down), counter_rate(st, queries, edges, down=down)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where(rq > 0, rh / rq, np.nan)
         if np.isfinite(ratio).any():
-            ax.plot(_minutes((edges[:-1] + edges[1:]) / 2, start), ratio * 100, lw=1.4, label="server: rate(hits)/rate(queries)")
+            _step(ax, edges, ratio * 100, start, cut=unread(st, down=down), lw=1.4, label="server: rate(hits)/rate(queries)")
             drew = True
     ended, cached, prompt = requests["ended_at"], requests["cached_tokens"], requests["prompt_tokens"]
     keep = np.isfinite(ended) & np.isfinite(cached) & np.isfinite(prompt) & (prompt != 0)

@@ -7,16 +7,24 @@ global one, never the live exporter's) from the names in
 ``push_to_gateway``: HTTP PUT), so a night that is pushed again reads the same.
 The grouping key is the configured labels plus ``build``: one group per box and
 build keeps every build's last night beside the others.
+
+A night's exposure, hangs and MTBF bound are its time at risk (``soak.exposure``,
+read from its events), the one definition report.html and ``soak history`` use:
+the nights dashboard's hangs per hour of exposure then agrees with both, where
+the seconds of load (``duration_s``) counted the time a hung server sat waiting
+for its kill and restart as time at risk.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.exposition import push_to_gateway
 
+from soak.exposure import at_risk
 from soak.export.names import PUSHED_METRICS, Kind
 from soak.net import push_handler  # a 3xx is RedirectRefused, never followed; the whole call bounded
 from soak.records import IncidentKind, Verdict
@@ -48,7 +56,10 @@ class _Families:
         (family.labels(**labels) if labels else family).set(float(value))
 
 
-def night_families(summary: RunSummary, *, exit_code: int | None, confidence: float) -> _Families:
+def night_families(summary: RunSummary, *, exit_code: int | None, confidence: float,
+                   events: Sequence[Mapping[str, Any]] = ()) -> _Families:
+    """The night's gauges; ``events``: its events.jsonl, for its time at risk
+    (without them, the summary's seconds of load stand in: ``soak.exposure``)."""
     from soak.report.stats import mtbf_estimate
 
     f = _Families()
@@ -60,15 +71,15 @@ def night_families(summary: RunSummary, *, exit_code: int | None, confidence: fl
     f.set("soak_night_verdict", VERDICT_VALUES.get(summary.verdict, 2))
     f.set("soak_night_exit_code", exit_code if exit_code is not None else summary.exit_code)
     f.set("soak_night_start_time_seconds", summary.started_at)
-    exposure = summary.duration_s
-    f.set("soak_night_exposure_seconds", exposure)
+    risk = at_risk(events, summary)
+    f.set("soak_night_exposure_seconds", risk.exposure_s)
     incidents = summary.incidents
     for kind in (*(k.value for k in IncidentKind), *{str(i.kind) for i in incidents}):
         f.set("soak_night_incidents", sum(1 for i in incidents if i.kind == kind), kind=kind)
-    f.set("soak_night_hangs", summary.hangs)
-    if exposure is not None and exposure > 0:
+    f.set("soak_night_hangs", risk.hangs)
+    if risk.exposure_s > 0:
         f.set("soak_night_mtbf_lower_bound_seconds",
-              mtbf_estimate(summary.hangs, exposure, confidence=confidence).one_sided_lower_s)
+              mtbf_estimate(risk.hangs, risk.exposure_s, confidence=confidence).one_sided_lower_s)
     f.set("soak_night_output_tokens_per_second", run_value("output_tokens_per_s", summary))
     for q in ("p50", "p99"):
         quantile = "0.5" if q == "p50" else "0.99"
@@ -87,14 +98,19 @@ def _grouping(grouping: Mapping[str, str], build: str | None, add_build: bool) -
     return out
 
 
-def push_run(config: Any, summary: RunSummary | Mapping[str, Any], *, exit_code: int | None = None) -> dict[str, Any]:
+def push_run(config: Any, summary: RunSummary | Mapping[str, Any], *, exit_code: int | None = None,
+             run_dir: str | Path | None = None) -> dict[str, Any]:
     """Push the night (config: a PushgatewayConfig with a url). Returns what was
     pushed where, for the ``pushed`` event; raises what the push raised.
-    ``summary``: the typed record, or summary.json as parsed (read through it)."""
+    ``summary``: the typed record, or summary.json as parsed (read through it);
+    ``run_dir``: the run directory, whose events give the time at risk."""
+    from soak.store.rundir import RunDir
+
     summary = RunSummary.of(summary)
     build = summary.build_entry
     grouping = _grouping(config.grouping, build.key if build is not None else None, config.build_label)
-    families = night_families(summary, exit_code=exit_code, confidence=config.confidence)
+    events = list(RunDir(Path(run_dir)).events()) if run_dir is not None else []
+    families = night_families(summary, exit_code=exit_code, confidence=config.confidence, events=events)
     push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
                     timeout=config.timeout, handler=push_handler(config.timeout))
     return {"job": config.job, "grouping": grouping}

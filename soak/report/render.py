@@ -112,6 +112,9 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
             "max": float(x.max())}
 
 
+CUT = "cut by the harness"
+
+
 def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]], list[tuple[str, int]]]:
     ok = requests.ok
     cached, prompt = requests["cached_tokens"][ok], requests["prompt_tokens"][ok]
@@ -127,7 +130,8 @@ def request_statistics(requests: RequestColumns) -> tuple[list[tuple[str, dict]]
         ("output tokens", _percentiles(requests["output_tokens"][ok])),
         ("cached share of prompt (%)", _percentiles(cached_share)),
     ]
-    return rows, requests.outcome_counts()
+    # "aborted" is a stream the harness cut (drain, incident, interrupt): one word for it on every page
+    return rows, [(CUT if outcome == "aborted" else outcome, n) for outcome, n in requests.outcome_counts()]
 
 
 def _incident_view(incident: Incident, run: RunData) -> IncidentView:
@@ -182,19 +186,20 @@ def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
     xlim = (0.0, max(last - start, 1.0) / 60.0)
     stage_cpu = run.gpu_source is GpuSource.STAGE_CPU
     dark, busy, hold = _tail_marks(run)
-    quiet = downtimes(run.events, end=end).values()
+    quiet = list(downtimes(run.events, end=end).values())
     return [
         ("Stage CPU" if stage_cpu else "GPU utilization",
          plots.gpu_heatmap_png(run.gpu_ts, stage_columns(run.gpu_util, run.stages), start=start, markers=markers,
                                xlim=xlim, stage_cpu=stage_cpu, dark_pct=dark, busy_pct=busy, hold_s=hold,
-                               quiet=list(quiet))),
+                               quiet=quiet)),
         ("Token rate", plots.token_rates_png(run.server_ts, run.server["generation_tokens"], run.client_ts,
-                                             run.client_tokens, start=start, markers=markers, xlim=xlim)),
-        ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim)),
+                                             run.client_tokens, start=start, markers=markers, xlim=xlim, down=quiet)),
+        ("TTFT", plots.ttft_png(run.requests, start=start, end=end, markers=markers, xlim=xlim, down=quiet)),
         ("Context length", plots.context_png(run.requests, run.server_ts, run.server["kv_cache_usage_perc"],
-                                             start=start, markers=markers, xlim=xlim)),
+                                             start=start, markers=markers, xlim=xlim, down=quiet)),
         ("Hit ratio", plots.hit_ratio_png(run.server_ts, run.server["prefix_cache_hits"],
-                                          run.server["prefix_cache_queries"], run.requests, start=start, markers=markers, xlim=xlim)),
+                                          run.server["prefix_cache_queries"], run.requests, start=start,
+                                          markers=markers, xlim=xlim, down=quiet)),
     ]
 
 

@@ -15,25 +15,108 @@ def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> 
     return t0 + np.arange(0, span + width, width)
 
 
-def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Per-second rate of a counter in each bin, interpolated at the bin edges;
-    increases as Prometheus reads a counter (soak.counters: after a drop the
-    new value counts from zero). NaN outside the sampled span."""
+def gap_s(ts: np.ndarray) -> float:
+    """How long between two readings is a gap, not a slow reading: three periods
+    (a probe that missed two readings in a row read nothing there)."""
+    ts = np.asarray(ts, dtype=float)
+    return 3.0 * float(np.median(np.diff(ts))) if ts.size > 2 else float("inf")
+
+
+def read_between(ts: np.ndarray, *, gap: float | None = None,
+                 down: Sequence[tuple[float, float]] = ()) -> np.ndarray:
+    """One bool per step between consecutive readings: the series was read
+    across it. A step longer than ``gap`` (default ``gap_s``) or overlapping a
+    span the server was ``down`` (killed and restarting) was not: what the
+    counter did there is unknown, and a line across it would invent it."""
+    ts = np.asarray(ts, dtype=float)
+    if ts.size < 2:
+        return np.zeros(0, dtype=bool)
+    limit = gap_s(ts) if gap is None else gap
+    ok = np.diff(ts) <= limit
+    for a, b in down:
+        ok &= ~((ts[1:] > a) & (ts[:-1] < b))
+    return ok
+
+
+def unread(ts: np.ndarray, *, gap: float | None = None,
+           down: Sequence[tuple[float, float]] = ()) -> list[tuple[float, float]]:
+    """The spans between two readings the series was not read across
+    (``read_between``): where a drawn line must not go."""
+    ts = np.asarray(ts, dtype=float)
+    return [(float(ts[i]), float(ts[i + 1])) for i in np.nonzero(~read_between(ts, gap=gap, down=down))[0]]
+
+
+def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray, *, gap: float | None = None,
+                 down: Sequence[tuple[float, float]] = ()) -> np.ndarray:
+    """Per-second rate of a counter in each bin, over the part of the bin it was
+    read across (``read_between``); increases as Prometheus reads a counter
+    (soak.counters: after a drop the new value counts from zero). NaN where a
+    bin was read for less than half a reading period: outside the sampled
+    span and inside a gap. A bin the run ends in is the rate over its read
+    part, not that rate diluted by the seconds after the end."""
     from soak.counters import counter_value, increases
 
     ts = np.asarray(ts, dtype=float)
     values = np.asarray(values, dtype=float)
     ok = np.isfinite(values) & np.array([counter_value(v) is not None for v in values], dtype=bool)
     ts, values = ts[ok], values[ok]
+    edges = np.asarray(edges, dtype=float)
     out = np.full(len(edges) - 1, np.nan)
     if ts.size < 2:
         return out
-    monotone = np.cumsum(np.asarray(increases(values.tolist()), dtype=float))
-    at_edges = np.interp(edges, ts, monotone)
-    rate = np.diff(at_edges) / np.diff(edges)
-    inside = (edges[1:] > ts[0]) & (edges[:-1] < ts[-1])
-    out[inside] = rate[inside]
+    read = read_between(ts, gap=gap, down=down)
+    # increase and read time accumulated over the steps that were read; both flat across a gap
+    grown = np.concatenate(([0.0], np.cumsum(np.asarray(increases(values.tolist()), dtype=float)[1:] * read)))
+    seen = np.concatenate(([0.0], np.cumsum(np.diff(ts) * read)))
+    rise = np.diff(np.interp(edges, ts, grown))
+    covered = np.diff(np.interp(edges, ts, seen))
+    enough = covered >= 0.5 * np.minimum(np.diff(edges), float(np.median(np.diff(ts))))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[enough] = rise[enough] / covered[enough]
     return out
+
+
+def _minus(lo: float, hi: float, cut: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """[lo, hi] less the spans in ``cut``: the pieces left, in order."""
+    pieces = [(lo, hi)]
+    for a, b in sorted(cut):
+        pieces = [p for x0, x1 in pieces for p in ((x0, min(x1, a)), (max(x0, b), x1)) if p[1] > p[0]]
+    return pieces
+
+
+def steps(edges: np.ndarray, values: np.ndarray, *,
+          cut: Sequence[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of a line that holds each bin's value across its bin: a value
+    per window (a p99, a rate) is drawn as what it is, never as a slope from one
+    window's centre to the next (two windows of a short run read as a trend).
+    A bin with no value (NaN) breaks the line, and so does a span in ``cut``
+    (the server down for a restart): a gap stays a gap."""
+    edges = np.asarray(edges, dtype=float)
+    values = np.asarray(values, dtype=float)
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, v in enumerate(values):
+        if not np.isfinite(v):
+            continue
+        for x0, x1 in _minus(float(edges[i]), float(edges[i + 1]), cut):
+            if xs and xs[-1] != x0:  # nothing drawn since the last piece ended
+                xs.append(np.nan)
+                ys.append(np.nan)
+            xs += [x0, x1]
+            ys += [float(v), float(v)]
+    return np.asarray(xs), np.asarray(ys)
+
+
+def broken(ts: np.ndarray, values: np.ndarray, *, gap: float | None = None,
+           down: Sequence[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of readings drawn as a line that breaks (a NaN point) where the
+    series was not read between two readings (``read_between``)."""
+    ts = np.asarray(ts, dtype=float)
+    values = np.asarray(values, dtype=float)
+    if ts.size < 2:
+        return ts, values
+    cut = np.nonzero(~read_between(ts, gap=gap, down=down))[0] + 1
+    return np.insert(ts, cut, np.nan), np.insert(values, cut, np.nan)
 
 
 def binned_mean(ts: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:

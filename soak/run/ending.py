@@ -212,7 +212,7 @@ async def push(run: EndingRun, summary: Mapping[str, Any], *, exit_code: int) ->
     from soak.report.push import push_run
 
     try:
-        pushed = await asyncio.to_thread(push_run, config, summary, exit_code=exit_code)
+        pushed = await asyncio.to_thread(push_run, config, summary, exit_code=exit_code, run_dir=run.run_dir)
     except Exception as exc:  # the night is recorded; a missed push is said, not fatal
         run.event(EventType.PUSH_FAILED, url=config.url, error=f"{type(exc).__name__}: {exc}")
         print(f"soak run: push to {config.url} failed: {exc}", file=sys.stderr)

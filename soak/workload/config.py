@@ -373,8 +373,33 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
-def _error_from_validation(exc: ValidationError, path: Path | str, *, nested: bool) -> WorkloadError:
+def _unknown_key_error(exc: ValidationError, data: Mapping[str, Any], path: Path | str, *,
+                       nested: bool) -> WorkloadError | None:
+    """An unknown key as the run config says it (soak.configkeys): the known key
+    it likely misspells and its line; of several, the first in the file. A
+    misspelt key is also a missing or defaulted one, so it comes before any
+    other error. None when no key is unknown."""
+    from soak.configbase import data_path
+    from soak.configkeys import key_lines, unknown_key_message
+
+    unknown = [e for e in exc.errors(include_url=False) if e["type"] == "extra_forbidden"]
+    if not unknown:
+        return None
+    # the keys as the file holds them: under ``workload:``, or the section at its root
+    keys = [data_path(tuple(e["loc"]), {"workload": dict(data)})[0 if nested else 1:] for e in unknown]
+    lines = key_lines(path, keys) if Path(path).is_file() else [None] * len(keys)
+    line, first, where = min(zip(lines, unknown, keys), key=lambda row: row[0] if row[0] is not None else 1 << 62)
+    field = "".join(f"[{k}]" if isinstance(k, int) else ("." if i else "") + str(k) for i, k in enumerate(where))
+    return WorkloadError(unknown_key_message(_WorkloadFile, tuple(first["loc"])), path=path, field=field, line=line)
+
+
+def _error_from_validation(exc: ValidationError, path: Path | str, *, nested: bool,
+                           data: Mapping[str, Any] | None = None) -> WorkloadError:
     """The first error as one line; ``nested``: the section sits under ``workload:`` in its file."""
+    if data is not None:
+        unknown = _unknown_key_error(exc, data, path, nested=nested)
+        if unknown is not None:
+            return unknown
     first = exc.errors(include_url=False)[0]
     field = field_path(tuple(first["loc"]))  # starts with "workload"
     if not nested:
@@ -422,7 +447,7 @@ def validate_workload_section(
     try:
         section = _WorkloadFile.model_validate({"workload": dict(data)}, context={"base_dir": base_dir}).workload
     except ValidationError as exc:
-        raise _error_from_validation(exc, path, nested=bool(prefix)) from exc
+        raise _error_from_validation(exc, path, nested=bool(prefix), data=data) from exc
     return absolutize(section, base_dir)
 
 

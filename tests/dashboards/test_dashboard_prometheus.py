@@ -196,9 +196,49 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
     run_table = next(p for p in load_dashboard()["panels"] if p["title"] == "Run")["targets"][0]["expr"]
     rows = prometheus.api("query", query=substitute(run_table))["result"]
     assert [r["metric"]["name"] for r in rows] == ["prometheus-test"]
-    # The harness is gone now, which is what SoakHarnessDown watches.
+    # The harness is gone now, because its run ended: SoakHarnessDown stays quiet
+    # (it fired all day after a good night when it read `up == 0` alone).
     up = prometheus.api("query", query='up{job="soak"}')["result"]
     assert [float(s["value"][1]) for s in up] == [0.0]
+    harness_stays_quiet(prometheus)
+
+
+def harness_signal(prometheus: Prometheus) -> list[float]:
+    return [float(s["value"][1]) for s in prometheus.api("query", query="soak:harness_missing")["result"]]
+
+
+def harness_alerts(prometheus: Prometheus) -> list[str]:
+    return [a["state"] for a in prometheus.api("alerts")["alerts"] if a["labels"]["alertname"] == "SoakHarnessDown"]
+
+
+def harness_stays_quiet(prometheus: Prometheus) -> None:
+    """A few evaluations after the harness was scraped as down: no run in progress, no alert."""
+    deadline = time.monotonic() + 5 * SCRAPE_S
+    while time.monotonic() < deadline:
+        assert harness_signal(prometheus) == [0.0]
+        assert harness_alerts(prometheus) == []
+        time.sleep(0.5)
+
+
+def test_a_harness_killed_in_the_middle_of_its_run_is_missed(sim_process, soak_run, make_prometheus):
+    """SoakHarnessDown fires for a run that started and never ended: the harness
+    is SIGKILLed mid-run (as the OOM killer or a reboot would), Prometheus
+    scrapes it as down, and the alert goes pending at once (firing after its
+    minute of ``for``)."""
+    sim = sim_process(processes=False, time_scale=5.0)
+    exporter_port = free_port()
+    prometheus = make_prometheus({"soak": (f"127.0.0.1:{exporter_port}", "/metrics")})
+    config = run_config(sim, exporter_port)
+    config["duration"] = "10m"
+    harness, out = soak_run(config)
+    wait_until(lambda: harness_signal(prometheus) == [0.0] and prometheus.api(
+        "query", query='soak_run_start_time_seconds{job="soak"} > 0')["result"], 30, "a run in progress", harness, out)
+    harness.kill()  # our own child, by its pid
+    harness.wait(timeout=10)
+    deadline = time.monotonic() + 20 * SCRAPE_S
+    while harness_signal(prometheus) != [1.0] or harness_alerts(prometheus) != ["pending"]:
+        assert time.monotonic() < deadline, (harness_signal(prometheus), harness_alerts(prometheus))
+        time.sleep(0.25)
 
 
 def test_the_stage_cpu_panel_reads_a_gpu_less_run(soak_run, make_prometheus, monkeypatch):

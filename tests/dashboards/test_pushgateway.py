@@ -125,7 +125,10 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
         wait_for(prometheus, f'soak_build_hangs{{build="{build}",job="soak_history"}}')
     wait_for(prometheus, 'soak_night_exposure_seconds{build="fixed"}')
     night = 'box="test-box",build="fixed",job="soak-nightly"'
-    assert one(prometheus, f"soak_night_exposure_seconds{{{night}}}") == pytest.approx(summary["duration_s"])
+    # the night's time at risk, as history counts it (soak.exposure), not its seconds of load
+    row = next(r for r in history["runs"] if r["path"].endswith("n09-fixed-live"))
+    exposure = one(prometheus, f"soak_night_exposure_seconds{{{night}}}")
+    assert exposure == pytest.approx(row["exposure_s"]) and 0 < exposure <= summary["duration_s"]
     assert one(prometheus, f"soak_night_verdict{{{night}}}") == 0
     assert one(prometheus, f"soak_night_exit_code{{{night}}}") == 0
     assert one(prometheus, f"soak_night_hangs{{{night}}}") == 0
@@ -133,7 +136,7 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
     assert one(prometheus, f"soak_night_start_time_seconds{{{night}}}") == pytest.approx(summary["started_at"])
     # one clean night of T seconds proves MTBF > T / -ln(0.05)
     assert one(prometheus, f"soak_night_mtbf_lower_bound_seconds{{{night}}}") == pytest.approx(
-        summary["duration_s"] / 2.995732, rel=1e-5)
+        exposure / 2.995732, rel=1e-5)
     assert one(prometheus, f"soak_night_output_tokens_per_second{{{night}}}") == pytest.approx(
         summary["throughput"]["generated_tokens_per_s"])
     assert one(prometheus, f'soak_night_ttft_seconds{{{night},quantile="0.99"}}') == pytest.approx(
@@ -185,3 +188,45 @@ def test_a_night_and_the_history_reach_prometheus_through_the_pushgateway(tmp_pa
         if not prometheus.api("query", query=expr)["result"]:
             empty.append(f"{e.where}: {expr}")
     assert empty == []
+
+
+HANG_RESTART = Path(__file__).resolve().parents[1] / "report" / "fixtures" / "hang-restart"
+
+
+def test_a_night_with_hangs_and_restarts_pushes_the_exposure_history_and_the_report_count(tmp_path, pushgateway):
+    """A recorded 22-second night with two hangs, each followed by a restart (the
+    server down 3 s while loading): the pushed exposure is its time at risk, the
+    figure soak history, report.html's MTBF and soak compare's hang rate count,
+    not its 22 s of load."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from soak.export.push_config import PushgatewayConfig
+    from soak.history.collect import read_night
+    from soak.report.compare import hangs_and_exposure
+    from soak.report.push import push_run
+    from soak.report.render import build
+    from soak.report.rundir import load_run
+    from soak.report.stats import mtbf_estimate
+
+    run_dir = tmp_path / "night"
+    shutil.copytree(HANG_RESTART, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = PushgatewayConfig(url=f"http://127.0.0.1:{pushgateway}", job="soak-nightly", grouping={"box": "b"})
+    push_run(config, summary, exit_code=1, run_dir=run_dir)
+    with urllib.request.urlopen(f"http://127.0.0.1:{pushgateway}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    pushed = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.labels.get("job") == "soak-nightly"}
+
+    record = read_night(run_dir, window_s=60)[0]
+    run = load_run(run_dir)
+    report = build(run, with_plots=False).mtbf
+    assert report is not None
+    hangs, exposure = hangs_and_exposure(run)  # soak compare's hang rate
+    assert hangs == 2 and exposure == pytest.approx(record.exposure_s)
+    assert pushed["soak_night_exposure_seconds"] == pytest.approx(record.exposure_s) == pytest.approx(report.exposure_s)
+    assert pushed["soak_night_hangs"] == record.hangs == report.failures == 2
+    assert pushed["soak_night_mtbf_lower_bound_seconds"] == pytest.approx(
+        mtbf_estimate(2, record.exposure_s, confidence=0.95).one_sided_lower_s)
+    # the two waits for a restart are not time at risk: well under the 22 s of load
+    assert pushed["soak_night_exposure_seconds"] < summary["duration_s"] - 6
