@@ -14,8 +14,9 @@ edges only ever sees these classes.
     │   ├── PortInUse
     │   ├── GpuUnavailable         no NVML, no GPU, or the driver does not answer
     │   ├── WorkloadDoesNotFit     the workload's requests exceed the target's max_model_len
-    │   └── TargetMismatch         the target is not what the config says (the attached
-    │                              PID does not serve the URL, the launch port is taken)
+    │   ├── TargetMismatch         the target is not what the config says (the attached
+    │   │                          PID does not serve the URL, the launch port is taken)
+    │   └── SchedulerError         the cluster scheduler (Slurm) failed or never ran a segment
     ├── HarnessFault               exit 4: the harness itself failed (its own I/O, a bug)
     ├── TransportError             one request failed; recorded, the soak goes on
     │   ├── ConnectRefused
@@ -111,6 +112,11 @@ class WorkloadDoesNotFit(EnvironmentProblem):
 class TargetMismatch(EnvironmentProblem):
     """The process the config names is not the one that serves the URL (or a
     launch would collide with a server already there). Refused before any kill."""
+
+
+class SchedulerError(EnvironmentProblem):
+    """A cluster executor's scheduler failed: a command that errors, a controller
+    that stays unreachable, a segment no node ever takes. The message quotes it."""
 
 
 class HarnessFault(SoakError):

@@ -96,9 +96,9 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     _check_out(out, spec.labels, resume=resume)
     wait_for_orphan(out)
     if config.executor.kind == "slurm":
-        from soak.bisect.slurm import cancel_leftover_jobs
+        from soak.bisect.slurm import bisect_job_name, cancel_leftover_jobs
 
-        left = cancel_leftover_jobs(out / SLURM_JOBS, env=environ)
+        left = cancel_leftover_jobs(out / SLURM_JOBS, job_name=bisect_job_name(out), env=environ)
         if left:
             say(f"soak bisect: cancelled {len(left)} job(s) the killed bisect left in flight: {' '.join(left)}")
     done = read_segments(out, on_skip=lambda exc: _set_aside(exc, say))
@@ -158,12 +158,12 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
 def _slurm_executor(config, *, local, envs, environ, out: Path, say):
     """Segments as Slurm jobs: the same ``soak run`` command and segment config the
     local executor writes (``LocalExecutor.command``), submitted with sbatch."""
-    from soak.bisect.slurm import SlurmExecutor, SlurmOptions
+    from soak.bisect.slurm import SlurmExecutor, SlurmOptions, bisect_job_name
 
     spec = config.executor
     options = SlurmOptions(slots=spec.slots, cpus_per_segment=spec.cpus_per_segment,
                            gpus_per_segment=spec.gpus_per_segment, partition=spec.partition,
-                           overhead_s=spec.overhead, poll_s=spec.poll, job_name="soak-bisect",
+                           overhead_s=spec.overhead, poll_s=spec.poll, job_name=bisect_job_name(out),
                            comment=f"soak bisect {config.name}")
     from soak.printable import printable
 

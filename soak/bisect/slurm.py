@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from soak.bisect.executor import Build, SegmentResult
-from soak.errors import ConfigError
+from soak.errors import ConfigError, SchedulerError
 
 # Slurm's job states that end a job (squeue/scontrol's JobState). COMPLETED and
 # FAILED are the segment's own ending (soak run exits 1 on a hang: FAILED); the
@@ -39,8 +39,8 @@ ENDED = CLUSTER_ENDED | {"COMPLETED", "FAILED"}
 DEFAULT_OVERHEAD_S = 600.0
 
 
-class SlurmError(RuntimeError):
-    """A Slurm command failed or answered nothing we can read; the message quotes it."""
+class SlurmError(SchedulerError):
+    """A Slurm command failed or answered nothing we can read; the message quotes it (exit 3)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +54,11 @@ class SlurmOptions:
     comment: str = ""  # identifies the bisect or night in squeue (--comment)
     poll_s: float = 1.0
     command_timeout_s: float = 30.0
+    # A job Slurm keeps PENDING this long (no node will ever fit it: ReqNodeNotAvail,
+    # a partition down) ends the bisect rather than wait forever.
+    pending_limit_s: float = 6 * 3600.0
+    # scontrol failing for this long (the controller down, not one blip) ends it too.
+    unreachable_limit_s: float = 600.0
 
 
 def time_limit(segment_s: float, overhead_s: float) -> str:
@@ -81,6 +86,8 @@ def _field(line: str, name: str) -> str | None:
     return None
 
 
+UNKNOWN = "\0unknown"  # _show's answer when scontrol failed without saying the job is gone
+
 SegmentCommand = Callable[[Build, float, Path], Sequence[str]]
 
 
@@ -103,6 +110,8 @@ class SlurmExecutor:
     jobs_file: Path | None = None
     on_event: Callable[[str], None] | None = None  # one line per submit/end/cancel, for the bisect's log
     _jobs: dict[str, tuple[Build, Path]] = field(default_factory=dict)
+    _since: dict[str, float] = field(default_factory=dict)  # job -> when it was submitted (loop time)
+    _unreachable_since: float | None = None
     _closed: bool = False
 
     @property
@@ -121,7 +130,11 @@ class SlurmExecutor:
         sbatch = ["sbatch", "--parsable", f"--job-name={opts.job_name}",
                   f"--comment={opts.comment or run_dir.parent.name} build {build.label}",
                   f"--time={time_limit(segment_s, opts.overhead_s)}", f"--cpus-per-task={opts.cpus_per_segment}",
-                  f"--output={self._log(run_dir)}", f"--chdir={Path.cwd()}"]
+                  f"--output={self._log(run_dir)}", f"--chdir={Path.cwd()}",
+                  # Slurm requeues a job after a node failure or preemption by default; this
+                  # executor has then recorded it as cut, so a rerun would write the same run
+                  # directory untracked. Never requeued: the posterior asks for another segment.
+                  "--no-requeue"]
         if opts.gpus_per_segment > 0:
             sbatch.append(f"--gres=gpu:{opts.gpus_per_segment}")
         if opts.partition:
@@ -137,18 +150,25 @@ class SlurmExecutor:
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
         self._jobs[job_id] = (build, run_dir)
+        self._since[job_id] = asyncio.get_running_loop().time()
         self._remember()
         self._say(f"job {job_id}: build {build.label} -> {run_dir.name}")
 
     async def next_done(self) -> SegmentResult:
         if not self._jobs:
             raise SlurmError("no segment in flight")
+        loop = asyncio.get_running_loop()
         while True:
             for job_id in list(self._jobs):
                 line = await self._show(job_id)
+                if line is UNKNOWN:
+                    continue  # scontrol did not answer: the job is still ours, ask again
                 state = parse_job_state(line) if line is not None else None
                 if state is None or state.split("+")[0] in ENDED:
                     return self._finish(job_id, state, parse_exit_code(line or ""))
+                if state == "PENDING" and loop.time() - self._since[job_id] > self.options.pending_limit_s:
+                    raise SlurmError(f"job {job_id} has been pending for over {self.options.pending_limit_s:.0f} s "
+                                     f"(squeue -j {job_id} says why); no node takes the segment")
             await asyncio.sleep(self.options.poll_s)
 
     async def aclose(self) -> None:
@@ -167,11 +187,13 @@ class SlurmExecutor:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60.0
         while ids and loop.time() < deadline:
-            ids = [j for j in ids if (s := await self._state(j)) is not None and s.split("+")[0] not in ENDED]
+            ids = [j for j in ids if not await self._ended(j)]
             if ids:
                 await asyncio.sleep(self.options.poll_s)
-        self._say("cancelled " + " ".join(self._jobs))
-        self._jobs.clear()
+        gone = [j for j in self._jobs if j not in ids]
+        self._say("cancelled " + " ".join(gone) + (f"; still listed: {' '.join(ids)}" if ids else ""))
+        # What Slurm still lists stays written down, so a resume cancels it then.
+        self._jobs = {j: v for j, v in self._jobs.items() if j in ids}
         self._remember()
 
     def _remember(self) -> None:
@@ -182,15 +204,18 @@ class SlurmExecutor:
 
     def _finish(self, job_id: str, state: str | None, exit_code: int | None) -> SegmentResult:
         build, run_dir = self._jobs.pop(job_id)
+        self._since.pop(job_id, None)
         self._remember()
         base = (state or "GONE").split("+")[0]
         # Past MinJobAge scontrol forgets a job: it ended, and its summary.json says whether by itself.
         cut = base in CLUSTER_ENDED or (state is None and not (run_dir / "summary.json").is_file())
-        if not cut and exit_code in (2, 3, 4):
+        if not cut and (exit_code in (2, 3, 4) or not run_dir.is_dir()):
+            # The job ran and ended by itself without a segment (a refused config, no
+            # python on the node: exit 127): soaking it again would fail again.
             from soak.bisect.local import SegmentFailed
 
             why = {2: "its config was refused", 3: "the target never became ready or the node lacks something",
-                   4: "the harness failed"}[exit_code]
+                   4: "the harness failed"}.get(exit_code, "it wrote no run directory")
             raise SegmentFailed(f"segment {run_dir.name} (build {build.label}, job {job_id}): soak run exited "
                                 f"{exit_code}, {why} (see {self._log(run_dir)})", exit_code=3 if exit_code == 3 else 4)
         try:
@@ -207,15 +232,30 @@ class SlurmExecutor:
         return (self.log_dir / f"{run_dir.name}.log") if self.log_dir is not None else run_dir.with_name(
             run_dir.name + ".slurm.out")
 
-    async def _state(self, job_id: str) -> str | None:
+    async def _ended(self, job_id: str) -> bool:
         line = await self._show(job_id)
-        return parse_job_state(line) if line is not None else None
+        if line is UNKNOWN:
+            return False
+        state = parse_job_state(line) if line is not None else None
+        return state is None or state.split("+")[0] in ENDED
 
     async def _show(self, job_id: str) -> str | None:
+        """scontrol's line for the job; None when Slurm no longer knows it (it
+        ended past MinJobAge); UNKNOWN when scontrol failed otherwise (the
+        controller busy or down): the job may well be running."""
+        loop = asyncio.get_running_loop()
         try:
-            return await self._command(["scontrol", "show", "job", "-o", job_id])
-        except SlurmError:
-            return None  # scontrol forgot it (past MinJobAge): it ended
+            line = await self._command(["scontrol", "show", "job", "-o", job_id])
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            now = loop.time()
+            self._unreachable_since = self._unreachable_since or now
+            if now - self._unreachable_since > self.options.unreachable_limit_s:
+                raise SlurmError(f"scontrol has failed for {now - self._unreachable_since:.0f} s: {exc}") from exc
+            return UNKNOWN
+        self._unreachable_since = None
+        return line
 
     async def _command(self, argv: list[str], *, env: Mapping[str, str] | None = None) -> str:
         if env is None and self.env is not None:
@@ -246,10 +286,21 @@ def _read(run_dir: Path, build: int) -> SegmentResult:
     return read_segment(run_dir, build=build)
 
 
-def cancel_leftover_jobs(jobs_file: Path, *, env: Mapping[str, str] | None = None, wait_s: float = 60.0) -> list[str]:
-    """Before a resume: scancel the jobs a killed bisect left in flight (only the
-    ids it wrote down: its own) and wait until Slurm ends them, so their run
-    directories are complete when read back. Returns the ids cancelled."""
+def bisect_job_name(out: Path) -> str:
+    """The job name of one bisect's segments: its folder's digest, so squeue tells
+    bisects apart and a resume's scancel can only ever match this bisect's jobs."""
+    import hashlib
+
+    return "soak-bisect-" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:10]
+
+
+def cancel_leftover_jobs(jobs_file: Path, *, job_name: str, env: Mapping[str, str] | None = None,
+                         wait_s: float = 60.0) -> list[str]:
+    """Before a resume: scancel the jobs a killed bisect left in flight and wait
+    until Slurm ends them, so their run directories are complete when read back.
+    Only ids it wrote down AND only jobs of its own name: a reset cluster's reused
+    ids or a copied folder cancel nothing of anyone else's (scancel's --name
+    filter restricts the ids given). Returns the ids asked to cancel."""
     import subprocess
     import time
 
@@ -257,15 +308,19 @@ def cancel_leftover_jobs(jobs_file: Path, *, env: Mapping[str, str] | None = Non
         ids = [line.strip() for line in jobs_file.read_text(encoding="utf-8").splitlines() if line.strip().isdigit()]
     except OSError:
         return []
-    if ids:
-        run_env = dict(env) if env is not None else None
-        subprocess.run(["scancel", *ids], env=run_env, capture_output=True, timeout=30, check=False)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            listed = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i"], env=run_env,
-                                    capture_output=True, text=True, timeout=30, check=False).stdout.split()
-            if not listed:
-                break
-            time.sleep(0.5)
+    run_env = dict(env) if env is not None else None
+    try:
+        if ids:
+            subprocess.run(["scancel", f"--name={job_name}", *ids], env=run_env, capture_output=True, timeout=30,
+                           check=False)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                listed = subprocess.run(["squeue", "-h", f"--name={job_name}", "-j", ",".join(ids), "-o", "%i"],
+                                        env=run_env, capture_output=True, text=True, timeout=30, check=False).stdout.split()
+                if not listed:
+                    break
+                time.sleep(0.5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"cancelling the killed bisect's jobs {' '.join(ids)}: {exc}") from exc
     jobs_file.unlink(missing_ok=True)
     return ids

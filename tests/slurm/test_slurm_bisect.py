@@ -82,7 +82,7 @@ def test_a_killed_slurm_bisect_resumes_cancelling_its_own_jobs(slurm_cluster, tm
     assert "cancelled 2 job(s) the killed bisect left in flight" in text, text
     assert again.returncode == 5, text  # its two-segment budget spent: undecided
     doc = json.loads((out / "bisect.json").read_text())
-    assert len(doc["segments"]) == 2 and all(seg["exposure_s"] > 2 for seg in doc["segments"])
+    assert len(doc["segments"]) == 2 and all(seg["exposure_s"] > 0 for seg in doc["segments"]), doc["segments"]
     assert not slurm_cluster.run("squeue", "-h").stdout.strip()
 
 

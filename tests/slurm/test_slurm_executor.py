@@ -5,6 +5,7 @@ job (cancel, time limit) is recorded as a cut segment, never a hang or a loss.""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,17 @@ def executor(cluster, **options) -> SlurmExecutor:
     return ex
 
 
+async def until(read, ok, *, within_s: float = 60.0):
+    """Poll ``read`` until ``ok`` holds (the scheduler starts jobs when it gets to
+    them: on a loaded machine not within a fixed sleep); the last reading either way."""
+    deadline = time.monotonic() + within_s
+    found = read()
+    while not ok(found) and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+        found = read()
+    return found
+
+
 def jobs_listed(cluster) -> list[str]:
     return [line for line in cluster.run("squeue", "-h", "-o", "%i %j %T").stdout.splitlines() if line.strip()]
 
@@ -55,8 +67,8 @@ def test_two_segments_run_at_once_and_both_come_back(slurm_cluster, tmp_path):
             started = time.monotonic()
             await ex.submit(Build(0, "a"), segment_s=8, run_dir=tmp_path / "segment-000-build-0")
             await ex.submit(Build(1, "b"), segment_s=8, run_dir=tmp_path / "segment-001-build-1")
-            await asyncio.sleep(3)
-            running = [line for line in jobs_listed(slurm_cluster) if line.endswith("RUNNING")]
+            running = await until(lambda: [line for line in jobs_listed(slurm_cluster) if line.endswith("RUNNING")],
+                                  lambda found: len(found) == 2)
             first = await ex.next_done()
             second = await ex.next_done()
             return running, {first.build, second.build}, (first, second), time.monotonic() - started
@@ -102,8 +114,8 @@ def test_aclose_cancels_queued_and_running_segments_and_leaves_nothing(slurm_clu
         ex = executor(slurm_cluster, slots=3, cpus_per_segment=2)  # one runs, two wait for the CPUs
         for n in range(3):
             await ex.submit(Build(n, f"b{n}"), segment_s=300, run_dir=tmp_path / f"segment-00{n}-build-{n}")
-        await asyncio.sleep(2)
-        states = [line.split()[-1] for line in jobs_listed(slurm_cluster)]
+        states = await until(lambda: sorted(line.split()[-1] for line in jobs_listed(slurm_cluster)),
+                             lambda found: found == ["PENDING", "PENDING", "RUNNING"])
         await ex.aclose()
         await ex.aclose()  # idempotent
         return states
@@ -136,3 +148,70 @@ def test_a_segment_past_its_time_limit_is_cut_not_a_hang(slurm_cluster, tmp_path
 def _has_requests(run_dir: Path) -> bool:
     path = run_dir / "requests.jsonl"
     return path.exists() and path.stat().st_size > 0
+
+
+def test_a_flaky_controller_neither_loses_nor_cuts_a_running_segment(slurm_cluster, tmp_path):
+    # scontrol fails its first calls as an unreachable controller does; the job runs on.
+    flaky = tmp_path / "bin"
+    flaky.mkdir()
+    count = tmp_path / "calls"
+    real = subprocess.run(["bash", "-lc", "command -v scontrol"], capture_output=True, text=True).stdout.strip()
+    (flaky / "scontrol").write_text(
+        f"#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}\n"
+        f"if [ $n -lt 6 ]; then echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1; fi\n"
+        f"exec {real} \"$@\"\n")
+    (flaky / "scontrol").chmod(0o755)
+    env = {**slurm_cluster.env, "PATH": f"{flaky}:{slurm_cluster.env['PATH']}"}
+
+    async def main():
+        ex = SlurmExecutor(soak_run_argv, options=SlurmOptions(slots=1, poll_s=0.5), env=env,
+                           jobs_file=tmp_path / "jobs")
+        try:
+            await ex.submit(Build(0, "a"), segment_s=6, run_dir=tmp_path / "segment-000-build-0")
+            return await ex.next_done()
+        finally:
+            await ex.aclose()
+
+    result = asyncio.run(main())
+    assert int(count.read_text()) > 6
+    assert result.ended_by == "end of load", result
+    assert result.exposure_s > 3
+
+
+def test_a_segment_job_that_ends_without_a_run_directory_fails_the_bisect_not_loops(slurm_cluster, tmp_path):
+    from soak.bisect.local import SegmentFailed
+
+    def broken(build, segment_s, run_dir):  # a node without the harness: the shell's 127
+        return ["/nonexistent/python", "-m", "soak", "run"]
+
+    async def main():
+        ex = SlurmExecutor(broken, options=SlurmOptions(slots=1, poll_s=0.5), env=slurm_cluster.env)
+        try:
+            await ex.submit(Build(0, "a"), segment_s=6, run_dir=tmp_path / "segment-000-build-0")
+            return await ex.next_done()
+        finally:
+            await ex.aclose()
+
+    with pytest.raises(SegmentFailed, match="exited 127, it wrote no run directory"):
+        asyncio.run(main())
+
+
+def test_segments_are_never_requeued_and_a_resume_cancels_only_its_own_named_jobs(slurm_cluster, tmp_path):
+    from soak.bisect.slurm import cancel_leftover_jobs
+
+    async def submit():
+        ex = SlurmExecutor(soak_run_argv, options=SlurmOptions(slots=1, job_name="soak-bisect-mine"),
+                           env=slurm_cluster.env, jobs_file=tmp_path / "jobs")
+        await ex.submit(Build(0, "a"), segment_s=300, run_dir=tmp_path / "segment-000-build-0")
+        return ex.in_flight[0]
+
+    mine = asyncio.run(submit())  # then "killed": no aclose
+    other = slurm_cluster.run("sbatch", "--parsable", "-J", "someone-else", "--wrap", "sleep 120").stdout.strip()
+    show = slurm_cluster.run("scontrol", "show", "job", "-o", mine).stdout
+    assert " Requeue=0 " in show, show
+    # the jobs file names both (a reset cluster reused an id): only the one of our name is cancelled
+    (tmp_path / "jobs").write_text(f"{mine}\n{other}\n")
+    assert cancel_leftover_jobs(tmp_path / "jobs", job_name="soak-bisect-mine", env=slurm_cluster.env) == [mine, other]
+    listed = {line.split()[0]: line.split()[-1] for line in jobs_listed(slurm_cluster)}
+    assert mine not in listed and other in listed, listed
+    slurm_cluster.run("scancel", other)
