@@ -370,4 +370,36 @@ def panels() -> list[list[Panel]]:
                 options={"showValue": "never", "mergeValues": True},
             ),
         ],
+        # Is it fixed? Only runs with a prove: section move these (docs/prove.md).
+        [
+            Panel(
+                "Is it fixed? (prove:)",
+                "stat",
+                # The one decision series at 1 names the state; a run without prove: has none at 1.
+                [Target(f"max by (decision) (soak_prove_decision{{{BOX}}}) == 1", "{{decision}}")],
+                width=6,
+                description="The sequential test's state: undecided, accepted (fixed), rejected, truncated.",
+                options={**stat_opts, "textMode": "name", "colorMode": "background"},
+                overrides=[{"matcher": {"id": "byName", "options": name},
+                            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+                           for name, color in (("accepted", "green"), ("rejected", "red"),
+                                               ("undecided", "blue"), ("truncated", "orange"))],
+            ),
+            Panel(
+                "Proof: clean time at risk against the accept line",
+                "timeseries",
+                [Target(f"max(soak_prove_exposure_seconds{{{BOX}}})", "time at risk"),
+                 Target(f"max(soak_prove_accept_at_seconds{{{BOX}}})", "accepted at (with the hangs so far)")],
+                width=12,
+                unit="s",
+                description="The test accepts where the first line meets the second; each hang moves the second up.",
+            ),
+            Panel(
+                "Proof: hangs against the reject line",
+                "timeseries",
+                [Target(f"max(soak_prove_hangs{{{BOX}}})", "hangs"),
+                 Target(f"max(soak_prove_reject_at_hangs{{{BOX}}})", "rejected at")],
+                width=6,
+            ),
+        ],
     ]
