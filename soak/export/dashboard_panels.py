@@ -374,16 +374,20 @@ def panels() -> list[list[Panel]]:
         [
             Panel(
                 "Is it fixed? (prove:)",
-                "stat",
-                # The one decision series at 1 names the state; a run without prove: has none at 1.
-                [Target(f"max by (decision) (soak_prove_decision{{{BOX}}}) == 1", "{{decision}}")],
+                "state-timeline",
+                # One row per state; the row at 1 is where the test stands. A run without prove:
+                # exports all four at 0 (so the panel is empty rows, never "No data").
+                [Target(f"max by (decision) (soak_prove_decision{{{BOX}}})", "{{decision}}")],
                 width=6,
-                description="The sequential test's state: undecided, accepted (fixed), rejected, truncated.",
-                options={**stat_opts, "textMode": "name", "colorMode": "background"},
+                description="The sequential test's state over the run: undecided, accepted (fixed), rejected, truncated.",
+                mappings=[{"type": "value", "options": {"0": {"text": " ", "color": "transparent"},
+                                                        "1": {"text": "now", "color": "blue"}}}],
                 overrides=[{"matcher": {"id": "byName", "options": name},
-                            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+                            "properties": [{"id": "mappings", "value": [{"type": "value", "options": {
+                                "0": {"text": " ", "color": "transparent"}, "1": {"text": name, "color": color}}}]}]}
                            for name, color in (("accepted", "green"), ("rejected", "red"),
                                                ("undecided", "blue"), ("truncated", "orange"))],
+                options={"showValue": "never", "mergeValues": True},
             ),
             Panel(
                 "Proof: clean time at risk against the accept line",
