@@ -280,10 +280,27 @@ def needed(p: Plan, *, exposure_s: float, hangs: int) -> Needed:
     return Needed(clean, more, by)
 
 
+def _basis(p: Plan, exposure_s: float, hangs: int) -> str:
+    return (f"θ1 {_mtbf(p.broken_mtbf_s)} broken, θ0 {_mtbf(p.target_mtbf_s)} target (ratio {p.ratio:.3g}); "
+            f"{_plural(hangs, 'hang')} in {_span(exposure_s, exact=True)} of exposure")
+
+
+def pending(d: Decision, *, exposure_s: float, wait_s: float, horizon_s: float) -> Decision:
+    """A live test past the accept line (or the exposure truncation) at ``d`` but
+    standing at ``exposure_s``: a hang that began before the line may still be
+    undetected for up to ``horizon_s``, so the decision is not yet final. Undecided,
+    ``wait_s`` more clean exposure to go."""
+    p = d.plan
+    goal = "accept" if d.state is ProofState.ACCEPTED else "the truncation"
+    head = (f"{_span(wait_s, 'more clean')} to {goal}: the line was reached at {_mark(d.exposure_s, exact=True)}, "
+            f"and a hang that began before it can take {_span(horizon_s, exact=True)} to be detected")
+    return Decision(ProofState.UNDECIDED, exposure_s, d.hangs, p.log_ratio(exposure_s, d.hangs),
+                    p.accept_at_s(d.hangs), Needed(wait_s, None, None), (head, _basis(p, exposure_s, d.hangs)), p)
+
+
 def _decision(p: Plan, state: ProofState, exposure_s: float, hangs: int) -> Decision:
     lr = p.log_ratio(exposure_s, hangs)
-    basis = (f"θ1 {_mtbf(p.broken_mtbf_s)} broken, θ0 {_mtbf(p.target_mtbf_s)} target (ratio {p.ratio:.3g}); "
-             f"{_plural(hangs, 'hang')} in {_span(exposure_s, exact=True)} of exposure")
+    basis = _basis(p, exposure_s, hangs)
     if state is ProofState.ACCEPTED:
         what = _span(exposure_s, "clean", exact=True) if hangs == 0 else \
             f"{_span(exposure_s, exact=True)} with {_plural(hangs, 'hang')}"
