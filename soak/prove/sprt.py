@@ -269,8 +269,13 @@ def needed(p: Plan, *, exposure_s: float, hangs: int) -> Needed:
         clean = math.nextafter(clean, math.inf)
     if p.max_exposure_s is not None and exposure_s + clean > p.max_exposure_s:
         clean = None
-    # k more hangs reject when hangs + k >= c + b t, the earliest t being now
-    more = max(1, math.ceil(p.reject_intercept + p.slope * exposure_s - hangs - 1e-9))
+    # k more hangs reject when hangs + k >= c + b t, the earliest t being now; checked on
+    # the line as a time (decide's form), so rounding never names a deadline already past
+    more = max(1, math.ceil(p.reject_intercept + p.slope * exposure_s - hangs))
+    while (at := p.reject_by_s(hangs + more)) is not None and at < exposure_s:
+        more += 1
+    while more > 1 and (at := p.reject_by_s(hangs + more - 1)) is not None and at >= exposure_s:
+        more -= 1
     by = p.reject_by_s(hangs + more)
     if by is None or (p.max_exposure_s is not None and exposure_s > p.max_exposure_s) \
             or (p.max_hangs is not None and hangs + more > p.max_hangs):
