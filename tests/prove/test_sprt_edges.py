@@ -40,3 +40,57 @@ def test_what_is_needed_to_reject_lies_ahead_and_is_the_fewest(p, hangs, k, ulps
     assert decide(p, exposure_s=t, hangs=hangs + more).state is ProofState.REJECTED  # they would reject now
     if more > 1:  # and one fewer would not
         assert decide(p, exposure_s=t, hangs=hangs + more - 1).state is not ProofState.REJECTED
+
+
+@pytest.mark.parametrize("max_hangs", [3, 10**8])
+def test_the_summarys_lines_are_a_few_points_whatever_the_truncation(max_hangs) -> None:
+    """max_hangs 10^8 drew 2e8 points into summary.json; the lines reach two hangs past
+    the reject intercept (or the truncation, where it comes first)."""
+    p = plan(broken_mtbf_s=1200.0, ratio=10, max_hangs=max_hangs)
+    j = decide(p, exposure_s=60.0, hangs=0).to_json()
+    top = min(max_hangs, math.ceil(p.reject_intercept) + 2)
+    assert [r for r, _ in j["boundaries"]["accept"]] == list(range(top + 1))
+    assert j["boundaries"]["max_hangs"] == max_hangs
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("max_hangs", 2.5, "max_hangs must be a whole number"),
+    ("max_hangs", True, "max_hangs must be a whole number"),
+    ("broken_mtbf_s", 10**400, "broken_mtbf_s is out of range"),
+    ("broken_mtbf_s", 1e-300, "broken_mtbf_s must be between"),
+    ("broken_mtbf_s", float("nan"), "broken_mtbf_s must be finite"),
+    ("target_mtbf_s", 1e300, "the ratio of the target MTBF"),
+    ("target_mtbf_s", 1260.0, "the ratio of the target MTBF"),  # ratio 1.05
+    ("alpha", "0.05", "alpha must be a number"),
+])
+def test_a_plan_out_of_bounds_is_one_value_error(field, value, said) -> None:
+    given = {"broken_mtbf_s": 1200.0, "target_mtbf_s": 12000.0, "alpha": 0.05, "beta": 0.05, field: value}
+    with pytest.raises(ValueError, match=said):
+        plan(**given)
+
+
+@SETTINGS
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True, allow_infinity=True),
+       st.one_of(st.none(), st.integers(-5, 10**30), st.floats()))
+def test_every_plan_that_builds_walks_and_draws(broken, target, max_hangs) -> None:
+    """Whatever numbers are given (a config, a recorded plan): a ValueError, or a plan
+    whose lines, decisions and summary are finite numbers of a few points."""
+    try:
+        p = plan(broken_mtbf_s=broken, target_mtbf_s=target, max_hangs=max_hangs)  # type: ignore[arg-type]
+    except ValueError:
+        return
+    for at in (0.0, p.accept_at_s(0), p.accept_at_s(3) * 2):
+        j = decide(p, exposure_s=at, hangs=1).to_json()
+        assert math.isfinite(j["log_ratio"]) and len(j["boundaries"]["accept"]) <= 10**4
+
+
+def test_truncate_auto_near_the_lowest_ratio_is_quick() -> None:
+    """Ratio 1.05 took 1.7 s (r0 4547, one quantile per r) and grew without bound
+    toward 1; the search halves now, and the config's ratio starts at 1.1."""
+    assert truncation(broken_mtbf_s=1200.0, target_mtbf_s=12000.0, alpha=0.05, beta=0.05)[1] == 3  # the handbook's
+    started = time.perf_counter()  # scipy imported by now
+    exposure, r0 = truncation(broken_mtbf_s=100.0, target_mtbf_s=110.0, alpha=0.01, beta=0.01)
+    assert time.perf_counter() - started < 1.0
+    assert r0 > 1000 and exposure > 0
+    with pytest.raises(ValueError, match="too close to 1"):
+        truncation(broken_mtbf_s=100.0, target_mtbf_s=100.0001, alpha=0.05, beta=0.05)
