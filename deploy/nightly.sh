@@ -26,6 +26,7 @@
 #   SOAK_HISTORY_RENDER  1 (default): run `soak history` after keeping the night's files;
 #                  0: keep them only (the fleet nightly pools every box's night once, after all)
 # Exit status is soak run's (0 pass, 1 incident, 2 bad config, 3 target never ready,
+# 5 the sequential test undecided (prove:),
 # 99 threshold breached, 130 interrupted), so the unit/cron job shows a failed night as failed.
 set -uo pipefail
 

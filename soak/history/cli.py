@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from soak.printable import printable
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", metavar="DIR", nargs="+", type=Path,
@@ -80,7 +82,7 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
     from soak.durations import duration_flag
     from soak.errors import ArgumentError
     from soak.history.collect import find_runs, is_run_dir
-    from soak.history.render import no_baseline_sentence, write_history
+    from soak.history.render import write_history
 
     if not 0 < confidence < 1:
         raise ArgumentError(f"--confidence must be between 0 and 1, got {confidence}")
@@ -100,7 +102,7 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
     import sys
 
     def skip(error: Exception) -> None:  # one line per night left out; the others still count
-        print(f"soak history: skipped {error}", file=sys.stderr)
+        print(printable(f"soak history: skipped {error}"), file=sys.stderr)
 
     h = build_history(runs, confidence=confidence, baseline=baseline, baseline_mtbf_s=baseline_mtbf_s,
                       window_s=window_s, reports=reports, on_skip=skip)
@@ -109,23 +111,36 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
     if out is None:
         out = dirs[0] if len(dirs) == 1 and not is_run_dir(dirs[0]) else Path(".")
     written = write_history(h, out)
-    for b in h.builds:
-        line = f"{b.build}: {b.runs} runs, " + (b.mtbf.sentence() if b.mtbf else "no exposure")
-        print(line + (f"; {b.verdict}" if b.verdict and b.verdict != "baseline" else (" (baseline)" if b.verdict else "")))
-    if h.best:
-        print(h.best["statement"])
-    elif h.baseline is None:
-        print(no_baseline_sentence(h))
-    for proof in h.proofs:
-        print(f"{proof.build}: {proof.decision.sentence}")
+    for line in terminal_lines(h):
+        print(line)
     for path in written.values():
-        print(f"wrote {path}")
+        print(printable(f"wrote {path}"))
     if pushgateway:
         from soak.report.push import push_history
 
         push_history(h, url=pushgateway, job=job, grouping=grouping)
         print(f"pushed {len(h.builds)} builds to {pushgateway} (job {job})")
     return 0
+
+
+def terminal_lines(h: Any) -> list[str]:
+    """What ``soak history`` prints of a history: a line per build, the best
+    build's statement, a sentence per tested build. Build labels come from run
+    directories: hostile, so each line goes through soak.printable (an escape
+    sequence in a label must not drive the terminal)."""
+    from soak.history.render import no_baseline_sentence
+
+    lines = []
+    for b in h.builds:
+        line = f"{b.build}: {b.runs} runs, " + (b.mtbf.sentence() if b.mtbf else "no exposure")
+        lines.append(line + (f"; {b.verdict}" if b.verdict and b.verdict != "baseline"
+                             else (" (baseline)" if b.verdict else "")))
+    if h.best:
+        lines.append(str(h.best["statement"]))
+    elif h.baseline is None:
+        lines.append(no_baseline_sentence(h))
+    lines += [f"{proof.build}: {proof.decision.sentence}" for proof in h.proofs]
+    return [printable(line) for line in lines]
 
 
 def with_proofs(h: Any, section: Any, *, only: str | None) -> Any:

@@ -244,7 +244,7 @@ def proof_plan_of(recorded_plan: Mapping[str, Any] | None, section: Any) -> tupl
         try:
             return plan(**{k: recorded_plan.get(k) for k in ("broken_mtbf_s", "target_mtbf_s", "alpha", "beta",
                                                              "max_exposure_s", "max_hangs")}), None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ArithmeticError) as exc:  # sprt.plan bounds every field: a note, not a crash
             return None, f"recorded prove plan unreadable: {exc}"
     if section is None:
         return None, None

@@ -27,7 +27,7 @@ from typing import Annotated, Optional
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from soak.configbase import Duration, StrictModel
-from soak.prove.sprt import Plan, plan, truncation
+from soak.prove.sprt import MAX_RATIO, MIN_RATIO, Plan, plan, truncation
 
 Positive = Annotated[Duration, Field(gt=0)]
 
@@ -37,7 +37,7 @@ class ProveConfig(StrictModel):
     broken_build: Optional[str] = Field(default=None, min_length=1)
     history: Optional[str] = Field(default=None, min_length=1)  # where broken_build's nights are
     target_mtbf: Optional[Positive] = None
-    ratio: Optional[float] = Field(default=None, gt=1)
+    ratio: Optional[float] = Field(default=None, ge=MIN_RATIO, le=MAX_RATIO)  # sprt's bounds
     alpha: float = Field(default=0.05, gt=0, lt=0.5)
     beta: float = Field(default=0.05, gt=0, lt=0.5)
     max_exposure: Optional[Positive] = None

@@ -8,6 +8,13 @@ incidents of kind ``hang``. The path is walked (``sprt.walk``), so the answer is
 the first line the run crossed; once crossed it stays (the test has decided),
 which is what a run that stops at the decision acts on.
 
+A hang is recorded only once the detector decides it, up to ``horizon_s`` after
+its onset (soak.run.proving.detection_horizon_s). So an accept (or a truncation
+by exposure) is final only once the clean time up to ``now - horizon_s`` reaches
+it: before that a hang already under way could still land before the line, and a
+run stopped at the decision would never record it. A reject is final at once: it
+comes at a recorded hang.
+
 Labels here are the run's own (its clock's labels lie on the monotonic line),
 so a step of the wall clock moves no exposure.
 """
@@ -18,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from soak.events import EventType
 from soak.exposure import Interval, intervals_of
-from soak.prove.sprt import Decision, Plan, ProofState, walk
+from soak.prove.sprt import Decision, Plan, ProofState, pending, walk
 
 # What the time at risk is read from (soak.exposure.intervals_of), and the fields it reads:
 # the tracker and the judge keep only these of a run's events.
@@ -45,12 +52,29 @@ def proof_of(p: Plan, intervals: Sequence[Interval]) -> tuple[Decision, tuple[fl
     return walk(p, hang_exposures_s=marks, exposure_s=total), marks, total
 
 
+def cut_at(intervals: Sequence[Interval], at: float) -> tuple[Interval, ...]:
+    """The path as it stood at label ``at``: time at risk up to it, and only the
+    hangs whose onset lies by it (intervals in time order, as intervals_of gives)."""
+    out: list[Interval] = []
+    for interval in intervals:
+        if interval.start >= at:
+            break
+        if interval.start + interval.length_s <= at:
+            out.append(interval)
+            continue
+        out.append(Interval(interval.start, at - interval.start, False, "horizon"))
+        break
+    return tuple(out)
+
+
 class ProofTracker:
     """Fed the run's events as they happen (``on_event``); ``at(now)`` says where
-    the test stands, the load counted as running up to ``now`` until it stopped."""
+    the test stands, the load counted as running up to ``now`` until it stopped.
+    ``horizon_s``: the longest a hang can go undetected (see the module docstring)."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, horizon_s: float) -> None:
         self.plan = plan
+        self.horizon_s = max(0.0, horizon_s)
         self._events: list[dict[str, Any]] = []
         self._stopped = False
         self.decided: Decision | None = None  # the first line crossed, kept
@@ -66,10 +90,22 @@ class ProofTracker:
         if self.decided is not None:
             return self.decided
         events = self._events if self._stopped else [*self._events, {"type": EventType.LOAD_STOPPED.value, "ts": now}]
-        decision = proof_of(self.plan, intervals_of(events, {}))[0]
-        if decision.state is not ProofState.UNDECIDED:
-            self.decided = decision
+        intervals = intervals_of(events, {})
+        decision, _, total = proof_of(self.plan, intervals)
+        if decision.state is ProofState.UNDECIDED:
+            return decision
+        cap = self.plan.max_hangs
+        at_a_hang = decision.state is ProofState.REJECTED or (
+            decision.state is ProofState.TRUNCATED and cap is not None and decision.hangs >= cap)
+        if not at_a_hang:
+            # the path as far as every hang is known: a prefix, so it crosses where the whole path does, or not yet
+            known = proof_of(self.plan, cut_at(intervals, now - self.horizon_s))[0]
+            if known.state is ProofState.UNDECIDED:
+                return pending(decision, exposure_s=total, horizon_s=self.horizon_s,
+                               wait_s=max(0.0, decision.exposure_s - known.exposure_s))
+            decision = known
+        self.decided = decision
         return decision
 
 
-__all__ = ["RISK_EVENTS", "RISK_FIELDS", "ProofTracker", "exposure_path", "proof_of"]
+__all__ = ["RISK_EVENTS", "RISK_FIELDS", "ProofTracker", "cut_at", "exposure_path", "proof_of"]

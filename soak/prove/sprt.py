@@ -104,29 +104,56 @@ class Plan:
                 "max_exposure_s": self.max_exposure_s, "max_hangs": self.max_hangs}
 
 
+# The plans a test can hold. A ratio near 1 needs an unbounded test (the truncation's hang
+# count grows without bound as d -> 1) and a huge one overflows the lines (ln d, 1/θ1 - 1/θ0):
+# neither asks a question a soak can answer. MTBFs from a millisecond to about 300 years.
+MIN_RATIO, MAX_RATIO = 1.1, 1e6
+MIN_MTBF_S, MAX_MTBF_S = 1e-3, 1e10
+MAX_TRUNCATION_HANGS = 100_000  # truncation's r0 beyond this: the ratio is too close to 1
+
+
+def _real(name: str, value: Any) -> float:
+    """A finite real number, or ValueError naming it (an int of 400 digits, a bool, a string are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, not {value!r:.40}")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is out of range ({str(value)[:20]}...)") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{name} must be finite, not {value!r}")
+    return out
+
+
 def plan(*, broken_mtbf_s: float, target_mtbf_s: float | None = None, ratio: float | None = None,
          alpha: float = 0.05, beta: float = 0.05, max_exposure_s: float | None = None,
          max_hangs: int | None = None) -> Plan:
     """A checked plan: the target MTBF given, or as ``ratio`` times the broken one.
     Raises ValueError naming the bad option (a config section turns it into a
-    ConfigError with its field)."""
+    ConfigError with its field); a plan read back from a run directory goes through
+    here too, so every Plan is within the stated bounds."""
     if (target_mtbf_s is None) == (ratio is None):
         raise ValueError("give exactly one of target_mtbf_s and ratio")
-    if not (math.isfinite(broken_mtbf_s) and broken_mtbf_s > 0):
-        raise ValueError(f"broken_mtbf_s must be a positive number of seconds, not {broken_mtbf_s!r}")
-    target = broken_mtbf_s * ratio if ratio is not None else target_mtbf_s
-    assert target is not None
-    if not (math.isfinite(target) and target > broken_mtbf_s):
-        raise ValueError(f"the target MTBF ({target!r} s) must be above the broken one ({broken_mtbf_s!r} s)")
+    broken = _real("broken_mtbf_s", broken_mtbf_s)
+    if not MIN_MTBF_S <= broken <= MAX_MTBF_S:
+        raise ValueError(f"broken_mtbf_s must be between {MIN_MTBF_S:g} and {MAX_MTBF_S:g} seconds, not {broken!r}")
+    target = broken * _real("ratio", ratio) if ratio is not None else _real("target_mtbf_s", target_mtbf_s)
+    if not (math.isfinite(target) and target > broken):
+        raise ValueError(f"the target MTBF ({target!r} s) must be above the broken one ({broken!r} s)")
+    if not MIN_RATIO <= target / broken <= MAX_RATIO or target > MAX_MTBF_S:
+        raise ValueError(f"the ratio of the target MTBF to the broken one must be between {MIN_RATIO:g} and "
+                         f"{MAX_RATIO:g} (and the target at most {MAX_MTBF_S:g} s), not {target / broken:.6g}")
     for name, risk in (("alpha", alpha), ("beta", beta)):
-        if not 0 < risk < 0.5:  # at 0.5 or more the lines cross: no test
+        if not 0 < _real(name, risk) < 0.5:  # at 0.5 or more the lines cross: no test
             raise ValueError(f"{name} must be between 0 and 0.5, not {risk!r}")
-    if max_exposure_s is not None and not (math.isfinite(max_exposure_s) and max_exposure_s > 0):
+    if max_exposure_s is not None and not _real("max_exposure_s", max_exposure_s) > 0:
         raise ValueError(f"max_exposure_s must be positive, not {max_exposure_s!r}")
+    if max_hangs is not None and (isinstance(max_hangs, bool) or not isinstance(max_hangs, int)):
+        raise ValueError(f"max_hangs must be a whole number of hangs, not {max_hangs!r:.40}")
     if max_hangs is not None and max_hangs < 1:
         raise ValueError(f"max_hangs must be at least 1, not {max_hangs!r}")
-    return Plan(broken_mtbf_s=float(broken_mtbf_s), target_mtbf_s=float(target), alpha=float(alpha),
-                beta=float(beta), max_exposure_s=max_exposure_s, max_hangs=max_hangs)
+    return Plan(broken_mtbf_s=broken, target_mtbf_s=float(target), alpha=float(alpha), beta=float(beta),
+                max_exposure_s=None if max_exposure_s is None else float(max_exposure_s), max_hangs=max_hangs)
 
 
 def truncation(*, broken_mtbf_s: float, target_mtbf_s: float, alpha: float, beta: float) -> tuple[float, int]:
@@ -139,10 +166,22 @@ def truncation(*, broken_mtbf_s: float, target_mtbf_s: float, alpha: float, beta
 
     if not 0 < broken_mtbf_s < target_mtbf_s:
         raise ValueError("the target MTBF must be above the broken one")
-    r = 1
-    while chi2.ppf(alpha, 2 * r) / chi2.ppf(1 - beta, 2 * r) < broken_mtbf_s / target_mtbf_s:
-        r += 1  # ends: the ratio of the quantiles tends to 1 as r grows
-    return float(target_mtbf_s * chi2.ppf(alpha, 2 * r) / 2), r
+
+    def enough(r: int) -> bool:  # monotone in r: the ratio of the quantiles tends to 1 as r grows
+        return chi2.ppf(alpha, 2 * r) / chi2.ppf(1 - beta, 2 * r) >= broken_mtbf_s / target_mtbf_s
+
+    # the smallest r: doubling, then halving (a few dozen quantiles, not one per r: 4547 at ratio 1.05)
+    high = 1
+    while not enough(high):
+        if high >= MAX_TRUNCATION_HANGS:
+            raise ValueError(f"no truncation within {MAX_TRUNCATION_HANGS} hangs: the ratio "
+                             f"{target_mtbf_s / broken_mtbf_s:.4g} is too close to 1")
+        high *= 2
+    low = high // 2  # not enough (or 0)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return float(target_mtbf_s * chi2.ppf(alpha, 2 * high) / 2), high
 
 
 @dataclass(frozen=True)
@@ -170,8 +209,9 @@ class Boundaries:
 def boundaries(p: Plan, *, up_to_hangs: int | None = None) -> Boundaries:
     """The lines' points for 0..``up_to_hangs`` hangs (default: the truncation's
     hang count, else enough to pass the reject intercept and two more)."""
-    top = up_to_hangs if up_to_hangs is not None else (
-        p.max_hangs if p.max_hangs is not None else math.ceil(p.reject_intercept) + 2)
+    top = up_to_hangs if up_to_hangs is not None else math.ceil(p.reject_intercept) + 2
+    if p.max_hangs is not None:
+        top = min(top, p.max_hangs)
     accept = tuple(BoundaryPoint(r, p.accept_at_s(r)) for r in range(top + 1)
                    if p.max_exposure_s is None or p.accept_at_s(r) <= p.max_exposure_s)
     reject = tuple(BoundaryPoint(r, by) for r in range(1, top + 1)
@@ -211,9 +251,11 @@ class Decision:
     def to_json(self) -> dict[str, Any]:
         """summary.json's ``proof``: decision, exposure, hangs, both boundaries,
         what is still needed, and the sentence. The lines reach two hangs past
-        where the test stands (a plot shows what comes next), or the truncation."""
+        where the test stands and the reject intercept (a plot shows what comes
+        next), or the truncation if that comes first: a few points whatever the
+        truncation (max_hangs 10^8 once drew 2e8)."""
         p = self.plan
-        top = p.max_hangs if p.max_hangs is not None else max(self.hangs, math.ceil(p.reject_intercept)) + 2
+        top = max(self.hangs, math.ceil(p.reject_intercept)) + 2
         return {"decision": self.state.value, "exposure_s": self.exposure_s, "hangs": self.hangs,
                 "log_ratio": self.log_ratio, "accept_at_s": self.accept_at_s,
                 "needed": None if self.needed is None else self.needed.to_json(),
@@ -269,8 +311,13 @@ def needed(p: Plan, *, exposure_s: float, hangs: int) -> Needed:
         clean = math.nextafter(clean, math.inf)
     if p.max_exposure_s is not None and exposure_s + clean > p.max_exposure_s:
         clean = None
-    # k more hangs reject when hangs + k >= c + b t, the earliest t being now
-    more = max(1, math.ceil(p.reject_intercept + p.slope * exposure_s - hangs - 1e-9))
+    # k more hangs reject when hangs + k >= c + b t, the earliest t being now; checked on
+    # the line as a time (decide's form), so rounding never names a deadline already past
+    more = max(1, math.ceil(p.reject_intercept + p.slope * exposure_s - hangs))
+    while (at := p.reject_by_s(hangs + more)) is not None and at < exposure_s:
+        more += 1
+    while more > 1 and (at := p.reject_by_s(hangs + more - 1)) is not None and at >= exposure_s:
+        more -= 1
     by = p.reject_by_s(hangs + more)
     if by is None or (p.max_exposure_s is not None and exposure_s > p.max_exposure_s) \
             or (p.max_hangs is not None and hangs + more > p.max_hangs):
@@ -280,10 +327,27 @@ def needed(p: Plan, *, exposure_s: float, hangs: int) -> Needed:
     return Needed(clean, more, by)
 
 
+def _basis(p: Plan, exposure_s: float, hangs: int) -> str:
+    return (f"θ1 {_mtbf(p.broken_mtbf_s)} broken, θ0 {_mtbf(p.target_mtbf_s)} target (ratio {p.ratio:.3g}); "
+            f"{_plural(hangs, 'hang')} in {_span(exposure_s, exact=True)} of exposure")
+
+
+def pending(d: Decision, *, exposure_s: float, wait_s: float, horizon_s: float) -> Decision:
+    """A live test past the accept line (or the exposure truncation) at ``d`` but
+    standing at ``exposure_s``: a hang that began before the line may still be
+    undetected for up to ``horizon_s``, so the decision is not yet final. Undecided,
+    ``wait_s`` more clean exposure to go."""
+    p = d.plan
+    goal = "accept" if d.state is ProofState.ACCEPTED else "the truncation"
+    head = (f"{_span(wait_s, 'more clean')} to {goal}: the line was reached at {_mark(d.exposure_s, exact=True)}, "
+            f"and a hang that began before it can take {_span(horizon_s, exact=True)} to be detected")
+    return Decision(ProofState.UNDECIDED, exposure_s, d.hangs, p.log_ratio(exposure_s, d.hangs),
+                    p.accept_at_s(d.hangs), Needed(wait_s, None, None), (head, _basis(p, exposure_s, d.hangs)), p)
+
+
 def _decision(p: Plan, state: ProofState, exposure_s: float, hangs: int) -> Decision:
     lr = p.log_ratio(exposure_s, hangs)
-    basis = (f"θ1 {_mtbf(p.broken_mtbf_s)} broken, θ0 {_mtbf(p.target_mtbf_s)} target (ratio {p.ratio:.3g}); "
-             f"{_plural(hangs, 'hang')} in {_span(exposure_s, exact=True)} of exposure")
+    basis = _basis(p, exposure_s, hangs)
     if state is ProofState.ACCEPTED:
         what = _span(exposure_s, "clean", exact=True) if hangs == 0 else \
             f"{_span(exposure_s, exact=True)} with {_plural(hangs, 'hang')}"

@@ -78,7 +78,9 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
     decision = proof.get("decision") if proof is not None else None
     # An accepted test judged the hangs and passed the run: they are listed, not failed.
     hangs_judged = decision == "accepted" and verdict == "pass"
-    proof_failed, proof_open = decision == "rejected", proof is not None and decision != "rejected" and not hangs_judged
+    # An accept is an answer whatever else failed the run (an error rate): only no answer is open.
+    proof_failed = decision == "rejected"
+    proof_open = proof is not None and decision not in ("rejected", "accepted")
     # The soak case fails on incidents, or on a fail verdict no criterion, threshold or proof explains.
     failed = (bool(incidents) and not hangs_judged) or \
         (verdict == "fail" and not criteria_failed and not breached and not proof_failed)

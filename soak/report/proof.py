@@ -19,6 +19,7 @@ from soak.prove.sprt import Plan, plan
 
 W, H = 640, 300  # the plot's size in px
 PAD_L, PAD_R, PAD_T, PAD_B = 48, 16, 14, 36
+_T_CAP = 1e300  # seconds: the longest exposure drawn (x2 of it still a float)
 _COLOURS = {"accepted": "#1e7d32", "rejected": "#c62828", "undecided": "#1565c0", "truncated": "#9a6700"}
 
 
@@ -35,27 +36,27 @@ def plan_from(recorded: Mapping[str, Any] | None) -> Plan | None:
     """The plan summary.json (or a history page) recorded; None where it is not one."""
     if not isinstance(recorded, Mapping):
         return None
-    try:
-        return plan(broken_mtbf_s=float(recorded["broken_mtbf_s"]), target_mtbf_s=float(recorded["target_mtbf_s"]),
-                    alpha=float(recorded["alpha"]), beta=float(recorded["beta"]),
-                    max_exposure_s=_num(recorded.get("max_exposure_s")),
-                    max_hangs=recorded.get("max_hangs") if type(recorded.get("max_hangs")) is int else None)
-    except (KeyError, TypeError, ValueError):
+    try:  # sprt.plan checks every field (types, bounds): a hand-edited number is no plan, never a crash
+        return plan(broken_mtbf_s=recorded["broken_mtbf_s"], target_mtbf_s=recorded["target_mtbf_s"],
+                    alpha=recorded["alpha"], beta=recorded["beta"], max_exposure_s=recorded.get("max_exposure_s"),
+                    max_hangs=recorded.get("max_hangs"))
+    except (KeyError, TypeError, ValueError, ArithmeticError):
         return None
 
 
 def walk_svg(p: Plan, *, hang_exposures_s: Sequence[float], exposure_s: float, decision: str,
              decided_at: tuple[float, int] | None = None, title: str = "the sequential test") -> str:
     """Hangs (y) over exposure in minutes (x): both lines, the truncation, the walk."""
-    marks = sorted(m for m in (_num(x) for x in hang_exposures_s) if m is not None and m >= 0)
-    total = max(_num(exposure_s) or 0.0, marks[-1] if marks else 0.0)
+    # any number a run directory holds (1e300 s of exposure) draws: the axis is bounded and so are its ticks
+    marks = sorted(min(m, _T_CAP) for m in (_num(x) for x in hang_exposures_s) if m is not None and m >= 0)
+    total = min(max(_num(exposure_s) or 0.0, marks[-1] if marks else 0.0), _T_CAP)
     hangs = len(marks)
-    t_max = max(total, p.accept_at_s(hangs), p.max_exposure_s or 0.0) * 1.08 or 1.0
-    r_max = max(hangs + 1, math.ceil(p.reject_intercept + p.slope * t_max), p.max_hangs or 0)
-    r_max = min(r_max, hangs + 40)  # a steep reject line leaves the plot, not the page
+    t_max = min(max(total, p.accept_at_s(hangs), p.max_exposure_s or 0.0) * 1.08, _T_CAP) or 1.0
+    limit = hangs + 40  # a steep reject line leaves the plot, not the page
+    r_max = min(max(hangs + 1, math.ceil(min(p.reject_intercept + p.slope * t_max, limit)), p.max_hangs or 0), limit)
 
     def x(t: float) -> float:
-        return PAD_L + (W - PAD_L - PAD_R) * t / t_max
+        return PAD_L + (W - PAD_L - PAD_R) * min(t, t_max) / t_max
 
     def y(r: float) -> float:
         return H - PAD_B - (H - PAD_T - PAD_B) * max(0.0, min(r, r_max)) / r_max
@@ -78,11 +79,12 @@ def walk_svg(p: Plan, *, hang_exposures_s: Sequence[float], exposure_s: float, d
         parts.append(f"<line x1='{PAD_L}' y1='{y(r):.1f}' x2='{W - PAD_R}' y2='{y(r):.1f}' stroke='#eee'/>"
                      f"<text x='{PAD_L - 6}' y='{y(r) + 4:.1f}' font-size='11' text-anchor='end'>{r}</text>")
     step = _tick_step(t_max / 60)
-    tick = 0.0
-    while tick * 60 <= t_max:
+    for i in range(11):  # at most ten steps fit the span, so at most eleven ticks
+        tick = i * step
+        if tick * 60 > t_max:
+            break
         parts.append(f"<text x='{x(tick * 60):.1f}' y='{H - PAD_B + 14}' font-size='11' text-anchor='middle'>"
                      f"{tick:g}</text>")
-        tick += step
     parts.append(f"<text x='{(W + PAD_L) / 2:.0f}' y='{H - 6}' font-size='11' text-anchor='middle'>exposure "
                  "(minutes of loaded time at risk)</text>"
                  f"<text x='12' y='{(H - PAD_B) / 2:.0f}' font-size='11' transform='rotate(-90 12 {(H - PAD_B) / 2:.0f})' "
@@ -115,10 +117,12 @@ def walk_svg(p: Plan, *, hang_exposures_s: Sequence[float], exposure_s: float, d
 
 
 def _tick_step(span_min: float) -> float:
+    """A round step that cuts the span into at most ten, whatever its size."""
     for step in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 240, 480, 960):
         if span_min / step <= 10:
             return float(step)
-    return 1920.0
+    power = 10.0 ** math.floor(math.log10(span_min / 10))
+    return next(power * m for m in (1, 2, 5, 10) if span_min / (power * m) <= 10)
 
 
 def proof_html(proof: Mapping[str, Any] | None) -> str:

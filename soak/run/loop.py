@@ -44,7 +44,7 @@ from soak.run.incidents import CycleParts, IncidentCycle, TargetLives
 from soak.run.live_judge import LiveJudge
 from soak.run.parts import RunIdentity, RunParts
 from soak.run.probing import Probing
-from soak.run.proving import LiveProof
+from soak.run.proving import LiveProof, detection_horizon_s
 from soak.run.sinks import FanOut
 from soak.run.stopping import LoadStop
 from soak.run.target import Target
@@ -97,7 +97,8 @@ class SoakRun:
         # prove: the sequential test followed live (soak.run.proving); it hears every event after the store
         plan = options.proof_plan if config.prove is not None else None
         self.proof = None if plan is None else LiveProof(
-            plan, stop_at_decision=bool(config.prove and config.prove.stop_at_decision), stop=self.load_stop,
+            plan, horizon_s=detection_horizon_s(config.detector, config.probes),
+            stop_at_decision=bool(config.prove and config.prove.stop_at_decision), stop=self.load_stop,
             emit=self.event,
             show=lambda decision: self.sinks.on_proof(decision))
         self.sinks = FanOut([store, *([self.proof.sink] if self.proof is not None else []), *sinks],

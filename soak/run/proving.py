@@ -62,12 +62,35 @@ def resolve_plan(section: ProveConfig | None, *, config_path: Path | str | None)
                           path=config_path, field=field) from exc
 
 
+def detection_horizon_s(detector: Any, probes: Any) -> float:
+    """The longest a hang can go undetected, from the run's detector and probe
+    config: the slowest enabled hang rule's time from the onset it records to its
+    decision, plus one sample interval (the slowest probe feeding the hang rules)
+    and one detector tick. A live accept is final only once the clean time up to
+    ``now`` minus this reaches the accept line (soak.prove.live, docs/prove.md)."""
+    spans = [0.0]
+    if detector.pp_tail_stall.enabled:  # the pattern held its window, progress allowed its grace
+        spans.append(max(detector.pp_tail_stall.window, detector.pp_tail_stall.stage_cpu.window)
+                     + detector.pp_tail_stall.progress_grace)
+    if detector.stage_cpu_stall.enabled:
+        spans.append(detector.stage_cpu_stall.window)
+    if detector.generation_frozen.enabled:  # before a life's first token its start-up grace applies
+        cfg = detector.generation_frozen
+        spans.append(max(cfg.ceiling, cfg.floor, cfg.startup_grace))
+    if detector.client_stall.enabled:
+        spans.append(max(detector.client_stall.ceiling, detector.client_stall.floor))
+    if detector.log_signature.enabled:  # a timeout line dates its onset this far back
+        spans.append(detector.log_signature.execute_model_timeout)
+    sample = max(probes.gpu_interval, probes.metrics_interval, probes.client_interval, probes.log_interval)
+    return max(spans) + sample + detector.interval
+
+
 class ProofSink:
     """A ``RunSink`` that feeds the run's events (incidents included, as the store
     writes them) to the tracker; the run loop asks it where the test stands."""
 
-    def __init__(self, plan: Plan) -> None:
-        self.tracker = ProofTracker(plan)
+    def __init__(self, plan: Plan, *, horizon_s: float) -> None:
+        self.tracker = ProofTracker(plan, horizon_s=horizon_s)
 
     def on_start(self, info: RunInfo) -> None:
         pass
@@ -94,12 +117,14 @@ class ProofSink:
 class LiveProof:
     """The run loop's part: each detector tick, where the test stands goes to the
     sinks that show it; the decision is recorded once (``proof_decided``) and,
-    with ``prove.stop_at_decision``, stops the load like any other stop reason."""
+    with ``prove.stop_at_decision``, stops the load like any other stop reason.
+    ``horizon_s``: ``detection_horizon_s`` of the run's config (an accept waits it out)."""
 
-    def __init__(self, plan: Plan, *, stop_at_decision: bool, stop: LoadStop, emit: Emit,
+    def __init__(self, plan: Plan, *, horizon_s: float, stop_at_decision: bool, stop: LoadStop, emit: Emit,
                  show: Callable[[Decision], None]) -> None:
         self.plan = plan
-        self.sink = ProofSink(plan)
+        self.horizon_s = horizon_s
+        self.sink = ProofSink(plan, horizon_s=horizon_s)
         self._stop_at_decision = stop_at_decision
         self._stop = stop
         self._emit = emit
@@ -109,7 +134,7 @@ class LiveProof:
     def started(self) -> None:
         """The plan, as JSON, before the load: the judge tests with what the run tested."""
         self._emit(EventType.PROVE_PLAN, plan=self.plan.to_json(),
-                   stop_at_decision=self._stop_at_decision)
+                   stop_at_decision=self._stop_at_decision, horizon_s=self.horizon_s)
 
     def tick(self, now: float) -> Decision:
         decision = self.sink.tracker.at(now)
@@ -124,4 +149,4 @@ class LiveProof:
         return decision
 
 
-__all__ = ["LiveProof", "ProofSink", "broken_mtbf_from_history", "resolve_plan"]
+__all__ = ["LiveProof", "ProofSink", "broken_mtbf_from_history", "detection_horizon_s", "resolve_plan"]

@@ -14,7 +14,7 @@ from bs4 import BeautifulSoup
 
 from soak.errors import ArgumentError
 from soak.exposure import Interval
-from soak.history.cli import configure, prove_section, with_proofs
+from soak.history.cli import configure, prove_section, terminal_lines, with_proofs
 from soak.history.model import History, RunRecord, build_stats
 from soak.history.render import history_html, history_json
 from soak.history.prove import broken_mtbf_of, path_of, prove_build, runs_of
@@ -137,3 +137,20 @@ def test_history_html_draws_each_walk_between_both_lines_and_json_keeps_it() -> 
     assert [p["decision"] for p in proofs] == ["rejected", "accepted"]
     assert proofs[1]["path"] == {"hang_exposures_s": [], "exposure_s": 70 * MIN}
     assert "proofs" not in history_json(HISTORY)  # without --prove, as before
+
+
+def test_a_build_label_with_an_escape_sequence_cannot_drive_the_terminal() -> None:
+    """A run directory's build label is hostile: `soak history --prove` prints it
+    (each build's line and its proof sentence) with its control characters shown as '?'."""
+    evil = "nightly\x1b[2J\x1b]0;pwned\x07-1206"
+    runs = (*RUNS[:2], *(night(evil, r.started_at, *[(i.length_s / MIN, i.hang) for i in r.intervals], label=evil)
+                         for r in RUNS[2:]))
+    h = History(confidence=0.95, runs=runs, builds=tuple(build_stats(b, [r for r in runs if r.build == b],
+                                                                     confidence=0.95)
+                                                         for b in ("nightly-1203", evil)),
+                baseline=None, baseline_mtbf_s=None, rate_tests=())
+    section = prove_section(args("--prove", "--broken-build", "nightly-1203", "--ratio", "10"), [Path("runs")])
+    lines = terminal_lines(with_proofs(h, section, only=None))
+    assert all(line.isprintable() for line in lines)
+    assert "nightly?[2J?]0;pwned?-1206: fixed (α 5%, β 5%) after 65.4 clean minutes" in lines
+    assert any(line.startswith("nightly?[2J?]0;pwned?-1206: 2 runs") for line in lines)

@@ -46,7 +46,7 @@ def feed(tracker: ProofTracker, life_list, tail_s: float) -> tuple[float, list[f
 @SETTINGS
 @given(plans, lives, st.floats(0.0, 5_000.0))
 def test_the_tracker_says_what_sprt_says_of_the_same_path(p, life_list, tail_s) -> None:
-    tracker = ProofTracker(p)
+    tracker = ProofTracker(p, horizon_s=0.0)
     now, marks, total = feed(tracker, life_list, tail_s)
     got = tracker.at(now)
     want = walk(p, hang_exposures_s=marks, exposure_s=total)
@@ -64,7 +64,7 @@ def test_the_tracker_says_what_sprt_says_of_the_same_path(p, life_list, tail_s) 
 @SETTINGS
 @given(plans, st.lists(st.floats(0.0, 20_000.0), min_size=1, max_size=12))
 def test_a_decision_once_made_stays(p, nows) -> None:
-    tracker = ProofTracker(p)
+    tracker = ProofTracker(p, horizon_s=0.0)
     tracker.on_event(EventType.RUN_STARTED, {"ts": START})
     tracker.on_event(EventType.LOAD_STARTED, {"ts": START})
     first = None
@@ -81,7 +81,7 @@ def test_the_issue_plan_live() -> None:
     # θ1 20 min, θ0 200 min, α = β = 5%: after 24 clean minutes 41 more are needed;
     # at 65.4 minutes the test accepts, and the run's later hang changes nothing.
     p = plan(broken_mtbf_s=1200.0, target_mtbf_s=12000.0)
-    tracker = ProofTracker(p)
+    tracker = ProofTracker(p, horizon_s=0.0)
     tracker.on_event(EventType.RUN_STARTED, {"ts": START})
     tracker.on_event(EventType.LOAD_STARTED, {"ts": START})
     assert tracker.at(START + 24 * 60).sentence == "41 more clean minutes to accept; 2 hangs before minute 37 reject"
@@ -92,7 +92,7 @@ def test_the_issue_plan_live() -> None:
 
 def test_time_after_a_hang_counts_only_from_the_restart_and_a_crash_is_no_hang() -> None:
     p = plan(broken_mtbf_s=1200.0, target_mtbf_s=12000.0)
-    tracker = ProofTracker(p)
+    tracker = ProofTracker(p, horizon_s=0.0)
     tracker.on_event(EventType.RUN_STARTED, {"ts": START})
     tracker.on_event(EventType.LOAD_STARTED, {"ts": START})
     tracker.on_event(EventType.INCIDENT, {"ts": START + 700, "onset_at": START + 600, "kind": "crash"})

@@ -58,7 +58,7 @@ async def test_the_live_view_has_one_proof_line_and_says_the_decision_once() -> 
     view.on_start(_info())
     stop = LoadStop()
     fan = FanOut([view])
-    proof = LiveProof(ISSUE, stop_at_decision=False, stop=stop, emit=lambda *a, **k: None, show=fan.on_proof)
+    proof = LiveProof(ISSUE, horizon_s=300.0, stop_at_decision=False, stop=stop, emit=lambda *a, **k: None, show=fan.on_proof)
     for type in (EventType.RUN_STARTED, EventType.LOAD_STARTED):
         proof.sink.on_event(type, {"ts": T0})
     clock.advance(24 * 60)
@@ -85,7 +85,7 @@ def test_stop_at_decision_stops_the_load_with_the_sentence_and_records_it_once()
     events: list[tuple[str, dict]] = []
     stop = LoadStop()
     stop.load = Load()  # type: ignore[assignment]
-    proof = LiveProof(ISSUE, stop_at_decision=True, stop=stop, emit=lambda t, **f: events.append((t, f)),
+    proof = LiveProof(ISSUE, horizon_s=300.0, stop_at_decision=True, stop=stop, emit=lambda t, **f: events.append((t, f)),
                       show=lambda d: None)
     proof.started()
     for type in (EventType.RUN_STARTED, EventType.LOAD_STARTED):
@@ -93,7 +93,10 @@ def test_stop_at_decision_stops_the_load_with_the_sentence_and_records_it_once()
     proof.tick(T0 + 60 * 60)
     assert stop.reason is None
     proof.tick(T0 + 66 * 60)
-    proof.tick(T0 + 67 * 60)
+    # past the accept line (65.4 min) but a hang begun before it may be detected until 70.4 min
+    assert stop.reason is None and proof.tick(T0 + 70 * 60).sentence.startswith("26 more clean seconds to accept")
+    proof.tick(T0 + 71 * 60)
+    proof.tick(T0 + 72 * 60)
     assert stop.reason == "proof accepted: fixed (α 5%, β 5%) after 65.4 clean minutes"
     assert [t for t, _ in events] == [EventType.PROVE_PLAN, EventType.PROOF_DECIDED]
     assert events[0][1]["plan"]["target_mtbf_s"] == 12000.0 and events[1][1]["decision"] == "accepted"

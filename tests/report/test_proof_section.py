@@ -8,6 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from bs4 import BeautifulSoup
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from soak.prove.sprt import plan, walk
 from soak.report.junit import build_junit
@@ -121,3 +123,37 @@ def test_without_prove_junit_is_as_it_was() -> None:
     xml = build_junit(_summary(None, verdict="fail", incidents=[HANG]), name="night")
     assert "prove" not in _cases(xml) and ET.fromstring(xml).get("tests") == "1"
     assert list(_cases(xml)["night"])[0].tag == "failure"
+
+
+def test_an_accept_in_a_run_failed_by_a_criterion_passes_the_prove_case() -> None:
+    """The proof answered (fixed); the run failed on its error rate: the error rate
+    is the failure CI shows, the prove case is no 'undecided' error."""
+    proof = proof_of([], 70 * 60.0)
+    summary = {**_summary(proof, verdict="fail"), "exit_code": 1,
+               "criteria": {"passed": False, "results": [{"name": "error_rate", "passed": False,
+                                                          "reason": "error rate 90%"}]}}
+    xml = build_junit(summary, name="night")
+    cases, suite = _cases(xml), ET.fromstring(xml)
+    assert list(cases["prove"]) == []
+    assert suite.get("errors") == "0" and int(suite.get("failures")) >= 1  # the run's failure, still shown
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True, allow_infinity=True),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=4))
+def test_any_exposure_renders_quickly_and_escaped(path_exposure, exposure, marks) -> None:
+    """exposure_s 1e300 in summary.json (or history) never finished rendering: the axis
+    is bounded and so are its ticks, for any float, huge, negative, inf or nan."""
+    proof = {**proof_of([], 600.0), "decision": "<i>undecided</i>", "exposure_s": exposure,
+             "path": {"hang_exposures_s": marks, "exposure_s": path_exposure}}
+    out = proof_html(proof)
+    assert "<svg" in out and "<i>" not in out and "nan" not in out.lower().replace("nanos", "")
+    soup = BeautifulSoup(out, "html.parser")
+    assert len(soup.find("svg").find_all("text")) < 80
+
+
+def test_a_recorded_plan_out_of_bounds_draws_no_plot_and_no_traceback() -> None:
+    good = dict(ISSUE.to_json())
+    for bad in ({"broken_mtbf_s": 10**400}, {"broken_mtbf_s": 1e-300, "target_mtbf_s": 1e300}, {"max_hangs": 2.5}):
+        out = proof_html({"decision": "undecided", "sentence": "s", "plan": {**good, **bad}})
+        assert "<svg" not in out and "s" in out

@@ -16,6 +16,11 @@ from soakrun_helpers import events, small_config, write_config
 from soak.events import EventType
 
 EVIDENCE = {"py_spy": False, "flight_recorder_wait": "1s"}
+# A live accept waits out the detection horizon (soak.run.proving.detection_horizon_s): with the
+# 300-s rules off (the simulator's deadlock is found by its log line) it is 5 s + 1 s + 0.5 s.
+QUICK_DETECTOR = {"generation_frozen": {"enabled": False}, "client_stall": {"enabled": False},
+                  "log_signature": {"execute_model_timeout": "1s"}}
+HORIZON_S = 6.5
 
 
 def _junit_prove(run_dir) -> ET.Element:
@@ -26,6 +31,7 @@ def _junit_prove(run_dir) -> ET.Element:
 def test_a_clean_build_is_accepted_and_the_run_stops_at_the_decision(tmp_path, harness) -> None:
     config = small_config(duration="60s")
     config["prove"] = {"broken_mtbf": "1s", "target_mtbf": "10s", "stop_at_decision": True}
+    config["detector"] = QUICK_DETECTOR
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "prove.yaml", config), run_dir)
     assert h.wait(timeout_s=90) == 0, h.stderr
@@ -37,7 +43,8 @@ def test_a_clean_build_is_accepted_and_the_run_stops_at_the_decision(tmp_path, h
     assert proof["plan"]["target_mtbf_s"] == 10.0 and proof["boundaries"]["accept"][0][1] == proof["exposure_s"]
     assert summary["verdict"] == "pass" and summary["exit_code"] == 0
     assert summary["stopped_by"].startswith("proof accepted: fixed")  # a stop reason like the others
-    assert summary["duration_s"] < 10 and summary["time_at_risk_s"] >= proof["exposure_s"]
+    # stopped once no hang could still land before the line: the accept line plus the horizon
+    assert 3.27 + HORIZON_S <= summary["time_at_risk_s"] <= summary["duration_s"] < 20
     types = [e["type"] for e in events(run_dir)]
     assert types.count(EventType.PROVE_PLAN.value) == 1 and types.count(EventType.PROOF_DECIDED.value) == 1
     assert list(_junit_prove(run_dir)) == []  # the prove case passed
@@ -86,11 +93,12 @@ def test_an_accept_after_a_hang_is_a_pass_with_the_hang_listed(tmp_path, harness
     = -9.89, c = 4.32. Clean, it accepts at 9.89 / 1.443 = 6.85 s; with one hang at 7.55 s; no hang
     count below 5 rejects. The simulator deadlocks 140 simulated seconds (7 s) into each life, so
     the first hang lands 4 to 6.5 s into the load (before 6.85) and the restarted life is clean
-    long past 7.55: one hang, then accepted, whatever the start-up took within those bounds."""
+    past 7.55: one hang, then accepted, whatever the start-up took within those bounds."""
     config = small_config(duration="40s")
     config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "140s"}]}
     config["response"] = {"on_hang": "restart", "max_restarts": 3, "evidence": EVIDENCE}
     config["prove"] = {"broken_mtbf": "0.5s", "target_mtbf": "1s", "beta": 0.001, "stop_at_decision": True}
+    config["detector"] = QUICK_DETECTOR
     run_dir = tmp_path / "run"
     h = harness(write_config(tmp_path / "prove.yaml", config), run_dir)
     assert h.wait(timeout_s=90) == 0, h.stderr
@@ -98,8 +106,10 @@ def test_an_accept_after_a_hang_is_a_pass_with_the_hang_listed(tmp_path, harness
     proof = summary["proof"]
     assert proof["decision"] == "accepted" and proof["hangs"] == 1, proof["path"]
     assert abs(proof["exposure_s"] - 7.55) < 0.01
-    assert summary["verdict"] == "pass" and summary["restarts"] == 1
-    assert [i["kind"] for i in summary["incidents"]] == ["hang"]  # still listed
+    # the second life deadlocks after the line (exposure past 7.55) while the accept waits out its
+    # horizon: found and listed, it changes nothing (the test had accepted before it began)
+    assert summary["verdict"] == "pass" and summary["restarts"] in (1, 2)
+    assert {i["kind"] for i in summary["incidents"]} == {"hang"}  # still listed
     cases = {c.get("name"): c for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
     assert all(list(case) == [] for case in cases.values())  # the accepted test judged the hang
     assert "incidents   1. hang (log_signature)" in h.stderr and "proof       fixed:" in h.stderr
