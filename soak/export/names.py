@@ -75,6 +75,9 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
             ("run", "name", "workload", "target", "model", "build"),
         ),
         HarnessMetric("soak_run_start_time_seconds", Kind.GAUGE, "When the run started (unix seconds)."),
+        HarnessMetric("soak_run_end_time_seconds", Kind.GAUGE,
+                      "When the run ended (unix seconds); 0 while it runs. Not a counter's _created: "
+                      "that series is gone with PROMETHEUS_DISABLE_CREATED_SERIES."),
         HarnessMetric("soak_run_planned_duration_seconds", Kind.GAUGE, "The soak's planned duration."),
         HarnessMetric("soak_run_time_remaining_seconds", Kind.GAUGE, "Seconds of the planned soak still to go."),
         HarnessMetric("soak_events", Kind.COUNTER, "Run events (events.jsonl lines) by type.", ("type",)),
