@@ -16,10 +16,11 @@ def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> 
 
 
 def period_s(ts: np.ndarray) -> float:
-    """The reading period: the median step between distinct readings, so
-    timestamps rounded to the second (half the steps 0) still give the
-    period; NaN with fewer than two such steps."""
-    steps_s = np.diff(np.sort(np.asarray(ts, dtype=float)))
+    """The reading period: the median forward step between readings in the
+    order recorded, so timestamps rounded to the second (half the steps 0)
+    and a wall clock stepped back still give the period; NaN with fewer than
+    two such steps."""
+    steps_s = np.diff(np.asarray(ts, dtype=float))
     steps_s = steps_s[steps_s > 0]
     return float(np.median(steps_s)) if steps_s.size >= 2 else float("nan")
 
