@@ -115,14 +115,29 @@ def _sample(s: dict, delta: float, counters: Counters) -> dict:
     return s
 
 
+class SpliceError(ValueError):
+    """A recording this script cannot splice: one line, said about events.jsonl."""
+
+
+# The shortest healthy stretch worth repeating: the loops below fill a night with copies of it.
+MIN_HEALTHY_S = 1.0
+
+
 def pieces(events: list[dict], *, minutes: float, hangs_at: list[float]) -> tuple[list[tuple[float, float, float]], float]:
     """(source from, source to, destination from) of each piece, and the new end of load."""
-    start = next(e["ts"] for e in events if e.get("type") == "run_started")
-    stopped = next(e["ts"] for e in events if e.get("type") == "load_stopped")
+    start = next((e["ts"] for e in events if e.get("type") == "run_started"), None)
+    stopped = next((e["ts"] for e in events if e.get("type") == "load_stopped"), None)
+    if start is None or stopped is None:
+        raise SpliceError("no run_started or no load_stopped event: not a whole recorded run")
     onsets = {e["number"]: e["onset_at"] for e in events if e.get("type") == "incident" and e.get("onset_at")}
+    if not onsets:
+        raise SpliceError("no incident with an onset_at: there is no hang to place on the night")
     restarted = {e["number"]: e["ts"] for e in events if e.get("type") == "restart_done"}
     episodes = [(onsets[n] - MARGIN_S, restarted[n] + MARGIN_S, onsets[n]) for n in sorted(onsets) if n in restarted]
     healthy = (start + MARGIN_S, min(onsets.values()) - MARGIN_S)
+    if healthy[1] - healthy[0] < MIN_HEALTHY_S:
+        raise SpliceError(f"the first onset is {min(onsets.values()) - start:.1f} s after run_started; the night is "
+                          f"filled with the healthy load before it, which needs {2 * MARGIN_S + MIN_HEALTHY_S:.0f} s")
     end = start + minutes * 60.0
     out = [(start - 60.0, healthy[1], start - 60.0)]  # the recorded start, set-up events included
     at = healthy[1]
@@ -203,8 +218,12 @@ def main() -> int:
     args = parser.parse_args()
     from soak.report.render import write_report
 
-    span = splice(args.recorded, args.out / "run", minutes=args.minutes,
-                  hangs_at=[float(x) for x in args.hangs_at.split(",")])
+    try:
+        span = splice(args.recorded, args.out / "run", minutes=args.minutes,
+                      hangs_at=[float(x) for x in args.hangs_at.split(",")])
+    except SpliceError as exc:
+        print(f"night_axis: {args.recorded / 'events.jsonl'}: {exc}", file=sys.stderr)
+        return 2
     written = write_report(args.out / "run")
     print(f"axis {span / 60:.1f} min; {written.html}")
     return 0

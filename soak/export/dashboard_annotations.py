@@ -19,9 +19,10 @@ def annotations() -> list[dict[str, Any]]:
 
     The start and the end are series whose value is the moment itself (unix
     seconds; ``useValueForTime`` reads milliseconds), so the mark sits where
-    the run started or ended, whatever the query's step. The end is when the
-    harness counted its ``run_ended`` event (the counter's ``_created``), which
-    the exporter holds until one last scrape has read it."""
+    the run started or ended, whatever the query's step. The end is
+    ``soak_run_end_time_seconds`` (0 until the harness records ``run_ended``;
+    the exporter holds it until one last scrape has read it), never a counter's
+    ``_created``, which a harness or Prometheus may be set not to keep."""
     return [
         {
             "name": "Run started",
@@ -40,7 +41,7 @@ def annotations() -> list[dict[str, Any]]:
             "datasource": DATASOURCE,
             "enable": True,
             "iconColor": "purple",
-            "expr": f'soak_events_created{{type="run_ended",{BOX}}} * 1000 {_WITH_RUN}',
+            "expr": f"(soak_run_end_time_seconds{{{BOX}}} > 0) * 1000 {_WITH_RUN}",
             "step": "1m",
             "titleFormat": "run ended: {{name}}",
             "textFormat": "run {{run}}; verdict and report: the run directory, the nights dashboard",

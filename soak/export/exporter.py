@@ -316,6 +316,9 @@ class Exporter:
             if self._run_labels is not None:
                 self._run_labels["build"] = self._build
                 self._m["soak_run"].info(self._run_labels)
+        elif type == EventType.RUN_ENDED:
+            # set before close()'s final scrape: soak:run_in_progress reads start > end
+            self._m["soak_run_end_time_seconds"].set(self._clock.now())
         elif type == EventType.LOAD_STOPPED:
             # the load is over: no time remains, whatever was planned
             self._ends_at = self._clock.now()

@@ -119,18 +119,24 @@ def recorded_names(rules: dict[str, Any]) -> set[str]:
 
 def known_series_names(rules: dict[str, Any]) -> set[str]:
     """What an expression may select: the harness (exported and pushed), vLLM and DCGM tables,
-    recording rules, Prometheus's own."""
+    recording rules, Prometheus's own. Never a ``_created`` series: a harness with
+    PROMETHEUS_DISABLE_CREATED_SERIES, or a Prometheus ingesting created timestamps, has none."""
     vllm = {name for spec in VLLM_METRICS.values() for name in spec.sample_names}
     dcgm = {field.exposed for field in DCGM_FIELDS.values()}
-    return (set(exported_series_names()) | set(pushed_series_names()) | vllm | dcgm | recorded_names(rules)
-            | set(PROMETHEUS_BUILTINS))
+    known = (set(exported_series_names()) | set(pushed_series_names()) | vllm | dcgm | recorded_names(rules)
+             | set(PROMETHEUS_BUILTINS))
+    return {name for name in known if not name.endswith("_created")}
 
 
 def unknown_metric_names(expressions: Iterable[Expression], known: set[str]) -> list[str]:
     problems = []
     for e in expressions:
         for name in sorted(metric_names_in(e.expr) - known):
-            problems.append(f"{e.where}: {name} is exported by neither the harness, vLLM, DCGM nor a rule")
+            if name.endswith("_created"):
+                problems.append(f"{e.where}: {name} is a _created series, absent where the harness or "
+                                "Prometheus is set not to keep them; export an explicit gauge")
+            else:
+                problems.append(f"{e.where}: {name} is exported by neither the harness, vLLM, DCGM nor a rule")
     return problems
 
 

@@ -75,6 +75,9 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
             ("run", "name", "workload", "target", "model", "build"),
         ),
         HarnessMetric("soak_run_start_time_seconds", Kind.GAUGE, "When the run started (unix seconds)."),
+        HarnessMetric("soak_run_end_time_seconds", Kind.GAUGE,
+                      "When the run ended (unix seconds); 0 while it runs. Not a counter's _created: "
+                      "that series is gone with PROMETHEUS_DISABLE_CREATED_SERIES."),
         HarnessMetric("soak_run_planned_duration_seconds", Kind.GAUGE, "The soak's planned duration."),
         HarnessMetric("soak_run_time_remaining_seconds", Kind.GAUGE, "Seconds of the planned soak still to go."),
         HarnessMetric("soak_events", Kind.COUNTER, "Run events (events.jsonl lines) by type.", ("type",)),
@@ -201,8 +204,10 @@ PUSHED_METRICS: dict[str, HarnessMetric] = {
         HarnessMetric("soak_night_start_time_seconds", Kind.GAUGE, "When the night's run started (unix seconds)."),
         HarnessMetric("soak_night_exposure_seconds", Kind.GAUGE,
                       "Seconds the night was at risk of a hang: load, less each hang's wait for its restart."),
-        HarnessMetric("soak_night_incidents", Kind.GAUGE, "Incidents of the night by kind.", ("kind",)),
-        HarnessMetric("soak_night_hangs", Kind.GAUGE, "Hangs of the night, in its time at risk."),
+        HarnessMetric("soak_night_incidents", Kind.GAUGE, "Incidents of the night by kind: every one recorded.",
+                      ("kind",)),
+        HarnessMetric("soak_night_hangs", Kind.GAUGE, "Hangs of the night that ended time at risk "
+                      "(the MTBF's count; <= soak_night_incidents{kind=\"hang\"})."),
         HarnessMetric("soak_night_mtbf_lower_bound_seconds", Kind.GAUGE,
                       "MTBF proven by this night alone (one-sided exact chi-square bound at the push's confidence)."),
         HarnessMetric("soak_night_output_tokens_per_second", Kind.GAUGE, "Generated tokens per second (warm-up excluded)."),

@@ -57,9 +57,16 @@ class _Families:
 
 
 def night_families(summary: RunSummary, *, exit_code: int | None, confidence: float,
-                   events: Sequence[Mapping[str, Any]] = ()) -> _Families:
-    """The night's gauges; ``events``: its events.jsonl, for its time at risk
-    (without them, the summary's seconds of load stand in: ``soak.exposure``)."""
+                   events: Sequence[Mapping[str, Any]] | None = None) -> _Families:
+    """The night's gauges; ``events``: its events.jsonl, for its time at risk.
+    Without them (None or none read) the summary stands in: its seconds of load
+    (``soak.exposure``) and its hang incidents, never a silent 0 hangs.
+
+    ``soak_night_hangs`` is the MTBF's count: hangs that ended a stretch of time
+    at risk, as report.html and ``soak history`` count them.
+    ``soak_night_incidents{kind="hang"}`` is every hang the summary records; the
+    two differ only where a second hang was decided while the first was being
+    handled (no restart between: no time at risk to end), so hangs <= incidents."""
     from soak.report.stats import mtbf_estimate
 
     f = _Families()
@@ -71,15 +78,17 @@ def night_families(summary: RunSummary, *, exit_code: int | None, confidence: fl
     f.set("soak_night_verdict", VERDICT_VALUES.get(summary.verdict, 2))
     f.set("soak_night_exit_code", exit_code if exit_code is not None else summary.exit_code)
     f.set("soak_night_start_time_seconds", summary.started_at)
-    risk = at_risk(events, summary)
+    risk = at_risk(events or (), summary)
     f.set("soak_night_exposure_seconds", risk.exposure_s)
     incidents = summary.incidents
     for kind in (*(k.value for k in IncidentKind), *{str(i.kind) for i in incidents}):
         f.set("soak_night_incidents", sum(1 for i in incidents if i.kind == kind), kind=kind)
-    f.set("soak_night_hangs", risk.hangs)
+    # No events: at_risk sees one clean stretch of load, so the summary counts the hangs.
+    hangs = risk.hangs if events else sum(1 for i in incidents if i.kind == IncidentKind.HANG.value)
+    f.set("soak_night_hangs", hangs)
     if risk.exposure_s > 0:
         f.set("soak_night_mtbf_lower_bound_seconds",
-              mtbf_estimate(risk.hangs, risk.exposure_s, confidence=confidence).one_sided_lower_s)
+              mtbf_estimate(hangs, risk.exposure_s, confidence=confidence).one_sided_lower_s)
     f.set("soak_night_output_tokens_per_second", run_value("output_tokens_per_s", summary))
     for q in ("p50", "p99"):
         quantile = "0.5" if q == "p50" else "0.99"
@@ -109,7 +118,7 @@ def push_run(config: Any, summary: RunSummary | Mapping[str, Any], *, exit_code:
     summary = RunSummary.of(summary)
     build = summary.build_entry
     grouping = _grouping(config.grouping, build.key if build is not None else None, config.build_label)
-    events = list(RunDir(Path(run_dir)).events()) if run_dir is not None else []
+    events = list(RunDir(Path(run_dir)).events()) if run_dir is not None else None
     families = night_families(summary, exit_code=exit_code, confidence=config.confidence, events=events)
     push_to_gateway(config.url, job=config.job, registry=families.registry, grouping_key=grouping,
                     timeout=config.timeout, handler=push_handler(config.timeout))

@@ -15,11 +15,44 @@ def bin_edges(t0: float, t1: float, *, max_columns: int, min_width_s: float) -> 
     return t0 + np.arange(0, span + width, width)
 
 
+def period_s(ts: np.ndarray) -> float:
+    """The reading period: the median forward step between readings in the
+    order recorded, so timestamps rounded to the second (half the steps 0)
+    and a wall clock stepped back still give the period; NaN with fewer than
+    two such steps."""
+    steps_s = np.diff(np.asarray(ts, dtype=float))
+    steps_s = steps_s[steps_s > 0]
+    return float(np.median(steps_s)) if steps_s.size >= 2 else float("nan")
+
+
 def gap_s(ts: np.ndarray) -> float:
     """How long between two readings is a gap, not a slow reading: three periods
     (a probe that missed two readings in a row read nothing there)."""
+    period = period_s(ts)
+    return 3.0 * period if np.isfinite(period) else float("inf")
+
+
+def time_line(ts: np.ndarray, mono: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, order): where each reading sits on the run's time line and
+    the order to take them in. Time is monotonic and the wall clock only labels.
+    With ``mono`` (the run store's monotonic seconds) readings are ordered by it
+    and placed at the first one's wall time plus the monotonic seconds since, so
+    a wall clock stepped either way moves nothing. Without it they stay in the
+    order they were recorded (the store appends in time order) and a step back
+    in wall time counts as one reading period, not as time running backwards."""
     ts = np.asarray(ts, dtype=float)
-    return 3.0 * float(np.median(np.diff(ts))) if ts.size > 2 else float("inf")
+    if mono is not None:
+        mono = np.asarray(mono, dtype=float)
+        if mono.shape == ts.shape and ts.size and np.isfinite(mono).all():
+            order = np.argsort(mono, kind="stable")
+            return ts[order[0]] + (mono[order] - mono[order[0]]), order
+    order = np.arange(ts.size)
+    if ts.size < 2:
+        return ts, order
+    step = np.diff(ts)
+    period = period_s(ts)
+    step = np.where(step < 0, period if np.isfinite(period) else 0.0, step)
+    return ts[0] + np.concatenate(([0.0], np.cumsum(step))), order
 
 
 def read_between(ts: np.ndarray, *, gap: float | None = None,
@@ -47,17 +80,18 @@ def unread(ts: np.ndarray, *, gap: float | None = None,
 
 
 def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray, *, gap: float | None = None,
-                 down: Sequence[tuple[float, float]] = ()) -> np.ndarray:
+                 down: Sequence[tuple[float, float]] = (), mono: np.ndarray | None = None) -> np.ndarray:
     """Per-second rate of a counter in each bin, over the part of the bin it was
     read across (``read_between``); increases as Prometheus reads a counter
     (soak.counters: after a drop the new value counts from zero). NaN where a
     bin was read for less than half a reading period: outside the sampled
     span and inside a gap. A bin the run ends in is the rate over its read
-    part, not that rate diluted by the seconds after the end."""
+    part, not that rate diluted by the seconds after the end. Readings go on
+    the time line ``time_line`` gives (``mono``: ordered by monotonic time)."""
     from soak.counters import counter_value, increases
 
-    ts = np.asarray(ts, dtype=float)
-    values = np.asarray(values, dtype=float)
+    ts, order = time_line(ts, mono)
+    values = np.asarray(values, dtype=float)[order]
     ok = np.isfinite(values) & np.array([counter_value(v) is not None for v in values], dtype=bool)
     ts, values = ts[ok], values[ok]
     edges = np.asarray(edges, dtype=float)
@@ -70,7 +104,9 @@ def counter_rate(ts: np.ndarray, values: np.ndarray, edges: np.ndarray, *, gap: 
     seen = np.concatenate(([0.0], np.cumsum(np.diff(ts) * read)))
     rise = np.diff(np.interp(edges, ts, grown))
     covered = np.diff(np.interp(edges, ts, seen))
-    enough = covered >= 0.5 * np.minimum(np.diff(edges), float(np.median(np.diff(ts))))
+    period = period_s(ts)
+    # covered > 0: a bin read only across zero-length steps has no time to divide by
+    enough = (covered > 0) & (covered >= 0.5 * np.minimum(np.diff(edges), period if np.isfinite(period) else 0.0))
     with np.errstate(invalid="ignore", divide="ignore"):
         out[enough] = rise[enough] / covered[enough]
     return out
@@ -203,7 +239,7 @@ def heatmap_grid(ts: np.ndarray, stage_util: np.ndarray, *, max_columns: int, mi
     idle tail before the first token) that mark nothing."""
     ts = np.asarray(ts, dtype=float)
     x = np.asarray(stage_util, dtype=float)
-    period = float(np.median(np.diff(ts))) if ts.size > 2 else 0.5
+    period = period_s(ts) if np.isfinite(period_s(ts)) else 0.5
     # a column holds at least READINGS_PER_COLUMN readings, so its mean is a mean and
     # not one instant reading of a stage between steps (the barcode of a short run)
     edges = bin_edges(ts[0], ts[-1] + period, max_columns=max_columns,

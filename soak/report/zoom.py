@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from soak.events import EventType
-from soak.report.series import counter_rate
+from soak.report.series import counter_rate, period_s
 
 if TYPE_CHECKING:
     from soak.report.rundir import RunData
@@ -60,7 +60,9 @@ def _stretches(t: np.ndarray, v: np.ndarray, *, gap_s: float) -> tuple[Points, .
 
 
 def _period(ts: np.ndarray) -> float:
-    return float(np.median(np.diff(ts))) if ts.size > 2 else 1.0
+    # of the steps that moved: duplicate timestamps gave 0, and every line broke at every reading
+    period = period_s(ts)
+    return period if np.isfinite(period) else 1.0
 
 
 def zoom_data(*, number: int, onset: float, detected: float | None, stage_ts: np.ndarray,

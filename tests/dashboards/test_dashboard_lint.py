@@ -96,6 +96,17 @@ def test_the_name_check_rejects_a_misspelt_vllm_name():
     assert problems == ["panel 1 't' target A: vllm:generation_token_total is exported by neither the harness, vLLM, DCGM nor a rule"]
 
 
+def test_the_name_check_rejects_a_created_series():
+    """soak_events_created vanishes with PROMETHEUS_DISABLE_CREATED_SERIES (or created-timestamp
+    ingestion), which once made SoakHarnessDown fire all day after a good night."""
+    problems = unknown_metric_names(
+        list(dashboard_expressions({"panels": [{"id": 1, "title": "t", "targets": [
+            {"refId": "A", "expr": 'soak_events_created{type="run_ended"} * 1000'}]}]})),
+        known_series_names(load_rules()),
+    )
+    assert len(problems) == 1 and "soak_events_created is a _created series" in problems[0]
+
+
 def test_promql_name_extraction():
     assert metric_names_in(
         'histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{box=~"$box"}[$__rate_interval])))'
@@ -149,7 +160,7 @@ def test_a_runs_start_end_and_incidents_are_annotations():
     start, end, incidents = annotations["Run started"], annotations["Run ended"], annotations["Incidents"]
     # the value is the moment (ms), so the mark sits at the start or end whatever the step
     assert start["useValueForTime"] and "soak_run_start_time_seconds" in start["expr"] and "* 1000" in start["expr"]
-    assert end["useValueForTime"] and 'soak_events_created{type="run_ended"' in end["expr"] and "* 1000" in end["expr"]
+    assert end["useValueForTime"] and "soak_run_end_time_seconds" in end["expr"] and "* 1000" in end["expr"]
     assert "soak_incidents_total" in incidents["expr"] and not incidents["useValueForTime"]
     for a in (start, end):
         assert "{{name}}" in a["titleFormat"] and a["enable"]

@@ -142,3 +142,64 @@ def test_a_line_of_readings_never_spans_a_gap_of_three_periods(steps_s: list[flo
     for a, _, b, _ in _segments(x, y):
         assert b - a <= limit
 
+
+
+def _steady(rate: float, period: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    t = np.arange(n) * period
+    return t, rate * t
+
+
+@settings(max_examples=100, deadline=None)
+@given(rate=st.floats(1.0, 1e5), period=st.sampled_from([0.25, 0.5]), n=st.integers(20, 200),
+       width=st.sampled_from([5.0, 10.0]))
+def test_timestamps_rounded_to_the_second_still_give_the_rate_not_infinity(
+        rate: float, period: float, n: int, width: float) -> None:
+    """A sampler faster than its timestamps' resolution: most steps are 0 s. The
+    period is read from the steps that moved, so no bin divides by zero."""
+    mono, values = _steady(rate, period, n)
+    ts = START + np.floor(mono)
+    edges = bin_edges(ts[0], ts[-1], max_columns=240, min_width_s=width)
+    got = counter_rate(ts, values, edges)
+    assert not np.isinf(got).any()
+    # bins clear of the rounded first and last second: a rounded edge there moves a share of a bin
+    inner = got[(edges[:-1] >= ts[0] + 1) & (edges[1:] <= ts[-1] - 1)]
+    assert np.isfinite(inner).all() and np.allclose(inner, rate, rtol=0.25)
+    assert np.allclose(counter_rate(ts, values, edges, mono=mono)[np.isfinite(got)], rate, rtol=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rate=st.floats(1.0, 1e5), period=st.sampled_from([0.5, 1.0, 2.0]), n=st.integers(10, 150),
+       step_at=st.floats(0.1, 0.9), step_s=st.floats(-600.0, 600.0), seed=st.integers(0, 2**32 - 1))
+def test_a_wall_clock_step_and_reading_order_change_no_rate_when_readings_carry_mono(
+        rate: float, period: float, n: int, step_at: float, step_s: float, seed: int) -> None:
+    """Time is monotonic; the wall clock only labels. A step of the wall clock
+    (back or forward) mid-run, and readings handed over in any order, give the
+    same steady rate everywhere: no spike, no hole."""
+    mono, values = _steady(rate, period, n)
+    ts = START + mono
+    ts[int(step_at * n):] += step_s
+    shuffle = np.random.default_rng(seed).permutation(n)
+    edges = bin_edges(START, START + mono[-1], max_columns=240, min_width_s=5.0)
+    got = counter_rate(ts[shuffle], values[shuffle], edges, mono=mono[shuffle])
+    finite = got[np.isfinite(got)]
+    assert finite.size and np.allclose(finite, rate, rtol=1e-6)
+    # every bin fully inside the read span has its rate
+    inside = (edges[:-1] >= START) & (edges[1:] <= START + mono[-1])
+    assert np.isfinite(got[inside]).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(rate=st.floats(1.0, 1e5), period=st.sampled_from([0.5, 1.0]), n=st.integers(10, 150),
+       step_at=st.floats(0.1, 0.9), back_s=st.floats(1.01, 600.0))
+def test_a_wall_clock_stepped_back_is_no_spike_in_recorded_order(
+        rate: float, period: float, n: int, step_at: float, back_s: float) -> None:
+    """Readings without mono stay in the order recorded (the store appends in
+    time order): a step back of the wall clock is one reading period, not time
+    running backwards, so the rate stays the rate."""
+    mono, values = _steady(rate, period, n)
+    ts = START + mono
+    ts[int(step_at * n):] -= back_s + period  # visibly backwards: a smaller step reads as jitter
+    edges = bin_edges(START, START + mono[-1], max_columns=240, min_width_s=5.0)
+    got = counter_rate(ts, values, edges)
+    finite = got[np.isfinite(got)]
+    assert finite.size and np.allclose(finite, rate, rtol=1e-6)

@@ -82,7 +82,7 @@ def test_a_stage_is_its_busiest_gpu() -> None:
     assert got[0].tolist() == [90.0, 10.0] and np.isnan(got[1, 0]) and got[1, 1] == 7.0
 
 
-def _zoom_of_a_hang():
+def _zoom_of_a_hang(*, rounded: bool = False):
     onset = 1000.0
     ts = np.arange(900.0, 1100.0, PERIOD)
     util = np.full((ts.size, 4), 80.0)
@@ -90,6 +90,8 @@ def _zoom_of_a_hang():
     util[stuck, :3], util[stuck, 3] = 100.0, 0.0
     gone = (ts >= onset + 4) & (ts < onset + 12)  # killed: no readings until the restart
     ts, util = ts[~gone], util[~gone]
+    if rounded:  # a sampler faster than its timestamps' resolution: half the steps are 0 s
+        ts = np.floor(ts)
     server_ts = np.arange(900.0, 1100.0, 1.0)
     generation = np.cumsum(np.where((server_ts >= onset) & (server_ts < onset + 12), 0.0, 50.0))
     running = np.where(server_ts >= onset, 3.0, 2.0)
@@ -107,6 +109,11 @@ def test_the_zoom_cuts_a_minute_either_side_and_breaks_the_lines_where_the_serve
     assert zoom.detected_s == 3.5 and zoom.downtime == ((3.5, 12.0),)
     rates = [v for line in zoom.tokens for t, v in line]
     assert max(rates) == 50.0 and min(rates) == 0.0
+
+
+def test_timestamps_rounded_to_the_second_still_draw_lines_not_dots() -> None:
+    tail = _zoom_of_a_hang(rounded=True).stages[3]
+    assert len(tail) == 2  # before the kill, after the restart, as with exact timestamps
 
 
 def test_the_svg_shows_the_tail_at_zero_after_the_onset_and_says_where_zero_is() -> None:
