@@ -42,8 +42,6 @@ pytestmark = pytest.mark.timeout(90)
 SCRAPE_S = 1
 # The stage-CPU source's gauge exists only where the run reads stage CPU (no GPUs).
 STAGE_CPU_METRIC = "soak_stage_cpu_percent"
-# Which state a prove: run's sequential test is in: every state is 0 in a run without prove: (this one).
-PROVE_DECISION_METRIC = "soak_prove_decision"
 # Grafana's variables as a person with "All" boxes and a short range sees them.
 GRAFANA_VARIABLES = {"$__rate_interval": "10s", "$__interval": "1s", "$__range": "1h", "$box": ".*"}
 
@@ -168,8 +166,6 @@ def test_every_dashboard_and_rule_expression_returns_data(sim_process, soak_run,
     for e in expressions:
         if STAGE_CPU_METRIC in e.expr:
             continue  # a GPU-less server's reading: test_the_stage_cpu_panel_reads_a_gpu_less_run
-        if PROVE_DECISION_METRIC in e.expr and "== 1" in e.expr:
-            continue  # "== 1" selects the test's state: none in a run without prove:
         expr = substitute(signal_of(e.expr) if e.condition else e.expr)
         if not has_data(prometheus.query_range(expr, start, end)):
             empty.append(f"{e.where}: {expr}")
