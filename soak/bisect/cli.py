@@ -125,7 +125,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     executor = LocalExecutor(root=out, segment_configs=spec.segment_configs, envs=spec.envs, seed=config.seed,
                              environ=environ)
     if config.executor.kind == "slurm":
-        executor = _slurm_executor(config, local=executor, envs=spec.envs, environ=environ, out=out, say=say)
+        executor = _slurm_executor(config, local=executor, envs=executor.envs, environ=environ, out=out, say=say)
 
     async def run():
         task = asyncio.current_task()

@@ -8,7 +8,9 @@ A segment's config is the build's run config (``config.segment_config``) with
 seeds of its own, derived from the bisect's seed and the segment's directory
 name: every segment is a fresh draw (a simulated build's onset too), and a
 resumed bisect draws the same seeds for the same segments. The build's env goes
-to the child through its environment, never into a file.
+to the child through its environment, never into a file, and so do the secrets
+of a launched build's command (``seal``): the file, which a Slurm job reads on
+another node later, holds a placeholder for each.
 
 The child gets SIGTERM if the bisect dies (PR_SET_PDEATHSIG): a SIGKILLed
 bisect leaves a segment that ends itself like an interrupted ``soak run``
@@ -60,6 +62,54 @@ def seeded(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
+def seal(config: Mapping[str, Any], *, python: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A launched target's command with every secret (a secret-looking flag's
+    value, ``--api-key K`` or ``--hf-token=K``; a URL's userinfo or credential
+    query parameter) replaced by a placeholder that ``soak.bisect.unseal`` fills
+    from the environment, and that environment. By position, as soak.redact
+    finds them, so a short secret never rewrites another argument."""
+    import shlex
+
+    from soak.bisect.unseal import PREFIX
+    from soak.redact import holds_credential_url, secret_name, url_secrets
+
+    out = copy.deepcopy(dict(config))
+    target = out.get("target")
+    if not isinstance(target, dict) or target.get("kind") != "launched" or not target.get("command"):
+        return out, {}
+    command = target["command"]
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    env: dict[str, str] = {}
+
+    def hide(value: str) -> str:
+        name = next((k for k, v in env.items() if v == value), None) or f"{PREFIX}{len(env)}"
+        env[name] = value
+        return "{" + name + "}"
+
+    sealed, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("-"):
+                sealed.append(hide(arg))
+                continue
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and secret_name(flag):
+            if eq:
+                sealed.append(f"{flag}={hide(value)}" if value else arg)
+            else:
+                sealed.append(arg)
+                hide_next = True
+            continue
+        if holds_credential_url(arg):
+            for part in sorted(set(url_secrets(arg)), key=len, reverse=True):
+                arg = arg.replace(part, hide(part))
+        sealed.append(arg)
+    if env:
+        target["command"] = [python, "-m", "soak.bisect.unseal", *sealed]
+    return out, env
+
+
 def _die_with_parent() -> None:  # in the child, before exec
     try:
         import ctypes
@@ -76,7 +126,11 @@ class LocalExecutor:
                  envs: Sequence[Mapping[str, str]], seed: int = 0, environ: Mapping[str, str] | None = None,
                  python: str = sys.executable, grace_s: float = 30.0, slack_s: float = 300.0) -> None:
         self.root, self.seed, self.python = root, seed, python
-        self.configs, self.envs = list(segment_configs), list(envs)
+        # A build's secrets leave its config for the environment its segments get
+        # (here and, through ``envs``, the Slurm executor's sbatch export).
+        sealed = [seal(c, python=python) for c in segment_configs]
+        self.configs = [c for c, _ in sealed]
+        self.envs = [{**e, **s} for e, (_, s) in zip(envs, sealed)]
         self.environ = dict(os.environ if environ is None else environ)
         self.grace_s, self.slack_s = grace_s, slack_s
         self._proc: asyncio.subprocess.Process | None = None

@@ -78,3 +78,61 @@ def test_closing_stops_its_own_group_only(tmp_path: Path) -> None:
     finally:
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
+
+
+SECRET_FLAGS = ["--api-key", "sk-live-SECRET123", "--hf-token=hf_SECRET456", "--db-url", "postgres://u:pw0rd99@h/db"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["serve", "m", "--port", "8000", "--api-key", "--hf-token=", "-x", "k3y!", "a=b",
+                                 "https://u:p4ss@h/?token=t0k3n", "--token", "SOAK", "{", "}"]), max_size=12)
+       .map(lambda parts: [p + str(i) if p.endswith("=") else p for i, p in enumerate(parts)]))
+def test_a_sealed_command_runs_as_written(argv: list[str]) -> None:
+    from soak.bisect.local import seal
+    from soak.bisect.unseal import unseal
+    from soak.redact import argv_secrets, url_secrets
+
+    command = ["vllm", *argv]
+    sealed, env = seal({"target": {"kind": "launched", "command": command}}, python="py")
+    got = sealed["target"]["command"]
+    inner = got[3:] if env else got
+    assert unseal(inner, env) == command
+    if env:
+        assert got[:3] == ["py", "-m", "soak.bisect.unseal"]
+    # every secret travels in the environment: a flag's value whole, a URL's credentials (its skeleton stays)
+    for value in set(argv_secrets(command)) - set(env.values()):
+        assert "://" in value and set(url_secrets(value)) <= set(env.values())
+
+
+def test_secret_flags_never_reach_the_bisect_folder(tmp_path: Path) -> None:
+    # the launched "server" records the argv it was given, outside the bisect's folder, and exits
+    seen = tmp_path / "seen-argv"
+    server = tmp_path / "server"
+    server.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {seen}\nenv > {seen}.env\nexit 1\n")
+    server.chmod(0o755)
+    root = tmp_path / "bisect"
+    root.mkdir()
+    config = {"name": "s", "build": "b0", "duration": "30s",
+              "target": {"kind": "launched", "command": [str(server), "serve", *SECRET_FLAGS],
+                         "startup_timeout": "20s"}}
+    executor = LocalExecutor(root=root, segment_configs=[config], envs=[{}], environ=dict(os.environ))
+    from soak.bisect.local import SegmentFailed
+
+    async def go() -> None:
+        await executor.submit(Build(0, "b0"), segment_s=30, run_dir=root / "segment-000-build-0")
+        try:
+            await executor.next_done()
+        except SegmentFailed:
+            pass  # the stand-in server exits: the segment's target never became ready
+        finally:
+            await executor.aclose()
+
+    asyncio.run(go())
+    assert seen.read_text().split("\n")[:-1] == ["serve", *SECRET_FLAGS]  # the segment ran the build's command
+    assert "SOAK_BISECT_SECRET" not in seen.with_suffix(".env").read_text()  # and no more than it
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "segment-000-build-0.yaml" for p in files) and len(files) > 3
+    for path in files:
+        data = path.read_bytes()
+        for value in ("sk-live-SECRET123", "hf_SECRET456", "pw0rd99"):
+            assert value.encode() not in data, f"{value} in {path.relative_to(root)}"
