@@ -101,7 +101,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
         left = cancel_leftover_jobs(out / SLURM_JOBS, job_name=bisect_job_name(out), env=environ)
         if left:
             say(f"soak bisect: cancelled {len(left)} job(s) the killed bisect left in flight: {' '.join(left)}")
-    done = read_segments(out, on_skip=lambda exc: _set_aside(exc, say))
+    done = read_segments(out, builds=len(config.builds), on_skip=lambda exc: _set_aside(exc, say))
     builds = [Build(i, b.label) for i, b in enumerate(config.builds)]
     options = dict(model=spec.model, segment_s=config.segment, threshold=config.stop_at,
                    budget_s=config.budget.time_at_risk)
@@ -143,7 +143,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     try:
         outcome = asyncio.run(run())
     except (asyncio.CancelledError, KeyboardInterrupt):
-        results = read_segments(out)  # the stopped segment too, as far as it recorded
+        results = read_segments(out, builds=len(builds))  # the stopped segment too, as far as it recorded
         doc = bisect_document(builds, results, **options)
         write_outputs(out, doc, results, title=config.name)
         say(printable(f"soak bisect: interrupted; {sentence(doc)}; resume with: soak bisect {path} --out {out}"))

@@ -37,14 +37,19 @@ def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
                          ended_by=intervals[-1].ended_by if intervals else "nothing ran")
 
 
-def read_segments(root: Path, *, on_skip: Callable[[ConfigError], None] | None = None) -> tuple[SegmentResult, ...]:
-    """Every segment under ``root`` in segment order. One that cannot be read is
-    handed to ``on_skip`` and left out: evidence missing, not evidence of anything."""
+def read_segments(root: Path, *, builds: int | None = None,
+                  on_skip: Callable[[ConfigError], None] | None = None) -> tuple[SegmentResult, ...]:
+    """Every segment under ``root`` in segment order. One that cannot be read, or
+    (given ``builds``, the bisect's count) names a build past the last, is handed
+    to ``on_skip`` and left out: evidence missing, not evidence of anything."""
     found = sorted((parsed, child) for child in root.iterdir()
                    if child.is_dir() and not child.is_symlink() and (parsed := parse_segment_dir(child)) is not None)
     results = []
     for (_, build), path in found:
         try:
+            if builds is not None and build >= builds:
+                raise ConfigError(f"build {build} is past the last of this bisect's {builds} builds "
+                                  f"(0 to {builds - 1})", path=path)
             results.append(read_segment(path, build=build))
         except ConfigError as exc:
             if on_skip is not None:

@@ -34,3 +34,17 @@ def test_segments_read_as_history_reads_them(tmp_path: Path) -> None:
         assert (result.exposure_s, result.hangs) == (record.exposure_s, record.hangs), fixture
     assert got[0].hangs >= 1 and got[1].hangs == 0 and got[0].exposure_s > 0
     assert len(skipped) == 1 and "segment-003-build-1" in str(skipped[0])
+
+
+def test_a_segment_of_a_build_past_the_last_is_set_aside_not_a_crash(tmp_path: Path) -> None:
+    from soak.bisect.cli import _set_aside
+    from soak.bisect.posterior import model, step
+
+    shutil.copytree(FIXTURES / "pass", tmp_path / "segment-000-build-7")  # a 4-build bisect
+    shutil.copytree(FIXTURES / "pass", tmp_path / "segment-001-build-1")
+    skipped = []
+    got = read_segments(tmp_path, builds=4, on_skip=lambda exc: (skipped.append(str(exc)), _set_aside(exc, print)))
+    assert [r.build for r in got] == [1]
+    assert len(skipped) == 1 and "segment-000-build-7" in skipped[0] and "past the last" in skipped[0]
+    assert (tmp_path / "segment-000-build-7.unreadable").is_dir()  # the next resume does not trip on it again
+    step([r.segment for r in got], model=model(builds=4), segment_s=60)  # the posterior takes what is left
