@@ -87,7 +87,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     from soak.bisect.local import LocalExecutor, wait_for_orphan
     from soak.bisect.page import segment_line, sentence
     from soak.bisect.record import bisect_document
-    from soak.bisect.segments import read_segments
+    from soak.bisect.segments import next_number, read_segments
     from soak.printable import printable
 
     say = say or (lambda line: print(line, flush=True))
@@ -134,6 +134,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
             loop.add_signal_handler(sig, task.cancel)
         try:
             return await conduct(builds, executor, root=out, done=done, on_step=on_step, max_segments=bound,
+                                 first_number=next_number(out),
                                  **options)
         finally:
             await executor.aclose()

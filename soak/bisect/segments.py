@@ -24,6 +24,20 @@ def parse_segment_dir(path: Path) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+_NUMBERED = re.compile(r"segment-(\d{3,})-")
+
+
+def next_number(root: Path) -> int:
+    """Past the highest number any ``segment-NNN-*`` entry under ``root`` holds, a
+    set-aside ``*.unreadable`` one included: a new segment never takes a used
+    number (its directory, its seeds)."""
+    try:
+        names = [child.name for child in root.iterdir()]
+    except OSError:
+        return 0
+    return max([-1, *(int(m.group(1)) for name in names if (m := _NUMBERED.match(name)))]) + 1
+
+
 def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
     """One segment's evidence; a cut-off run (the bisect was killed mid-segment)
     counts up to the last thing it recorded. ConfigError when it cannot be read."""
