@@ -26,14 +26,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from soak.bisect.executor import Build, SegmentResult
 from soak.errors import ConfigError, SoakError
 
-RUNNING = ".running"  # DIR/.running: "PID RUN_DIR" of the segment in flight
+RUNNING = ".running"  # DIR/.running: "PID START RUN_DIR" of the segment in flight (RUN_DIR resolved)
 
 
 class SegmentFailed(SoakError):
@@ -110,13 +110,36 @@ def seal(config: Mapping[str, Any], *, python: str) -> tuple[dict[str, Any], dic
     return out, env
 
 
-def _die_with_parent() -> None:  # in the child, before exec
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """The child's hook before exec: SIGTERM when the bisect dies
+    (PR_SET_PDEATHSIG), and an exit if it already has (died between fork and
+    prctl: the signal would never come, and the segment would run its full
+    length). prctl is looked up here, in the parent: nothing that can take a
+    lock (an import, ctypes' loading) runs between fork and exec."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: a killed bisect leaves its segment to end at its duration
-        return
+        prctl = None
+
+    def hook() -> None:
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+
+    return hook
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (/proc/PID/stat field 22): with the PID,
+    one process, never a later one that reuses the number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+        return stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class LocalExecutor:
@@ -161,8 +184,9 @@ class LocalExecutor:
         with open(self.root / "configs" / f"{run_dir.name}.log", "wb") as log:  # the child keeps its own copy
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env={**self.environ, **self.envs[build.index]}, start_new_session=True, preexec_fn=_die_with_parent)
-        (self.root / RUNNING).write_text(f"{self._proc.pid} {run_dir}\n", encoding="utf-8")
+                env={**self.environ, **self.envs[build.index]}, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
+        (self.root / RUNNING).write_text(
+            f"{self._proc.pid} {process_start(self._proc.pid)} {run_dir.resolve()}\n", encoding="utf-8")
         self._current = (build, run_dir, bound)
 
     async def next_done(self) -> SegmentResult:
@@ -212,23 +236,42 @@ class LocalExecutor:
         (self.root / RUNNING).unlink(missing_ok=True)
 
 
-def wait_for_orphan(root: Path, *, timeout_s: float = 60.0) -> None:
-    """Before a resume: a segment the killed bisect left running ends itself
-    (its PDEATHSIG); wait for it so its run directory is complete when read back."""
+def wait_for_orphan(root: Path, *, grace_s: float = 30.0) -> None:
+    """Before a resume: stop a segment the killed bisect left running, as the
+    executor stops its own (SIGTERM to its group, SIGKILL after the grace), and
+    wait for it to be gone so its run directory is complete when read back. Only
+    the process ``.running`` names, the same one (its start time), running under
+    this folder (however ``root`` is spelled): never a later process with its PID."""
     import time
 
     marker = root / RUNNING
     try:
-        pid = int(marker.read_text(encoding="utf-8").split()[0])
-    except (OSError, ValueError, IndexError):
+        pid_text, start, run_dir = marker.read_text(encoding="utf-8").split(maxsplit=2)
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        marker.unlink(missing_ok=True)
         return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def ours() -> bool:
+        return (process_start(pid) == start and Path(run_dir.strip()).parent == root.resolve()
+                and "Z" != Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[-1].split()[0])
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            break  # gone
-        if b"soak" not in cmdline or str(root).encode() not in cmdline:
-            break  # the PID is someone else's now
-        time.sleep(0.2)
+            if not ours():
+                break
+            os.killpg(pid, sig)  # its own group: start_new_session made it the leader
+        except (OSError, ValueError):
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                if not ours():
+                    break
+            except OSError:
+                break  # gone
+            time.sleep(0.1)
+        else:
+            continue
+        break
     marker.unlink(missing_ok=True)

@@ -63,7 +63,7 @@ def test_closing_stops_its_own_group_only(tmp_path: Path) -> None:
                 if (tmp_path / "grandchild").is_file() and (tmp_path / "grandchild").read_text().strip():
                     break
                 await asyncio.sleep(0.05)
-            assert (tmp_path / ".running").read_text().split()[1] == str(tmp_path / "segment-000-build-0")
+            assert (tmp_path / ".running").read_text().split()[2] == str((tmp_path / "segment-000-build-0").resolve())
             pid = executor._proc.pid
             assert os.getpgid(pid) == pid != os.getpgid(0)  # its own group: a terminal's Ctrl-C is the bisect's
             await executor.aclose()
@@ -101,7 +101,8 @@ def test_a_sealed_command_runs_as_written(argv: list[str]) -> None:
         assert got[:3] == ["py", "-m", "soak.bisect.unseal"]
     # every secret travels in the environment: a flag's value whole, a URL's credentials (its skeleton stays)
     for value in set(argv_secrets(command)) - set(env.values()):
-        assert "://" in value and set(url_secrets(value)) <= set(env.values())
+        assert any(value in hidden for hidden in env.values()) or (
+            "://" in value and set(url_secrets(value)) <= set(env.values()))
 
 
 def test_secret_flags_never_reach_the_bisect_folder(tmp_path: Path) -> None:
@@ -136,3 +137,52 @@ def test_secret_flags_never_reach_the_bisect_folder(tmp_path: Path) -> None:
         data = path.read_bytes()
         for value in ("sk-live-SECRET123", "hf_SECRET456", "pw0rd99"):
             assert value.encode() not in data, f"{value} in {path.relative_to(root)}"
+
+
+def _stubborn() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                             "print('up', flush=True); time.sleep(300)"], start_new_session=True, stdout=subprocess.PIPE)
+
+
+def test_a_resume_stops_the_orphan_segment_however_the_folder_is_spelled(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    from soak.bisect.local import process_start, wait_for_orphan
+
+    orphan = _stubborn()  # a segment that outlived its bisect and ignores SIGTERM
+    orphan.stdout.readline()
+    try:
+        (tmp_path / ".running").write_text(
+            f"{orphan.pid} {process_start(orphan.pid)} {(tmp_path / 'segment-003-build-1').resolve()}\n")
+        monkeypatch.chdir(tmp_path.parent)
+        began = time.monotonic()
+        wait_for_orphan(Path(tmp_path.name), grace_s=0.5)  # relative, as typed on the command line
+        assert orphan.wait(timeout=10) == -signal.SIGKILL  # SIGTERM, then SIGKILL after the grace
+        assert time.monotonic() - began < 12 and not (tmp_path / ".running").exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+def test_a_resume_leaves_a_process_that_only_reuses_the_pid_alone(tmp_path: Path) -> None:
+    from soak.bisect.local import wait_for_orphan
+
+    bystander = _stubborn()
+    bystander.stdout.readline()
+    try:
+        (tmp_path / ".running").write_text(f"{bystander.pid} 1 {(tmp_path / 'segment-000-build-0').resolve()}\n")
+        wait_for_orphan(tmp_path, grace_s=0.5)
+        assert bystander.poll() is None and not (tmp_path / ".running").exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_segment_whose_bisect_is_already_gone_does_not_run() -> None:
+    from soak.bisect.local import die_with_parent
+
+    command = [sys.executable, "-c", "print('ran')"]
+    gone = subprocess.run(command, preexec_fn=die_with_parent(os.getpid() + 1), capture_output=True, text=True)
+    assert gone.returncode == 128 + signal.SIGTERM and gone.stdout == ""
+    alive = subprocess.run(command, preexec_fn=die_with_parent(os.getpid()), capture_output=True, text=True)
+    assert alive.returncode == 0 and alive.stdout == "ran\n"
