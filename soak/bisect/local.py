@@ -205,13 +205,18 @@ class LocalExecutor:
                    "something", 4: "the harness failed"}[code]
             raise SegmentFailed(f"segment {run_dir.name} (build {build.label}): soak run exited {code}, {why} "
                                 f"(see {log})", exit_code=3 if code == 3 else 4)
-        from soak.bisect.segments import read_segment
+        from soak.bisect.segments import NOTHING_ANSWERED, read_segment
 
         try:
-            return read_segment(run_dir, build=build.index)
+            result = read_segment(run_dir, build=build.index)
         except ConfigError as exc:
             raise SegmentFailed(f"segment {run_dir.name}: its run directory cannot be read: {exc} (see {log})",
                                 exit_code=4) from exc
+        if result.ended_by == NOTHING_ANSWERED:
+            # Counted as nothing, soaking it again would only repeat the failure: end here.
+            raise SegmentFailed(f"segment {run_dir.name} (build {build.label}): its server answered no request "
+                                f"ok; the build cannot be soaked (see {run_dir / 'report.html'})", exit_code=3)
+        return result
 
     async def _stop(self) -> None:
         """SIGTERM to the child's own group (soak run ends as interrupted: its

@@ -15,6 +15,7 @@ from typing import Callable
 from soak.bisect.executor import SegmentResult
 from soak.errors import ConfigError
 
+NOTHING_ANSWERED = "nothing answered"  # no ok request and no hang: zero time at risk
 SEGMENT_NAME = re.compile(r"segment-(\d{3,})-build-(\d+)")
 
 
@@ -46,9 +47,13 @@ def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
 
     data = load_run(run_dir)
     intervals = intervals_of(data.events, data.summary)
+    hangs = sum(1 for i in intervals if i.hang)
+    if not hangs and not bool(data.requests.ok.any()):
+        # Loaded time with no answer is not time a build ran clean: a server that
+        # failed every request would otherwise be evidence that the build is good.
+        return SegmentResult(build=build, run_dir=run_dir, exposure_s=0.0, hangs=0, ended_by=NOTHING_ANSWERED)
     return SegmentResult(build=build, run_dir=run_dir, exposure_s=sum(i.length_s for i in intervals),
-                         hangs=sum(1 for i in intervals if i.hang),
-                         ended_by=intervals[-1].ended_by if intervals else "nothing ran")
+                         hangs=hangs, ended_by=intervals[-1].ended_by if intervals else "nothing ran")
 
 
 def read_segments(root: Path, *, builds: int | None = None,

@@ -186,3 +186,30 @@ def test_a_segment_whose_bisect_is_already_gone_does_not_run() -> None:
     assert gone.returncode == 128 + signal.SIGTERM and gone.stdout == ""
     alive = subprocess.run(command, preexec_fn=die_with_parent(os.getpid()), capture_output=True, text=True)
     assert alive.returncode == 0 and alive.stdout == "ran\n"
+
+
+def test_a_segment_whose_server_answered_nothing_ends_the_bisect(tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    from soak.bisect.local import SegmentFailed
+
+    answered_nothing = tmp_path / "prepared"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "pass", answered_nothing)
+    requests = answered_nothing / "requests.jsonl"
+    requests.write_text(requests.read_text().replace('"outcome":"ok"', '"outcome":"http_error"'))
+    fake = tmp_path / "fake-python"  # a stand-in `soak run` that writes that run directory at --out
+    fake.write_text(f"#!/bin/sh\ncp -r {answered_nothing} \"$6\"\n")
+    fake.chmod(0o755)
+    root = tmp_path / "bisect"
+    root.mkdir()
+    executor = LocalExecutor(root=root, segment_configs=[SIM], envs=[{}], python=str(fake), environ=dict(os.environ))
+
+    async def go() -> None:
+        await executor.submit(Build(0, "b0"), segment_s=30, run_dir=root / "segment-000-build-0")
+        await executor.next_done()
+
+    with pytest.raises(SegmentFailed, match="answered no request") as failed:
+        asyncio.run(go())
+    assert failed.value.exit_code == 3
