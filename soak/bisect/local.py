@@ -110,6 +110,17 @@ def seal(config: Mapping[str, Any], *, python: str) -> tuple[dict[str, Any], dic
     return out, env
 
 
+def config_digest(config: Mapping[str, Any]) -> str:
+    """A build's segment config, sealed (no secret in it), as a digest: what
+    bisect.json keeps so a resume can tell the build changed under its label."""
+    import json
+
+    sealed, _ = seal(config, python="python")
+    for derived in ("duration", "name"):  # the segment length (compared on its own) and the bisect's name
+        sealed.pop(derived, None)
+    return hashlib.sha256(json.dumps(sealed, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def die_with_parent(parent: int) -> Callable[[], None]:
     """The child's hook before exec: SIGTERM when the bisect dies
     (PR_SET_PDEATHSIG), and an exit if it already has (died between fork and

@@ -273,7 +273,8 @@ def load_bisect(path: str | Path) -> Bisect:
                            max_ratio=config.rates.max_ratio, good_mtbf_s=config.rates.good_mtbf,
                            bad_mtbf_s=config.rates.bad_mtbf)
     except ValueError as exc:
-        raise ConfigError(str(exc), path=path, field="rates") from exc
+        # the model checks both; a bad prior named at rates: sends the user to the wrong section
+        raise ConfigError(str(exc), path=path, field="prior" if "prior" in str(exc) else "rates") from exc
     return Bisect(config, path, tuple(segment_configs), tuple(envs), model)
 
 

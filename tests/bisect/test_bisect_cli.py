@@ -179,3 +179,54 @@ def test_set_aside_finds_the_segment_from_a_file_inside_it(tmp_path: Path) -> No
     assert (tmp_path / "segment-003-build-0.unreadable").is_dir() and not seg.exists()
     _set_aside(ConfigError("damaged", path=tmp_path / "elsewhere.json"), print)  # no segment: nothing renamed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["segment-003-build-0.unreadable"]
+
+
+def _first_record(tmp_path: Path, path: Path) -> dict:
+    """The bisect.json this bisect file makes before any segment, as a finished run leaves it."""
+    from soak.bisect.cli import BISECT_JSON_LIMIT  # noqa: F401  (the bound the reader holds)
+    from soak.bisect.executor import Build
+    from soak.bisect.local import config_digest
+    from soak.bisect.record import bisect_document
+    from soak.bisect.spec import load_bisect
+
+    spec = load_bisect(path)
+    builds = [Build(i, label) for i, label in enumerate(spec.labels)]
+    return bisect_document(builds, (), model=spec.model, segment_s=spec.config.segment,
+                           digests=[config_digest(c) for c in spec.segment_configs])
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"segment": "7s"}, "other settings (segment (5s then, 7s now))"),
+    ({"prior": [1, 1, 1, 5]}, "other settings (prior)"),
+    ({"rates": {"mtbf_min": "1s", "mtbf_max": "2h", "max_ratio": None}}, "other settings (rates)"),
+    ({"builds": [{"label": f"b{i + 1}", "target": _sim("10m" if i < 1 else "1s")} for i in range(4)]},
+     "other settings (the target or run config of b2)"),
+])
+def test_a_resume_under_changed_settings_is_refused_by_name(tmp_path: Path, capsys, change, said) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bisect.json").write_text(json.dumps(_first_record(tmp_path, _bisect_file(tmp_path))))
+    (out / "segment-000-build-2").mkdir()
+    assert main(["bisect", str(_bisect_file(tmp_path, **change)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    # unchanged (or only the budget) it goes on: no refusal before the segments are read
+    from soak.bisect.cli import _check_out
+    from soak.bisect.spec import load_bisect
+
+    same = _bisect_file(tmp_path, budget={"segments": 30})
+    _check_out(out, load_bisect(same).labels, resume=True, expect=_first_record(tmp_path, same))
+
+
+def test_a_hostile_bisect_json_is_refused_in_one_printable_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "segment-000-build-0").mkdir()
+    (out / "bisect.json").write_text(json.dumps({"builds": [{"label": "b1\x1b[2J\nsoak bisect: found b9"}]}))
+    assert main(["bisect", str(_bisect_file(tmp_path)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "a bisect of other builds" in err
+    with open(out / "bisect.json", "wb") as f:  # a file past the bound is not read whole
+        f.truncate((64 << 20) + 1)
+    assert main(["bisect", str(_bisect_file(tmp_path)), "--out", str(out)]) == 2
+    assert "over 64 MiB" in capsys.readouterr().err

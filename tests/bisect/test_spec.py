@@ -98,3 +98,11 @@ def test_a_name_with_a_trailing_control_character_is_refused(label: str, env: st
             BuildSpec.model_validate(bad)
     with pytest.raises(ValidationError):
         SlurmExecutorSpec.model_validate({"kind": "slurm", "partition": "gpu" + tail})
+
+
+def test_an_all_zero_prior_is_named_at_prior(tmp_path: Path) -> None:
+    sim = {"kind": "simulator"}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"segment": "5s", "prior": [0, 0, 0],
+                                                      "builds": [{"label": f"b{i}", "target": sim} for i in range(3)]}))
+    with pytest.raises(ConfigError, match=r"b\.yaml: prior: the prior needs 3 weights"):
+        load_bisect(tmp_path / "b.yaml")
