@@ -8,7 +8,7 @@ from them (``--resume`` says so explicitly and refuses a DIR with none).
 
 Exit status (docs/bisect.md): 0 a build named at the stated posterior; 5 the
 budget (time at risk or segment count) spent undecided; 2 bad input; 3 a
-segment's target never became ready; 4 a harness fault (a segment's soak run
+segment's target never became ready (or its server answered no request ok); 4 a harness fault (a segment's soak run
 failed, or its directory cannot be read); 130 interrupted (Ctrl-C, SIGTERM: the
 segment in flight is stopped, what it recorded kept, and a later run resumes).
 """

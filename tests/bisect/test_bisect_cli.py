@@ -98,7 +98,8 @@ def test_four_simulated_builds_end_to_end(tmp_path: Path) -> None:
         mean = {"10m": 600.0, "1s": 1.0}[sim["faults"][0]["wall_mtbf"]]
         drawn = random.Random(f"soak-sim-fault/{sim['seed']}/0/wall").expovariate(1 / mean)
         if seg["hangs"]:
-            assert abs(seg["exposure_s"] - drawn) < 1.0, (seg, drawn)
+            # never before the draw; after it by the detector's lag, longer on a loaded CI
+            assert drawn - 0.5 < seg["exposure_s"] < drawn + 3.0, (seg, drawn)
         else:
             assert drawn > 5.0 - 1.0 and seg["exposure_s"] > 5.0 - 1.0
     html = (out / "bisect.html").read_text()
@@ -115,10 +116,12 @@ def test_a_killed_bisect_resumes_to_the_same_answer(tmp_path: Path) -> None:
     while time.monotonic() < deadline:  # the second segment under load
         dirs = _segment_dirs(out) if out.exists() else []
         events = out / dirs[-1] / "events.jsonl" if len(dirs) == 2 else None
-        if events is not None and events.is_file() and '"load_started"' in events.read_text().replace(": ", ":"):
+        requests = out / dirs[-1] / "requests.jsonl" if len(dirs) == 2 else None
+        # evidence in the second segment: an ok request (time at risk that counts) or its hang
+        if (requests is not None and requests.is_file() and '"outcome":"ok"' in requests.read_text().replace(": ", ":")
+                or events is not None and events.is_file() and '"incident' in events.read_text()):
             break
-        time.sleep(0.1)
-    time.sleep(1.0)
+        time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)  # no goodbye: no bisect.json update, the segment in flight orphaned
     proc.communicate(timeout=30)
     before = _segment_dirs(out)
@@ -143,7 +146,11 @@ def test_sigterm_stops_the_segment_and_exits_130_and_a_spent_budget_exits_5(tmp_
     while not (out / ".running").is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
     child = int((out / ".running").read_text().split()[0])
-    time.sleep(1.0)
+    events = Path((out / ".running").read_text().split()[2]) / "events.jsonl"
+    while time.monotonic() < deadline + 60:  # the segment's soak run under load, not still importing
+        if events.is_file() and '"load_started"' in events.read_text().replace(": ", ":"):
+            break
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     text, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, text
