@@ -72,8 +72,8 @@ def _check_out(out: Path, labels: list[str], *, resume: bool, expect: dict[str, 
                              "give a new --out")
         changed = changed_settings(had_doc, expect) if expect is not None and isinstance(had_doc, dict) else []
         if changed:
-            raise UsageError(printable(f"{out}: its segments were run under other settings ({'; '.join(changed)}): they "
-                                       "would not mix with this bisect file's; give a new --out or restore the file",
+            raise UsageError(printable(f"{out}: its segments were run under other settings "
+                                       f"({'; '.join(changed)}): they would not mix with this bisect file's; give a new --out or restore the file",
                                        limit=400))
     elif any(c.name not in ("configs",) for c in out.iterdir()) and not segments:
         raise UsageError(f"{out}: not empty and holds no bisect; give a new or empty --out")

@@ -195,7 +195,8 @@ class LocalExecutor:
         with open(self.root / "configs" / f"{run_dir.name}.log", "wb") as log:  # the child keeps its own copy
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env={**self.environ, **self.envs[build.index]}, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
+                env={**self.environ, **self.envs[build.index]}, start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()))
         (self.root / RUNNING).write_text(
             f"{self._proc.pid} {process_start(self._proc.pid)} {run_dir.resolve()}\n", encoding="utf-8")
         self._current = (build, run_dir, bound)

@@ -107,7 +107,8 @@ def test_a_new_segment_never_takes_a_used_number(done_numbers: set[int], set_asi
     from soak.bisect.segments import next_number, parse_segment_dir
 
     builds = [Build(i, f"b{i}") for i in range(4)]
-    done = [SegmentResult(n % 4, ROOT / f"segment-{n:03d}-build-{n % 4}", 300.0, 0, "time") for n in sorted(done_numbers)]
+    done = [SegmentResult(n % 4, ROOT / f"segment-{n:03d}-build-{n % 4}", 300.0, 0, "time")
+            for n in sorted(done_numbers)]
     with tempfile.TemporaryDirectory() as tmp:  # what a resume finds on disk: set-aside ones too
         for n in set_aside:
             (Path(tmp) / f"segment-{n:03d}-build-0.unreadable").mkdir()

@@ -74,8 +74,8 @@ def test_the_prior_from_history(tmp_path: Path) -> None:
     assert prior[0] < prior[2] and prior[3] < prior[2]
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 _SIM = {"kind": "simulator"}
 
