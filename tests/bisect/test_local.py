@@ -225,3 +225,23 @@ def test_a_segment_whose_server_answered_nothing_ends_the_bisect(tmp_path: Path)
     with pytest.raises(SegmentFailed, match="answered no request") as failed:
         asyncio.run(go())
     assert failed.value.exit_code == 3
+
+
+def test_a_slurm_job_gets_the_secrets_through_sbatch_s_environment_not_the_file(tmp_path: Path) -> None:
+    from soak.bisect.cli import _slurm_executor
+    from soak.bisect.spec import load_bisect
+
+    sim = {"kind": "simulator"}
+    launched = {"kind": "launched", "command": "vllm serve m --api-key sk-live-SECRET123 --hf-token=hf_SECRET456"}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({
+        "segment": "5s", "executor": {"kind": "slurm", "slots": 2},
+        "builds": [{"label": "b0", "target": sim}, {"label": "b1", "target": launched, "env": {"A": "1"}}]}))
+    spec = load_bisect(tmp_path / "b.yaml")
+    local = LocalExecutor(root=tmp_path, segment_configs=spec.segment_configs, envs=spec.envs, environ={})
+    slurm = _slurm_executor(spec.config, local=local, envs=local.envs, environ={}, out=tmp_path, say=print)
+    argv = slurm.segment_command(Build(1, "b1"), 5.0, tmp_path / "segment-000-build-1")
+    written = Path(argv[4]).read_text()  # python -m soak run CONFIG: the file the job reads on its node
+    for value in ("sk-live-SECRET123", "hf_SECRET456"):
+        assert value not in written and value not in " ".join(argv)
+    assert {"A": "1"}.items() <= slurm.build_env(Build(1, "b1")).items()
+    assert sorted(slurm.build_env(Build(1, "b1")).values()) == ["1", "hf_SECRET456", "sk-live-SECRET123"]
