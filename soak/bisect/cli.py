@@ -8,7 +8,7 @@ from them (``--resume`` says so explicitly and refuses a DIR with none).
 
 Exit status (docs/bisect.md): 0 a build named at the stated posterior; 5 the
 budget (time at risk or segment count) spent undecided; 2 bad input; 3 a
-segment's target never became ready; 4 a harness fault (a segment's soak run
+segment's target never became ready (or its server answered no request ok); 4 a harness fault (a segment's soak run
 failed, or its directory cannot be read); 130 interrupted (Ctrl-C, SIGTERM: the
 segment in flight is stopped, what it recorded kept, and a later run resumes).
 """
@@ -36,11 +36,20 @@ def main(args: argparse.Namespace) -> int:
     return bisect(args.bisect, out=args.out, resume=args.resume)
 
 
-def _check_out(out: Path, labels: list[str], *, resume: bool) -> None:
+BISECT_JSON_LIMIT = 64 << 20  # bytes: 1000 segments of 64 builds' posteriors is a few MB
+
+
+def _check_out(out: Path, labels: list[str], *, resume: bool, expect: dict[str, Any] | None = None) -> None:
+    """Refuse a --out that is not this bisect's. ``expect``: the bisect.json this
+    bisect file makes (no segment yet): a folder whose file says another segment
+    length, prior, rates or build config is refused by name, not resumed into
+    evidence of two different questions."""
     import json
 
+    from soak.bisect.record import changed_settings
     from soak.bisect.segments import parse_segment_dir
     from soak.errors import UsageError
+    from soak.printable import printable
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: not a directory")
@@ -51,11 +60,21 @@ def _check_out(out: Path, labels: list[str], *, resume: bool) -> None:
         raise UsageError(f"{out}: no segments to resume (segment-NNN-build-K directories)")
     if record.is_file():
         try:
-            had = [b["label"] for b in json.loads(record.read_text(encoding="utf-8"))["builds"]]
+            if record.stat().st_size > BISECT_JSON_LIMIT:
+                raise ValueError(f"over {BISECT_JSON_LIMIT >> 20} MiB")
+            had_doc = json.loads(record.read_text(encoding="utf-8"))
+            had = [str(b["label"]) for b in had_doc["builds"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"{out}/bisect.json: cannot be read ({type(exc).__name__}); give a new --out") from exc
+            raise UsageError(f"{out}/bisect.json: cannot be read ({printable(str(exc), limit=80)}); "
+                             "give a new --out") from exc
         if had != labels:
-            raise UsageError(f"{out}: a bisect of other builds ({', '.join(map(str, had))[:200]}); give a new --out")
+            raise UsageError(f"{out}: a bisect of other builds ({printable(', '.join(had), limit=200)}); "
+                             "give a new --out")
+        changed = changed_settings(had_doc, expect) if expect is not None and isinstance(had_doc, dict) else []
+        if changed:
+            raise UsageError(printable(f"{out}: its segments were run under other settings "
+                                       f"({'; '.join(changed)}): they would not mix with this bisect file's; give a new --out or restore the file",
+                                       limit=400))
     elif any(c.name not in ("configs",) for c in out.iterdir()) and not segments:
         raise UsageError(f"{out}: not empty and holds no bisect; give a new or empty --out")
 
@@ -84,16 +103,20 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     from soak.bisect.spec import load_bisect
     from soak.bisect.conduct import conduct
     from soak.bisect.executor import Build
-    from soak.bisect.local import LocalExecutor, wait_for_orphan
+    from soak.bisect.local import LocalExecutor, config_digest, wait_for_orphan
     from soak.bisect.page import segment_line, sentence
     from soak.bisect.record import bisect_document
-    from soak.bisect.segments import read_segments
+    from soak.bisect.segments import next_number, read_segments
     from soak.printable import printable
 
     say = say or (lambda line: print(line, flush=True))
     spec = load_bisect(path)
     config = spec.config
-    _check_out(out, spec.labels, resume=resume)
+    builds = [Build(i, b.label) for i, b in enumerate(config.builds)]
+    options = dict(model=spec.model, segment_s=config.segment, threshold=config.stop_at,
+                   budget_s=config.budget.time_at_risk)
+    digests = [config_digest(c) for c in spec.segment_configs]
+    _check_out(out, spec.labels, resume=resume, expect=bisect_document(builds, (), digests=digests, **options))
     wait_for_orphan(out)
     if config.executor.kind == "slurm":
         from soak.bisect.slurm import bisect_job_name, cancel_leftover_jobs
@@ -101,10 +124,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
         left = cancel_leftover_jobs(out / SLURM_JOBS, job_name=bisect_job_name(out), env=environ)
         if left:
             say(f"soak bisect: cancelled {len(left)} job(s) the killed bisect left in flight: {' '.join(left)}")
-    done = read_segments(out, on_skip=lambda exc: _set_aside(exc, say))
-    builds = [Build(i, b.label) for i, b in enumerate(config.builds)]
-    options = dict(model=spec.model, segment_s=config.segment, threshold=config.stop_at,
-                   budget_s=config.budget.time_at_risk)
+    done = read_segments(out, builds=len(config.builds), on_skip=lambda exc: _set_aside(exc, say))
     bound = config.budget.segments or DEFAULT_SEGMENT_BOUND
     if done:
         say(printable(f"soak bisect: resuming {out}: {len(done)} segments read back"))
@@ -116,16 +136,16 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
 
     def on_step(step, results) -> None:
         doc.clear()
-        doc.update(bisect_document(builds, results, **options))
+        doc.update(bisect_document(builds, results, digests=digests, **options))
         write_outputs(out, doc, results, title=config.name)
         for number in range(shown[0], len(results)):
-            say(segment_line(bisect_document(builds, results[:number + 1], **options), number))
+            say(segment_line(bisect_document(builds, results[:number + 1], digests=digests, **options), number))
         shown[0] = len(results)
 
     executor = LocalExecutor(root=out, segment_configs=spec.segment_configs, envs=spec.envs, seed=config.seed,
                              environ=environ)
     if config.executor.kind == "slurm":
-        executor = _slurm_executor(config, local=executor, envs=spec.envs, environ=environ, out=out, say=say)
+        executor = _slurm_executor(config, local=executor, envs=executor.envs, environ=environ, out=out, say=say)
 
     async def run():
         task = asyncio.current_task()
@@ -134,6 +154,7 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
             loop.add_signal_handler(sig, task.cancel)
         try:
             return await conduct(builds, executor, root=out, done=done, on_step=on_step, max_segments=bound,
+                                 first_number=next_number(out),
                                  **options)
         finally:
             await executor.aclose()
@@ -143,8 +164,8 @@ def bisect(path: Path, *, out: Path, resume: bool = False, environ: dict[str, st
     try:
         outcome = asyncio.run(run())
     except (asyncio.CancelledError, KeyboardInterrupt):
-        results = read_segments(out)  # the stopped segment too, as far as it recorded
-        doc = bisect_document(builds, results, **options)
+        results = read_segments(out, builds=len(builds))  # the stopped segment too, as far as it recorded
+        doc = bisect_document(builds, results, digests=digests, **options)
         write_outputs(out, doc, results, title=config.name)
         say(printable(f"soak bisect: interrupted; {sentence(doc)}; resume with: soak bisect {path} --out {out}"))
         return EXIT_INTERRUPTED

@@ -30,6 +30,13 @@ def segment_dir(root: Path, number: int, build: Build) -> Path:
     return root / f"segment-{number:03d}-build-{build.index}"
 
 
+def _number(run_dir: Path) -> int | None:
+    from soak.bisect.segments import parse_segment_dir
+
+    parsed = parse_segment_dir(run_dir)
+    return parsed[0] if parsed else None
+
+
 def _pick(now: Step, in_flight: dict[int, int]) -> int:
     """The build of largest expected gain not already being soaked (with one slot
     that is the core's choice; with several, the next ones down its ranking, so
@@ -46,15 +53,20 @@ def _pick(now: Step, in_flight: dict[int, int]) -> int:
 async def conduct(builds: Sequence[Build], executor: Executor, *, model: Model, segment_s: float, root: Path,
                   threshold: float = 0.95, budget_s: float | None = None, done: Sequence[SegmentResult] = (),
                   on_step: Callable[[Step, tuple[SegmentResult, ...]], None] | None = None,
-                  max_segments: int = 500) -> Outcome:
+                  max_segments: int = 500, first_number: int = 0) -> Outcome:
     """Run the bisection to its end. ``done``: segments already finished (a
     resumed bisect reads them from its run directories). ``max_segments`` bounds
-    the loop whatever the evidence (segments submitted, ``done`` included)."""
+    the loop whatever the evidence (segments submitted, ``done`` included).
+    New segments are numbered from past the highest of ``done`` and
+    ``first_number`` (``segments.next_number``: set-aside directories count), never
+    ``len(done)``: after a gap that would name a directory that exists (``soak run``
+    refuses it) and draw a segment's seeds again."""
     if len(builds) != model.builds or any(b.index != i for i, b in enumerate(builds)):
         raise ValueError("the builds must be the model's, indexed in order")
     results = list(done)
     in_flight: dict[int, int] = {}
     submitted = len(results)
+    number = max([first_number, *(n + 1 for r in results if (n := _number(r.run_dir)) is not None)])
     while True:
         now = step([r.segment for r in results], model=model, segment_s=segment_s, threshold=threshold,
                    budget_s=budget_s)
@@ -66,8 +78,9 @@ async def conduct(builds: Sequence[Build], executor: Executor, *, model: Model, 
         while pending < executor.slots and submitted < max_segments and (
                 budget_s is None or now.spent_s + (pending + 1) * segment_s <= budget_s or pending == 0):
             pick = _pick(now, in_flight)
-            await executor.submit(builds[pick], segment_s=segment_s, run_dir=segment_dir(root, submitted, builds[pick]))
+            await executor.submit(builds[pick], segment_s=segment_s, run_dir=segment_dir(root, number, builds[pick]))
             submitted += 1
+            number += 1
             pending += 1
             in_flight[pick] = in_flight.get(pick, 0) + 1
         if pending == 0:

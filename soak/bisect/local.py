@@ -8,7 +8,9 @@ A segment's config is the build's run config (``config.segment_config``) with
 seeds of its own, derived from the bisect's seed and the segment's directory
 name: every segment is a fresh draw (a simulated build's onset too), and a
 resumed bisect draws the same seeds for the same segments. The build's env goes
-to the child through its environment, never into a file.
+to the child through its environment, never into a file, and so do the secrets
+of a launched build's command (``seal``): the file, which a Slurm job reads on
+another node later, holds a placeholder for each.
 
 The child gets SIGTERM if the bisect dies (PR_SET_PDEATHSIG): a SIGKILLed
 bisect leaves a segment that ends itself like an interrupted ``soak run``
@@ -24,14 +26,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from soak.bisect.executor import Build, SegmentResult
 from soak.errors import ConfigError, SoakError
 
-RUNNING = ".running"  # DIR/.running: "PID RUN_DIR" of the segment in flight
+RUNNING = ".running"  # DIR/.running: "PID START RUN_DIR" of the segment in flight (RUN_DIR resolved)
 
 
 class SegmentFailed(SoakError):
@@ -60,13 +62,95 @@ def seeded(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
-def _die_with_parent() -> None:  # in the child, before exec
+def seal(config: Mapping[str, Any], *, python: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A launched target's command with every secret (a secret-looking flag's
+    value, ``--api-key K`` or ``--hf-token=K``; a URL's userinfo or credential
+    query parameter) replaced by a placeholder that ``soak.bisect.unseal`` fills
+    from the environment, and that environment. By position, as soak.redact
+    finds them, so a short secret never rewrites another argument."""
+    import shlex
+
+    from soak.bisect.unseal import PREFIX
+    from soak.redact import holds_credential_url, secret_name, url_secrets
+
+    out = copy.deepcopy(dict(config))
+    target = out.get("target")
+    if not isinstance(target, dict) or target.get("kind") != "launched" or not target.get("command"):
+        return out, {}
+    command = target["command"]
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    env: dict[str, str] = {}
+
+    def hide(value: str) -> str:
+        name = next((k for k, v in env.items() if v == value), None) or f"{PREFIX}{len(env)}"
+        env[name] = value
+        return "{" + name + "}"
+
+    sealed, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("-"):
+                sealed.append(hide(arg))
+                continue
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-") and secret_name(flag):
+            if eq:
+                sealed.append(f"{flag}={hide(value)}" if value else arg)
+            else:
+                sealed.append(arg)
+                hide_next = True
+            continue
+        if holds_credential_url(arg):
+            for part in sorted(set(url_secrets(arg)), key=len, reverse=True):
+                arg = arg.replace(part, hide(part))
+        sealed.append(arg)
+    if env:
+        target["command"] = [python, "-m", "soak.bisect.unseal", *sealed]
+    return out, env
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """A build's segment config, sealed (no secret in it), as a digest: what
+    bisect.json keeps so a resume can tell the build changed under its label."""
+    import json
+
+    sealed, _ = seal(config, python="python")
+    for derived in ("duration", "name"):  # the segment length (compared on its own) and the bisect's name
+        sealed.pop(derived, None)
+    return hashlib.sha256(json.dumps(sealed, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """The child's hook before exec: SIGTERM when the bisect dies
+    (PR_SET_PDEATHSIG), and an exit if it already has (died between fork and
+    prctl: the signal would never come, and the segment would run its full
+    length). prctl is looked up here, in the parent: nothing that can take a
+    lock (an import, ctypes' loading) runs between fork and exec."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: a killed bisect leaves its segment to end at its duration
-        return
+        prctl = None
+
+    def hook() -> None:
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+
+    return hook
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (/proc/PID/stat field 22): with the PID,
+    one process, never a later one that reuses the number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+        return stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class LocalExecutor:
@@ -76,7 +160,11 @@ class LocalExecutor:
                  envs: Sequence[Mapping[str, str]], seed: int = 0, environ: Mapping[str, str] | None = None,
                  python: str = sys.executable, grace_s: float = 30.0, slack_s: float = 300.0) -> None:
         self.root, self.seed, self.python = root, seed, python
-        self.configs, self.envs = list(segment_configs), list(envs)
+        # A build's secrets leave its config for the environment its segments get
+        # (here and, through ``envs``, the Slurm executor's sbatch export).
+        sealed = [seal(c, python=python) for c in segment_configs]
+        self.configs = [c for c, _ in sealed]
+        self.envs = [{**e, **s} for e, (_, s) in zip(envs, sealed)]
         self.environ = dict(os.environ if environ is None else environ)
         self.grace_s, self.slack_s = grace_s, slack_s
         self._proc: asyncio.subprocess.Process | None = None
@@ -107,8 +195,10 @@ class LocalExecutor:
         with open(self.root / "configs" / f"{run_dir.name}.log", "wb") as log:  # the child keeps its own copy
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env={**self.environ, **self.envs[build.index]}, start_new_session=True, preexec_fn=_die_with_parent)
-        (self.root / RUNNING).write_text(f"{self._proc.pid} {run_dir}\n", encoding="utf-8")
+                env={**self.environ, **self.envs[build.index]}, start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()))
+        (self.root / RUNNING).write_text(
+            f"{self._proc.pid} {process_start(self._proc.pid)} {run_dir.resolve()}\n", encoding="utf-8")
         self._current = (build, run_dir, bound)
 
     async def next_done(self) -> SegmentResult:
@@ -127,13 +217,18 @@ class LocalExecutor:
                    "something", 4: "the harness failed"}[code]
             raise SegmentFailed(f"segment {run_dir.name} (build {build.label}): soak run exited {code}, {why} "
                                 f"(see {log})", exit_code=3 if code == 3 else 4)
-        from soak.bisect.segments import read_segment
+        from soak.bisect.segments import NOTHING_ANSWERED, read_segment
 
         try:
-            return read_segment(run_dir, build=build.index)
+            result = read_segment(run_dir, build=build.index)
         except ConfigError as exc:
             raise SegmentFailed(f"segment {run_dir.name}: its run directory cannot be read: {exc} (see {log})",
                                 exit_code=4) from exc
+        if result.ended_by == NOTHING_ANSWERED:
+            # Counted as nothing, soaking it again would only repeat the failure: end here.
+            raise SegmentFailed(f"segment {run_dir.name} (build {build.label}): its server answered no request "
+                                f"ok; the build cannot be soaked (see {run_dir / 'report.html'})", exit_code=3)
+        return result
 
     async def _stop(self) -> None:
         """SIGTERM to the child's own group (soak run ends as interrupted: its
@@ -158,23 +253,42 @@ class LocalExecutor:
         (self.root / RUNNING).unlink(missing_ok=True)
 
 
-def wait_for_orphan(root: Path, *, timeout_s: float = 60.0) -> None:
-    """Before a resume: a segment the killed bisect left running ends itself
-    (its PDEATHSIG); wait for it so its run directory is complete when read back."""
+def wait_for_orphan(root: Path, *, grace_s: float = 30.0) -> None:
+    """Before a resume: stop a segment the killed bisect left running, as the
+    executor stops its own (SIGTERM to its group, SIGKILL after the grace), and
+    wait for it to be gone so its run directory is complete when read back. Only
+    the process ``.running`` names, the same one (its start time), running under
+    this folder (however ``root`` is spelled): never a later process with its PID."""
     import time
 
     marker = root / RUNNING
     try:
-        pid = int(marker.read_text(encoding="utf-8").split()[0])
-    except (OSError, ValueError, IndexError):
+        pid_text, start, run_dir = marker.read_text(encoding="utf-8").split(maxsplit=2)
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        marker.unlink(missing_ok=True)
         return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def ours() -> bool:
+        return (process_start(pid) == start and Path(run_dir.strip()).parent == root.resolve()
+                and "Z" != Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[-1].split()[0])
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            break  # gone
-        if b"soak" not in cmdline or str(root).encode() not in cmdline:
-            break  # the PID is someone else's now
-        time.sleep(0.2)
+            if not ours():
+                break
+            os.killpg(pid, sig)  # its own group: start_new_session made it the leader
+        except (OSError, ValueError):
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                if not ours():
+                    break
+            except OSError:
+                break  # gone
+            time.sleep(0.1)
+        else:
+            continue
+        break
     marker.unlink(missing_ok=True)

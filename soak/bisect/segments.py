@@ -15,6 +15,7 @@ from typing import Callable
 from soak.bisect.executor import SegmentResult
 from soak.errors import ConfigError
 
+NOTHING_ANSWERED = "nothing answered"  # no ok request and no hang: zero time at risk
 SEGMENT_NAME = re.compile(r"segment-(\d{3,})-build-(\d+)")
 
 
@@ -22,6 +23,20 @@ def parse_segment_dir(path: Path) -> tuple[int, int] | None:
     """(segment number, build index) from a segment directory's name, else None."""
     match = SEGMENT_NAME.fullmatch(path.name)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+_NUMBERED = re.compile(r"segment-(\d{3,})-")
+
+
+def next_number(root: Path) -> int:
+    """Past the highest number any ``segment-NNN-*`` entry under ``root`` holds, a
+    set-aside ``*.unreadable`` one included: a new segment never takes a used
+    number (its directory, its seeds)."""
+    try:
+        names = [child.name for child in root.iterdir()]
+    except OSError:
+        return 0
+    return max([-1, *(int(m.group(1)) for name in names if (m := _NUMBERED.match(name)))]) + 1
 
 
 def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
@@ -32,19 +47,28 @@ def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
 
     data = load_run(run_dir)
     intervals = intervals_of(data.events, data.summary)
+    hangs = sum(1 for i in intervals if i.hang)
+    if not hangs and not bool(data.requests.ok.any()):
+        # Loaded time with no answer is not time a build ran clean: a server that
+        # failed every request would otherwise be evidence that the build is good.
+        return SegmentResult(build=build, run_dir=run_dir, exposure_s=0.0, hangs=0, ended_by=NOTHING_ANSWERED)
     return SegmentResult(build=build, run_dir=run_dir, exposure_s=sum(i.length_s for i in intervals),
-                         hangs=sum(1 for i in intervals if i.hang),
-                         ended_by=intervals[-1].ended_by if intervals else "nothing ran")
+                         hangs=hangs, ended_by=intervals[-1].ended_by if intervals else "nothing ran")
 
 
-def read_segments(root: Path, *, on_skip: Callable[[ConfigError], None] | None = None) -> tuple[SegmentResult, ...]:
-    """Every segment under ``root`` in segment order. One that cannot be read is
-    handed to ``on_skip`` and left out: evidence missing, not evidence of anything."""
+def read_segments(root: Path, *, builds: int | None = None,
+                  on_skip: Callable[[ConfigError], None] | None = None) -> tuple[SegmentResult, ...]:
+    """Every segment under ``root`` in segment order. One that cannot be read, or
+    (given ``builds``, the bisect's count) names a build past the last, is handed
+    to ``on_skip`` and left out: evidence missing, not evidence of anything."""
     found = sorted((parsed, child) for child in root.iterdir()
                    if child.is_dir() and not child.is_symlink() and (parsed := parse_segment_dir(child)) is not None)
     results = []
     for (_, build), path in found:
         try:
+            if builds is not None and build >= builds:
+                raise ConfigError(f"build {build} is past the last of this bisect's {builds} builds "
+                                  f"(0 to {builds - 1})", path=path)
             results.append(read_segment(path, build=build))
         except ConfigError as exc:
             if on_skip is not None:

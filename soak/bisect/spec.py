@@ -37,8 +37,8 @@ from soak.configbase import Duration, StrictModel, read_yaml, validation_error_t
 from soak.errors import ConfigError
 from soak.target.config import TargetConfig
 
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,79}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,79}")  # fullmatch: "$" lets a trailing newline in
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class BuildSpec(StrictModel):
@@ -50,7 +50,7 @@ class BuildSpec(StrictModel):
     @field_validator("label")
     @classmethod
     def _label(cls, value: str) -> str:
-        if not _LABEL.match(value):
+        if not _LABEL.fullmatch(value):
             raise ValueError(f"{value[:40]!r} is not a label (letters, digits, . _ + : @ / -, at most 80)")
         return value
 
@@ -58,7 +58,7 @@ class BuildSpec(StrictModel):
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name[:40]!r} is not an environment variable name")
         return value
 
@@ -105,7 +105,7 @@ class LocalExecutorSpec(StrictModel):
     kind: Literal["local"] = "local"
 
 
-_PARTITION = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class SlurmExecutorSpec(StrictModel):
@@ -122,7 +122,7 @@ class SlurmExecutorSpec(StrictModel):
     @field_validator("partition")
     @classmethod
     def _partition(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not _PARTITION.match(value):
+        if value is not None and not _PARTITION.fullmatch(value):
             raise ValueError(f"{value[:40]!r} is not a partition name")
         return value
 
@@ -273,7 +273,8 @@ def load_bisect(path: str | Path) -> Bisect:
                            max_ratio=config.rates.max_ratio, good_mtbf_s=config.rates.good_mtbf,
                            bad_mtbf_s=config.rates.bad_mtbf)
     except ValueError as exc:
-        raise ConfigError(str(exc), path=path, field="rates") from exc
+        # the model checks both; a bad prior named at rates: sends the user to the wrong section
+        raise ConfigError(str(exc), path=path, field="prior" if "prior" in str(exc) else "rates") from exc
     return Bisect(config, path, tuple(segment_configs), tuple(envs), model)
 
 

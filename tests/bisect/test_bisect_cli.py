@@ -98,7 +98,8 @@ def test_four_simulated_builds_end_to_end(tmp_path: Path) -> None:
         mean = {"10m": 600.0, "1s": 1.0}[sim["faults"][0]["wall_mtbf"]]
         drawn = random.Random(f"soak-sim-fault/{sim['seed']}/0/wall").expovariate(1 / mean)
         if seg["hangs"]:
-            assert abs(seg["exposure_s"] - drawn) < 1.0, (seg, drawn)
+            # never before the draw; after it by the detector's lag, longer on a loaded CI
+            assert drawn - 0.5 < seg["exposure_s"] < drawn + 3.0, (seg, drawn)
         else:
             assert drawn > 5.0 - 1.0 and seg["exposure_s"] > 5.0 - 1.0
     html = (out / "bisect.html").read_text()
@@ -115,10 +116,12 @@ def test_a_killed_bisect_resumes_to_the_same_answer(tmp_path: Path) -> None:
     while time.monotonic() < deadline:  # the second segment under load
         dirs = _segment_dirs(out) if out.exists() else []
         events = out / dirs[-1] / "events.jsonl" if len(dirs) == 2 else None
-        if events is not None and events.is_file() and '"load_started"' in events.read_text().replace(": ", ":"):
+        requests = out / dirs[-1] / "requests.jsonl" if len(dirs) == 2 else None
+        # evidence in the second segment: an ok request (time at risk that counts) or its hang
+        if (requests is not None and requests.is_file() and '"outcome":"ok"' in requests.read_text().replace(": ", ":")
+                or events is not None and events.is_file() and '"incident' in events.read_text()):
             break
-        time.sleep(0.1)
-    time.sleep(1.0)
+        time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)  # no goodbye: no bisect.json update, the segment in flight orphaned
     proc.communicate(timeout=30)
     before = _segment_dirs(out)
@@ -143,7 +146,11 @@ def test_sigterm_stops_the_segment_and_exits_130_and_a_spent_budget_exits_5(tmp_
     while not (out / ".running").is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
     child = int((out / ".running").read_text().split()[0])
-    time.sleep(1.0)
+    events = Path((out / ".running").read_text().split()[2]) / "events.jsonl"
+    while time.monotonic() < deadline + 60:  # the segment's soak run under load, not still importing
+        if events.is_file() and '"load_started"' in events.read_text().replace(": ", ":"):
+            break
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     text, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, text
@@ -179,3 +186,54 @@ def test_set_aside_finds_the_segment_from_a_file_inside_it(tmp_path: Path) -> No
     assert (tmp_path / "segment-003-build-0.unreadable").is_dir() and not seg.exists()
     _set_aside(ConfigError("damaged", path=tmp_path / "elsewhere.json"), print)  # no segment: nothing renamed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["segment-003-build-0.unreadable"]
+
+
+def _first_record(tmp_path: Path, path: Path) -> dict:
+    """The bisect.json this bisect file makes before any segment, as a finished run leaves it."""
+    from soak.bisect.cli import BISECT_JSON_LIMIT  # noqa: F401  (the bound the reader holds)
+    from soak.bisect.executor import Build
+    from soak.bisect.local import config_digest
+    from soak.bisect.record import bisect_document
+    from soak.bisect.spec import load_bisect
+
+    spec = load_bisect(path)
+    builds = [Build(i, label) for i, label in enumerate(spec.labels)]
+    return bisect_document(builds, (), model=spec.model, segment_s=spec.config.segment,
+                           digests=[config_digest(c) for c in spec.segment_configs])
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"segment": "7s"}, "other settings (segment (5s then, 7s now))"),
+    ({"prior": [1, 1, 1, 5]}, "other settings (prior)"),
+    ({"rates": {"mtbf_min": "1s", "mtbf_max": "2h", "max_ratio": None}}, "other settings (rates)"),
+    ({"builds": [{"label": f"b{i + 1}", "target": _sim("10m" if i < 1 else "1s")} for i in range(4)]},
+     "other settings (the target or run config of b2)"),
+])
+def test_a_resume_under_changed_settings_is_refused_by_name(tmp_path: Path, capsys, change, said) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bisect.json").write_text(json.dumps(_first_record(tmp_path, _bisect_file(tmp_path))))
+    (out / "segment-000-build-2").mkdir()
+    assert main(["bisect", str(_bisect_file(tmp_path, **change)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    # unchanged (or only the budget) it goes on: no refusal before the segments are read
+    from soak.bisect.cli import _check_out
+    from soak.bisect.spec import load_bisect
+
+    same = _bisect_file(tmp_path, budget={"segments": 30})
+    _check_out(out, load_bisect(same).labels, resume=True, expect=_first_record(tmp_path, same))
+
+
+def test_a_hostile_bisect_json_is_refused_in_one_printable_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "segment-000-build-0").mkdir()
+    (out / "bisect.json").write_text(json.dumps({"builds": [{"label": "b1\x1b[2J\nsoak bisect: found b9"}]}))
+    assert main(["bisect", str(_bisect_file(tmp_path)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "a bisect of other builds" in err
+    with open(out / "bisect.json", "wb") as f:  # a file past the bound is not read whole
+        f.truncate((64 << 20) + 1)
+    assert main(["bisect", str(_bisect_file(tmp_path)), "--out", str(out)]) == 2
+    assert "over 64 MiB" in capsys.readouterr().err

@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from soak.bisect.conduct import conduct, segment_dir
 from soak.bisect.executor import Build, SegmentResult
@@ -94,3 +96,26 @@ async def test_the_budget_ends_it() -> None:
 async def test_the_builds_must_be_the_models() -> None:
     with pytest.raises(ValueError, match="the model's"):
         await conduct(builds(5), FakeExecutor([1.0] * 5), model=model(builds=6), segment_s=60.0, root=ROOT)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 40), min_size=1, max_size=8), st.sets(st.integers(0, 60), max_size=4))
+def test_a_new_segment_never_takes_a_used_number(done_numbers: set[int], set_aside: set[int]) -> None:
+    import asyncio
+    import tempfile
+
+    from soak.bisect.segments import next_number, parse_segment_dir
+
+    builds = [Build(i, f"b{i}") for i in range(4)]
+    done = [SegmentResult(n % 4, ROOT / f"segment-{n:03d}-build-{n % 4}", 300.0, 0, "time")
+            for n in sorted(done_numbers)]
+    with tempfile.TemporaryDirectory() as tmp:  # what a resume finds on disk: set-aside ones too
+        for n in set_aside:
+            (Path(tmp) / f"segment-{n:03d}-build-0.unreadable").mkdir()
+        first = next_number(Path(tmp))
+    fake = FakeExecutor([3600.0, 3600.0, 60.0, 60.0])
+    asyncio.run(conduct(builds, fake, model=model(builds=4), segment_s=300, root=ROOT, done=done,
+                        max_segments=len(done) + 3, first_number=first))
+    used = done_numbers | set_aside
+    new = [parse_segment_dir(run_dir)[0] for _, run_dir in fake.submitted]
+    assert new and not set(new) & used and len(set(new)) == len(new)

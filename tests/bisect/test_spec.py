@@ -72,3 +72,37 @@ def test_the_prior_from_history(tmp_path: Path) -> None:
     prior = load_bisect(tmp_path / "bisect.yaml").model.prior
     assert max(range(4), key=lambda k: prior[k]) == 2 and abs(sum(prior) - 1) < 1e-9
     assert prior[0] < prior[2] and prior[3] < prior[2]
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+_SIM = {"kind": "simulator"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,20}", fullmatch=True),
+       st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True),
+       st.sampled_from(["\n", "\r\n", "\t", " ", "\x1b[31m", "\x00"]))
+def test_a_name_with_a_trailing_control_character_is_refused(label: str, env: str, tail: str) -> None:
+    from pydantic import ValidationError
+
+    from soak.bisect.spec import BuildSpec, SlurmExecutorSpec
+
+    launched = {"kind": "launched", "command": "vllm serve m"}
+    BuildSpec.model_validate({"label": label, "target": launched, "env": {env: "1"}})  # as given: accepted
+    SlurmExecutorSpec.model_validate({"kind": "slurm", "partition": label[:64].replace("+", "").replace(":", "")
+                                      .replace("@", "").replace("/", "") or "p"})
+    for bad in ({"label": label + tail, "target": launched}, {"label": label, "target": launched, "env": {env + tail: "1"}}):
+        with pytest.raises(ValidationError):
+            BuildSpec.model_validate(bad)
+    with pytest.raises(ValidationError):
+        SlurmExecutorSpec.model_validate({"kind": "slurm", "partition": "gpu" + tail})
+
+
+def test_an_all_zero_prior_is_named_at_prior(tmp_path: Path) -> None:
+    sim = {"kind": "simulator"}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"segment": "5s", "prior": [0, 0, 0],
+                                                      "builds": [{"label": f"b{i}", "target": sim} for i in range(3)]}))
+    with pytest.raises(ConfigError, match=r"b\.yaml: prior: the prior needs 3 weights"):
+        load_bisect(tmp_path / "b.yaml")

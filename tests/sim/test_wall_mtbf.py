@@ -68,12 +68,13 @@ async def test_fires_after_the_draw_in_wall_seconds_from_the_first_request(sim_a
         while True:
             async with s.get(sim.base_url + "/sim/state") as r:
                 fault = (await r.json())["fault"]
-            if fault["fired"] or time.time() - started > due + 3:
+            if fault["fired"] or time.time() - started > due + 10:
                 break
             await asyncio.sleep(0.02)
     assert fault["fired"] and fault["kind"] == "pp_deadlock"
     # the same wall delay at time_scale 1 and 200: time_scale compresses the server's work only
-    assert due - 0.05 <= fault["onset_at"] - started <= due + 0.5
+    # the upper bound leaves a loaded 2-core CI its timer lag; a scaled or server-start clock misses the lower
+    assert due - 0.05 <= fault["onset_at"] - started <= due + 2.0
 
 
 def test_each_launch_of_a_config_draws_a_fresh_onset(tmp_path) -> None:
