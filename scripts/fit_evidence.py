@@ -77,8 +77,8 @@ def readings(samples) -> list[tuple[float, dict]]:
 
 
 def count(into: dict, bins: dict) -> None:
-    if bins.get(ev.PROGRESS) == ev.MOVED:
-        return  # ends the excursion: no ratio to fit
+    if ev.PROGRESS not in bins or bins[ev.PROGRESS] == ev.MOVED:
+        return  # nothing in flight (the busy readings are the model), or the excursion ended
     for s, b in bins.items():
         into[s][b] += 1
 

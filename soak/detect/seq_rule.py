@@ -32,6 +32,10 @@ def pp_tail_sequential(s: SignalTracker, config: DetectorConfig, now: float) -> 
     fraction = state.fraction(bound)
     thresholds = {"bound": round(bound, 3), "arl0_hours": seq.arl0_hours, "reading_period_s": TABLE.period_s,
                   "low_pct": cfg.low_pct, "high_pct": cfg.high_pct}
+    if not s.in_flight:
+        return RuleStatus(NAME, RuleState.CLEAR, elapsed_s=round(state.total, 3), threshold_s=round(bound, 3),
+                          reasons=("no requests in flight",),
+                          evidence={"thresholds": thresholds, "suspect": round(fraction, 3)})
     if state.since is None or fraction < seq.suspect_fraction:
         return RuleStatus(NAME, RuleState.CLEAR, elapsed_s=round(state.total, 3), threshold_s=round(bound, 3),
                           evidence={"thresholds": thresholds, "suspect": round(fraction, 3)})

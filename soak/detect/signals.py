@@ -300,7 +300,11 @@ class SignalTracker:
         """One fresh GPU reading's evidence (a stale one never gets here: it adds nothing);
         True when it reaches the bound."""
         if not self.in_flight:
-            self.evidence = ev.cleared(self.evidence)
+            # Nothing in flight: no progress to expect, but a tail dark beside a spinning
+            # upstream is still the signature (an idle healthy pipeline reads dark
+            # everywhere, which clears it); the rule decides once requests come.
+            self.evidence = ev.step(self.evidence, at=t, bins={ev.TAIL: tail}, table=TABLE, span_s=span,
+                                    weight=weight)
             return False
         last = self.last_progress_at
         known = [x for x in (last, self.busy_since) if x is not None]
