@@ -27,7 +27,6 @@ and keep their window rule); the table says so in its provenance.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
 from collections import Counter
@@ -52,11 +51,11 @@ OUT = ROOT / "soak" / "detect" / "evidence_table.py"
 
 
 def load_make():
-    spec = importlib.util.spec_from_file_location("trace_make", ROOT / "tests" / "fixtures" / "traces" / "make.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trace_make"] = module
-    spec.loader.exec_module(module)
-    return module
+    """tests/fixtures/traces/make.py, loaded as bench/detection.py loads it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from detection import _load_make
+
+    return _load_make()
 
 
 def readings(samples) -> list[tuple[float, dict]]:

@@ -121,15 +121,7 @@ def test_pp_tail_stall_decides_on_sequential_evidence_within_two_seconds_with_an
 def test_pp_tail_stall_fires_after_its_window_with_onset_at_the_pattern_start():
     """The window rule, kept for stage CPU and for a config that switches the evidence off."""
     det = make(pp_tail_stall={"sequential": {"enabled": False}})
-    samples = healthy_run(10.0)
-    # from t=10.25 the tail idles while upstream spins; counters freeze at their t=10 values
-    t = 10.25
-    while t < 30:
-        samples += [gpus(t, 0.0)]
-        t += 0.5
-    for t in range(11, 30):
-        samples += [server(t, 100.0 + 10 * 30, kv=0.3 + 10 * 1e-4), client(t, 5000 + 10 * 300)]
-    decisions, states = feed(det, samples, 30)
+    decisions, states = feed(det, _tail_stall_at_10_25(), 30)
     assert len(decisions) == 1
     d = decisions[0]
     assert d.rule == "pp_tail_stall" and d.kind is IncidentKind.HANG
