@@ -524,3 +524,20 @@ def test_run_config_errors_name_the_detector_field(tmp_path):
     path.write_text("detector:\n  generation_frozen:\n    floor: 20s\n    ceiling: 3m\n")
     cfg = load_run_config(path).detector.generation_frozen
     assert (cfg.floor, cfg.ceiling) == (20.0, 180.0)
+
+
+def test_a_hang_between_turns_is_decided_once_a_request_is_in_flight():
+    """The tail dark beside a spinning upstream while nothing is in flight is the signature
+    already; the rule waits for a request (as the window rule did), then decides at once,
+    and the interval still starts before the stall began."""
+    det = make()
+    samples = healthy_run(10.0)
+    samples += [server(t, 100.0 + 10 * 30, running=0) for t in range(11, 30)]
+    samples += [client(t, 5000 + 10 * 300, in_flight=0, streaming=0) for t in range(11, 20)]
+    samples += [client(t, 5000 + 10 * 300) for t in range(20, 30)]  # the next turn at 20 s
+    samples += [gpus(10.25 + 0.5 * k, 0.0) for k in range(40)]
+    decisions, _ = feed(det, samples, 30)
+    [d] = decisions
+    assert 20.0 <= d.decided_at - T0 <= 20.6
+    assert d.evidence["onset_interval"]["latest"] == pytest.approx(T0 + 10.25)
+    assert d.evidence["onset_interval"]["earliest"] <= T0 + 10.0
