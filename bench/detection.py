@@ -257,8 +257,9 @@ def compare_kinds(make, n: int, rng: random.Random) -> tuple[dict, list[str], li
             onset = make.T0 + fault_at
             # A hang that begins between turns shows once a request is in flight: no rule
             # that needs one can decide before it (a session thinking for up to 30 s).
-            seen = min((x.ts for x in samples if isinstance(x, ClientSample) and x.ts >= onset and x.in_flight > 0),
-                       default=onset)
+            clients = [x for x in samples if isinstance(x, ClientSample)]
+            busy = [x.in_flight > 0 for x in clients if x.ts < onset][-1:] == [True]
+            seen = onset if busy else min((x.ts for x in clients if x.ts >= onset and x.in_flight > 0), default=onset)
             line = [f"  {sc.name}: sessions={sc.sessions} nvml={sc.nvml_samples} in flight +{seen - onset:.2f}s"]
             for name, config in _configs().items():
                 result = replay(samples, Detector(config, topology=Topology.pipeline(8)))
