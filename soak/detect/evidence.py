@@ -147,7 +147,7 @@ def step(state: Cusum, *, at: float, bins: Mapping[str, str], table: EvidenceTab
 
 
 def cleared(state: Cusum) -> Cusum:
-    """No requests in flight: no excursion (the tail is allowed to rest)."""
+    """The excursion ends (tokens came after the pattern began); what the tail last did is kept."""
     return Cusum(last_working_at=state.last_working_at, last_at=state.last_at)
 
 
@@ -163,6 +163,6 @@ def onset_interval(state: Cusum) -> tuple[float | None, float | None]:
 
 
 __all__ = [
-    "AGE_BINS", "FRESH", "TAIL_GIVEN_FRESH", "Cusum", "EvidenceTable", "MOVED", "PARTIAL", "PROGRESS", "SIGNALS", "STALL", "TAIL", "WORKING",
-    "arl0_lower_bound_s", "bound_for_arl0", "cleared", "onset_interval", "progress_bin", "step", "tail_bin",
+    "AGE_BINS", "FRESH", "TAIL_GIVEN_FRESH", "Cusum", "EvidenceTable", "MOVED", "PARTIAL", "PROGRESS", "SIGNALS",
+    "STALL", "TAIL", "WORKING", "arl0_lower_bound_s", "bound_for_arl0", "cleared", "onset_interval", "progress_bin", "step", "tail_bin",
 ]

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from soak.detect import evidence as ev
+from soak.detect.config import DetectorConfig
 from soak.detect.evidence_table import TABLE
 from soak.detect.signals import SignalTracker
-from soak.detect.config import DetectorConfig
 from soak.records import Topology
 from soak.samples import ClientSample, GpuReading, GpuSample, GpuSource, ServerSample
 
