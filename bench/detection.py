@@ -298,6 +298,7 @@ def compare_healthy(make, hours: float) -> tuple[dict, list[float], float, float
     """Per config, the false alarms over ``hours`` simulated healthy hours (plus the fixtures);
     the after-config's excursion maxima; simulated and busy (scored) hours."""
     import soak.detect.signals as signals
+    from soak.detect import evidence as ev
 
     alarms = {c: 0 for c in _configs()}
     maxima: list[float] = []
@@ -310,10 +311,13 @@ def compare_healthy(make, hours: float) -> tuple[dict, list[float], float, float
         samples = list(load())
         for cname, config in _configs().items():
             totals: list[float] = []
+            busy = [0.0]
 
             def spy(state, **kw):
                 new = original(state, **kw)
                 totals.append(new.total)
+                if ev.PROGRESS in kw["bins"]:  # requests in flight: the load the ARL0 is about
+                    busy[0] += kw.get("weight", 1.0) * 0.5
                 return new
 
             signals.ev.step = spy
@@ -325,7 +329,7 @@ def compare_healthy(make, hours: float) -> tuple[dict, list[float], float, float
             if cname == "after":
                 maxima += _excursions(totals)
                 simulated += result.duration_s / 3600
-                scored += len(totals) * 0.5 / 3600  # one reading ~ 0.5 s (NVML's 0.2-s points weigh 0.4)
+                scored += busy[0] / 3600
             for d in result.decisions:
                 print(f"  FALSE ALARM {cname} {name}: {d.rule}: {d.reasons[0]}", flush=True)
         print(f"  {name}: {result.duration_s / 60:.0f} simulated min, alarms so far {alarms}", flush=True)
@@ -399,7 +403,7 @@ def compare(args) -> int:
     if intervals:
         print(f"onset interval (after, pp_tail_stall): true onset inside in {inside}/{len(intervals)}; "
               f"earliest {_stats([-e for e, _, _ in intervals])} before it, latest {_stats([l for _, l, _ in intervals])} after it")
-    print(f"healthy: {simulated:.1f} simulated hours ({scored:.1f} busy hours of GPU readings); "
+    print(f"healthy: {simulated:.1f} simulated hours ({scored:.1f} h of them with requests in flight); "
           f"false alarms before {alarms['before']}, after {alarms['after']} (goal 0)")
     print(f"bound h = ln(ARL0 / 0.5 s) = {bound:.2f} for ARL0 {seq.arl0_hours:g} h; Lorden: ARL0 >= "
           f"{ev.arl0_lower_bound_s(bound, 0.5) / 3600:.3g} h under the fitted healthy model (independent readings)")
