@@ -48,6 +48,8 @@ def pp_tail_sequential(s: SignalTracker, config: DetectorConfig, now: float) -> 
         f"evidence {state.total:.1f} of the bound {bound:.1f} ({fraction:.0%}; one false alarm per "
         f"{seq.arl0_hours:g} h of healthy load) over {state.points} GPU readings since the excursion began",
         f"each signal's contribution: {parts}",
+        ("no progress signal moved since the excursion began" if s.last_progress_at is None
+         else f"last progress seen {max(0.0, now - s.last_progress_at):.1f}s ago"),
         f"last stage GPU {tail} at {s.gpu_levels.get(s.topology.last_stage[0], float('nan')):g}%; "
         f"requests running: {s.running if s.running is not None else 'unknown'}; "
         f"client in flight: {s.client.in_flight if s.client else 'unknown'}",
