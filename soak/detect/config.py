@@ -49,10 +49,11 @@ class SequentialConfig(StrictModel):
     enabled: bool = True
     # One false alarm per this many hours of healthy busy load (the bound: ln(ARL0 / period)).
     arl0_hours: float = Field(10_000.0, gt=0)
-    # What one plain utilization reading averages over: NVML's
-    # nvmlDeviceGetUtilizationRates covers 1/6 s to 1 s, so the tail last worked at most
-    # this long before a working reading (the onset interval's earliest end).
-    reading_span: Duration = 1.0
+    # What one plain utilization reading averages over, at most: NVML's
+    # nvmlDeviceGetUtilizationRates covers 1/6 s to 1 s, the per-process source's window
+    # 2 s (soak.probes.process_source), so the tail last worked at most this long before
+    # a working reading (the onset interval's earliest end).
+    reading_span: Duration = 2.0
     # The detector is suspect once the evidence passes this fraction of the bound.
     suspect_fraction: float = Field(0.5, gt=0, le=1)
 
