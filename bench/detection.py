@@ -10,6 +10,16 @@ Replay part (the simulator's engine under a virtual clock, tests/fixtures/traces
   - healthy runs of at least 66 simulated minutes (cold 230K prefills, a start-up
     compile pause, idle gaps, spec-decode bursts), plus the checked-in healthy
     fixtures: incidents must be zero.
+Issue 37 (--compare): the same traces replayed "before" (pp_tail_stall's fixed window,
+``sequential.enabled: false``) and "after" (sequential evidence) in one sitting:
+  - N deadlocks of each kind the simulator injects (pp_deadlock, all_idle_deadlock,
+    crash): decided - true onset per kind, and for "after" the onset interval
+    (onset_interval earliest/latest) against the true onset;
+  - at least H simulated healthy hours: false alarms, and the ARL0 estimate from the
+    CUSUM's excursions (peaks over a threshold, exponential tail, extrapolated to
+    the bound) with a 90% interval, beside Lorden's bound exp(h) x period;
+  - the recorded real traces (tests/fixtures/stage_cpu, tests/fixtures/real_vllm):
+    the same decisions before and after (stage CPU keeps its window).
 Live part (--live): ``soak run`` with the simulator as target, ``on_hang: restart``,
 pp_deadlocks at random times (the simulator's ``mtbf`` trigger, restarted up to N
 times): per incident detected_at - onset and GPUs-free - onset, from the run's
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import random
 import statistics
 import sys
@@ -31,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from soak.detect import Detector, DetectorConfig  # noqa: E402
 from soak.records import Topology  # noqa: E402
+from soak.samples import ClientSample  # noqa: E402
 from soak.detect.replay import replay  # noqa: E402
 from soak.store.rundir import read_samples  # noqa: E402
 
@@ -222,6 +234,189 @@ def live(args) -> bool:
     return not problems and bool(free) and statistics.median(free) <= 10 and max(free) <= 20
 
 
+KINDS = ("pp_deadlock", "all_idle_deadlock", "crash")
+KIND_RULES = {"pp_deadlock": ("pp_tail_stall",), "all_idle_deadlock": ("generation_frozen",),
+              "crash": ("log_signature", "server_gone")}
+
+
+def _configs() -> dict[str, DetectorConfig]:
+    return {"before": DetectorConfig(pp_tail_stall={"sequential": {"enabled": False}}), "after": DetectorConfig()}
+
+
+def compare_kinds(make, n: int, rng: random.Random) -> tuple[dict, list[str], list[tuple[float, float, float]]]:
+    """Per config, per kind: decided - onset; the after-config's onset intervals (earliest, latest, true)."""
+    out = {c: {f"{k}{x}": [] for k in KINDS for x in ("", " (from in flight)")} for c in _configs()}
+    problems, intervals = [], []
+    for kind in KINDS:
+        for k in range(n):
+            fault_at = rng.uniform(40.0, 400.0)
+            sc = make.Scenario(f"bench_{kind}_{k}", fault_at + 40.0, sessions=rng.choice([1, 4, 8, 12]),
+                               seed=3000 + 100 * KINDS.index(kind) + k, fault=kind, fault_at=fault_at,
+                               nvml_samples=rng.random() < 0.5, think_s=(0.5, rng.choice([3.0, 10.0, 30.0])))
+            samples = list(make.record(sc))
+            onset = make.T0 + fault_at
+            # A hang that begins between turns shows once a request is in flight: no rule
+            # that needs one can decide before it (a session thinking for up to 30 s).
+            clients = [x for x in samples if isinstance(x, ClientSample)]
+            busy = [x.in_flight > 0 for x in clients if x.ts < onset][-1:] == [True]
+            seen = onset if busy else min((x.ts for x in clients if x.ts >= onset and x.in_flight > 0), default=onset)
+            line = [f"  {sc.name}: sessions={sc.sessions} nvml={sc.nvml_samples} in flight +{seen - onset:.2f}s"]
+            for name, config in _configs().items():
+                result = replay(samples, Detector(config, topology=Topology.pipeline(8)))
+                if len(result.decisions) != 1:
+                    problems.append(f"{name} {sc.name}: {len(result.decisions)} incidents")
+                    continue
+                d = result.decisions[0]
+                if d.rule not in KIND_RULES[kind]:
+                    problems.append(f"{name} {sc.name}: rule {d.rule}")
+                out[name][kind].append(d.decided_at - onset)
+                out[name][kind + " (from in flight)"].append(d.decided_at - seen)
+                line.append(f"{name}: {d.rule} +{d.decided_at - onset:.2f}s")
+                interval = d.evidence.get("onset_interval")
+                if name == "after" and interval:
+                    intervals.append((interval["earliest"] - onset, interval["latest"] - onset, 0.0))
+                    line.append(f"interval [{interval['earliest'] - onset:+.2f}, {interval['latest'] - onset:+.2f}]s")
+            print(" ".join(line), flush=True)
+    return out, problems, intervals
+
+
+def _excursions(totals: list[float]) -> list[float]:
+    """The maxima of the CUSUM's excursions above 0, in order."""
+    maxima, current = [], 0.0
+    for x in totals:
+        if x > 0:
+            current = max(current, x)
+        elif current > 0:
+            maxima.append(current)
+            current = 0.0
+    if current > 0:
+        maxima.append(current)
+    return maxima
+
+
+def compare_healthy(make, hours: float) -> tuple[dict, list[float], float, float]:
+    """Per config, the false alarms over ``hours`` simulated healthy hours (plus the fixtures);
+    the after-config's excursion maxima; simulated and busy (scored) hours."""
+    import soak.detect.signals as signals
+    from soak.detect import evidence as ev
+
+    alarms = {c: 0 for c in _configs()}
+    maxima: list[float] = []
+    simulated = scored = 0.0
+    original = signals.ev.step
+    traces = [(sc.name, lambda sc=sc: make.record(sc)) for sc in healthy_scenarios(make, hours * 60)]
+    traces += [(p.name, lambda p=p: read_samples(p))
+               for p in sorted((ROOT / "tests" / "fixtures" / "traces").glob("healthy_*.jsonl.gz"))]
+    for name, load in traces:
+        samples = list(load())
+        for cname, config in _configs().items():
+            totals: list[float] = []
+            busy = [0.0]
+
+            def spy(state, **kw):
+                new = original(state, **kw)
+                totals.append(new.total)
+                if ev.PROGRESS in kw["bins"]:  # requests in flight: the load the ARL0 is about
+                    busy[0] += kw.get("weight", 1.0) * 0.5
+                return new
+
+            signals.ev.step = spy
+            try:
+                result = replay(samples, Detector(config, topology=Topology.pipeline(8)))
+            finally:
+                signals.ev.step = original
+            alarms[cname] += len(result.decisions)
+            if cname == "after":
+                maxima += _excursions(totals)
+                simulated += result.duration_s / 3600
+                scored += busy[0] / 3600
+            for d in result.decisions:
+                print(f"  FALSE ALARM {cname} {name}: {d.rule}: {d.reasons[0]}", flush=True)
+        print(f"  {name}: {result.duration_s / 60:.0f} simulated min, alarms so far {alarms}", flush=True)
+    return alarms, maxima, simulated, scored
+
+
+def arl0_estimate(maxima: list[float], hours: float, bound: float) -> str:
+    """Peaks over threshold: excursion maxima above u are u + Exp(lambda) (for a CUSUM of
+    log-likelihood ratios Wald's inequality puts lambda >= 1); crossings of the bound come
+    at rate (k_u / hours) exp(-lambda (h - u)). 90% interval: chi-square on lambda,
+    Poisson on k_u, taken at the worst and best corners."""
+    from scipy.stats import chi2
+
+    if not maxima:
+        return (f"no CUSUM excursion above 0 in {hours:.1f} busy hours: nothing to extrapolate; "
+                f"the replay alone shows ARL0 >= {hours / 3:.1f} h (95%, no crossing in {hours:.1f} h)")
+    ranked = sorted(maxima)
+    u = ranked[max(0, len(ranked) - max(5, len(ranked) // 10))]  # the top decile, at least 5 maxima
+    excess = [m - u for m in maxima if m >= u]
+    k = len(excess)
+    if k < 5 or sum(excess) <= 0:
+        return f"{len(maxima)} excursions, too few above a threshold to fit (max {max(maxima):.2f})"
+    lam = k / sum(excess)
+    lam_lo, lam_hi = lam * chi2.ppf(0.05, 2 * k) / (2 * k), lam * chi2.ppf(0.95, 2 * k) / (2 * k)
+    rate_lo, rate_hi = chi2.ppf(0.05, 2 * k) / 2 / hours, chi2.ppf(0.95, 2 * (k + 1)) / 2 / hours
+
+    def arl(rate: float, lam_: float) -> float:
+        return 1.0 / (rate * math.exp(-lam_ * (bound - u)))
+
+    return (f"{len(maxima)} excursions in {hours:.1f} busy hours, max {max(maxima):.2f} (bound {bound:.2f}); "
+            f"tail above u={u:.2f}: k={k}, lambda={lam:.2f} (90%: {lam_lo:.2f}-{lam_hi:.2f}); "
+            f"ARL0 ~ {arl(k / hours, lam):.3g} h (90%: {arl(rate_hi, lam_lo):.3g} - {arl(rate_lo, lam_hi):.3g} h)")
+
+
+def compare_real() -> list[str]:
+    """The recorded real traces: the decisions before and after (stage CPU keeps its window)."""
+    lines = []
+    paths = sorted((ROOT / "tests" / "fixtures" / "stage_cpu").glob("*.samples.jsonl.gz"))
+    paths += [ROOT / "tests" / "fixtures" / "real_vllm" / "hang_between_turns.samples.jsonl.gz"]
+    for path in paths:
+        got = {}
+        for name, config in _configs().items():
+            result = replay(read_samples(path), Detector(config, topology=Topology.pipeline(2)), reset_after_incident=True)
+            got[name] = [(d.rule, round(d.decided_at, 2)) for d in result.decisions]
+        same = "same" if got["before"] == got["after"] else "DIFFERENT"
+        lines.append(f"  {path.name}: {same}; before {got['before']}; after {got['after']}")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def compare(args) -> int:
+    from soak.detect import evidence as ev
+
+    make = _load_make()
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+    print(f"compare: {args.deadlocks} deadlocks of each kind {KINDS}, before (window) and after (sequential)")
+    by, problems, intervals = compare_kinds(make, args.deadlocks, rng)
+    print(f"compare: healthy, at least {args.healthy_hours:g} simulated hours")
+    alarms, maxima, simulated, scored = compare_healthy(make, args.healthy_hours)
+    print("compare: recorded real traces")
+    real = compare_real()
+    seq = DetectorConfig().pp_tail_stall.sequential
+    bound = ev.bound_for_arl0(seq.arl0_hours * 3600, 0.5)
+    print()
+    print(f"detected - true onset (replay, same traces, same sitting; {time.monotonic() - started:.0f} s wall):")
+    for kind in by["after"]:
+        for name in ("before", "after"):
+            print(f"  {kind:35s} {name:6s} {_stats(by[name][kind])}")
+    inside = sum(1 for e, l, _ in intervals if e <= 0.0 <= l)
+    if intervals:
+        print(f"onset interval (after, pp_tail_stall): true onset inside in {inside}/{len(intervals)}; "
+              f"earliest {_stats([-e for e, _, _ in intervals])} before it, latest {_stats([l for _, l, _ in intervals])} after it")
+    print(f"healthy: {simulated:.1f} simulated hours ({scored:.1f} h of them with requests in flight); "
+          f"false alarms before {alarms['before']}, after {alarms['after']} (goal 0)")
+    print(f"bound h = ln(ARL0 / 0.5 s) = {bound:.2f} for ARL0 {seq.arl0_hours:g} h; Lorden: ARL0 >= "
+          f"{ev.arl0_lower_bound_s(bound, 0.5) / 3600:.3g} h under the fitted healthy model (independent readings)")
+    print(f"ARL0 from the replayed healthy excursions: {arl0_estimate(maxima, scored, bound)}")
+    pp = by["after"]["pp_deadlock"]
+    ok = (not problems and alarms["after"] == 0 and pp and statistics.median(pp) <= 2.0 and max(pp) <= 3.0
+          and inside == len(intervals))
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    print("goals met" if ok else "goals NOT met")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="detection latency and false positives")
     parser.add_argument("--deadlocks", type=int, default=24)
@@ -231,7 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-deadlocks", type=int, default=20)
     parser.add_argument("--skip-replay", action="store_true", help="only the live part")
     parser.add_argument("--time-scale", type=float, default=8.0)
+    parser.add_argument("--compare", action="store_true", help="issue 37: window vs sequential, same traces")
+    parser.add_argument("--healthy-hours", type=float, default=24.0, help="with --compare")
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare(args)
     make = _load_make()
     config = DetectorConfig()
     rng = random.Random(args.seed)

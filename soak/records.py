@@ -241,6 +241,9 @@ class IncidentRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # The flight-recorder diagnosis line (soak.flightrec.diagnose), when the ranks dumped.
     diagnosis: str | None = None
+    # The onset interval the evidence allows (issue 37; None: the rule gives none).
+    onset_earliest_at: float | None = None
+    onset_latest_at: float | None = None
 
     def __post_init__(self) -> None:
         # "hang" given for IncidentKind.HANG (a record read back from JSON) is the same member.
@@ -265,6 +268,8 @@ class IncidentRecord:
             "notes": list(self.notes),
             "extra": dict(self.extra),
             "diagnosis": self.diagnosis,
+            "onset_earliest_at": self.onset_earliest_at,
+            "onset_latest_at": self.onset_latest_at,
         }
 
     @classmethod

@@ -41,6 +41,23 @@ class StageCpuMarks(StrictModel):
         return self
 
 
+class SequentialConfig(StrictModel):
+    """``pp_tail_stall`` from GPU readings decided by sequential evidence (issue 37,
+    soak.detect.evidence): a CUSUM of per-reading log-likelihood ratios against a bound
+    set by the average run length to a false alarm. Stage-CPU readings keep the window."""
+
+    enabled: bool = True
+    # One false alarm per this many hours of healthy busy load (the bound: ln(ARL0 / period)).
+    arl0_hours: float = Field(10_000.0, gt=0)
+    # What one plain utilization reading averages over, at most: NVML's
+    # nvmlDeviceGetUtilizationRates covers 1/6 s to 1 s, the per-process source's window
+    # 2 s (soak.probes.process_source), so the tail last worked at most this long before
+    # a working reading (the onset interval's earliest end).
+    reading_span: Duration = 2.0
+    # The detector is suspect once the evidence passes this fraction of the bound.
+    suspect_fraction: float = Field(0.5, gt=0, le=1)
+
+
 class PpTailStallConfig(StrictModel):
     """The last pipeline stage idle while every upstream stage spins (NCCL busy-wait)."""
 
@@ -57,6 +74,8 @@ class PpTailStallConfig(StrictModel):
     util_sample_period: Duration = 0.2
     # The marks for a stage-CPU source (no GPUs), in place of low/high/window.
     stage_cpu: StageCpuMarks = StageCpuMarks()
+    # GPU readings: sequential evidence in place of low/high held for ``window``.
+    sequential: SequentialConfig = SequentialConfig()
 
     def marks(self, source: GpuSource | None) -> tuple[float, float, float]:
         """(low_pct, high_pct, window) for readings from ``source``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from soak.detect.config import DetectorConfig
+from soak.detect.seq_rule import pp_tail_sequential
 from soak.detect.signals import SignalTracker
 from soak.detect.stage_rule import stage_cpu_stall
 from soak.records import IncidentKind, RuleState, RuleStatus
@@ -37,6 +38,8 @@ def pp_tail_stall(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
         return RuleStatus(name, RuleState.INACTIVE, reasons=(f"no GPU or stage CPU readings ({s.gpu_error or 'none yet'})",))
     if s.gpu_error is not None and s.gpu_error.startswith("stale"):
         return RuleStatus(name, RuleState.INACTIVE, reasons=(s.gpu_error,))
+    if not stage_cpu and cfg.sequential.enabled:
+        return pp_tail_sequential(s, config, now)
     run = s.tail_run
     if run is None:
         return RuleStatus(name, RuleState.CLEAR, threshold_s=window, evidence={"thresholds": thresholds})

@@ -13,7 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Deque
 
+from soak.detect import evidence as ev
 from soak.detect.config import DetectorConfig
+from soak.detect.evidence_table import TABLE
 from soak.detect.stage_shapes import ShapeRun, classify, fold, stage_levels
 from soak.logsignatures import JIT_COMPILE, SHM_BROADCAST_WAIT
 from soak.records import Topology
@@ -93,6 +95,8 @@ class SignalTracker:
         self.gpu_error: str | None = None
         self.tail_run: TailRun | None = None
         self._last_gpu_point: float = float("-inf")
+        # GPU readings' sequential evidence for pp_tail_stall (soak.detect.evidence)
+        self.evidence = ev.Cusum()
         # Stage CPU: the current run of a stuck shape (the tail asleep, or one stage spinning alone)
         self.stage_run: ShapeRun | None = None
         # Server metrics
@@ -188,7 +192,7 @@ class SignalTracker:
         if sample.ts < self.started_at:
             return False
         if isinstance(sample, GpuSample):
-            self._observe_gpu(sample)
+            return self._observe_gpu(sample)
         elif isinstance(sample, ServerSample):
             self._observe_server(sample)
         elif isinstance(sample, ClientSample):
@@ -214,20 +218,27 @@ class SignalTracker:
                         and len(self.shm_waits_since_progress) >= self.shm_waits_needed)
         return False
 
-    def _progress(self, key: str, ts: float) -> None:
-        """Signal ``key`` moved at ``ts``; a healthy gap is learned from it."""
+    def _progress(self, key: str, ts: float, read_before: float | None = None) -> None:
+        """Signal ``key`` moved at ``ts`` (since its reading at ``read_before``); a healthy
+        gap is learned from it."""
         previous = self.last_progress_at
         self.last_change[key] = ts
+        hung_from = self.evidence.first_hung_at
+        if hung_from is not None and read_before is not None and read_before >= hung_from:
+            # It moved after a reading taken once the tail looked stuck: tokens came after
+            # the pattern began, which a stopped engine cannot do. The excursion ends.
+            self.evidence = ev.cleared(self.evidence)
         if self.busy_since is None or not self.generated_since_start:
             return  # idle gaps and start-up pauses are not healthy gaps to learn from
         start = max(previous, self.busy_since) if previous is not None else self.busy_since
         if ts > start:
             (self.cold_gaps if self.cold else self.progress_gaps).append(ts - start)
 
-    def _observe_gpu(self, sample: GpuSample) -> None:
+    def _observe_gpu(self, sample: GpuSample) -> bool:
+        """True when the reading's evidence reached pp_tail_stall's bound."""
         if sample.error is not None or not sample.gpus:
             self.gpu_error = sample.error or "no GPUs in the sample"
-            return
+            return False
         window = self.config.pp_tail_stall.window
         if sample.fresh_at is not None and sample.ts - sample.fresh_at > window:
             # A reading older than the window (an exporter collecting every 30 s) is
@@ -237,7 +248,7 @@ class SignalTracker:
                               f"(the {sample.source.value} source refreshes too slowly)")
             self.tail_run = None
             self.gpu_levels = {}
-            return
+            return False
         self.gpu_error = None
         self.gpu_ts = sample.ts
         self.gpu_source = sample.source
@@ -248,7 +259,7 @@ class SignalTracker:
         tail = [readings[i] for i in self.topology.last_stage if i in readings]
         upstream = [readings[i] for i in self.topology.upstream if i in readings]
         if not tail or not upstream:
-            return
+            return False
         cfg = self.config.pp_tail_stall
         series_tail = [g.util_samples or (g.util_pct,) for g in tail]
         series_up = [g.util_samples or (g.util_pct,) for g in upstream]
@@ -256,14 +267,19 @@ class SignalTracker:
         # A repeated collection is one point in time (when it was collected), not a
         # new one each read: its 0%/100% must not stretch into a window.
         taken = sample.fresh_at if sample.fresh_at is not None else sample.ts
+        crossed = False
         for k in range(n):
             t = taken - (n - 1 - k) * cfg.util_sample_period
             if t <= self._last_gpu_point:
                 continue
-            self._last_gpu_point = t
+            gap, self._last_gpu_point = t - self._last_gpu_point, t
             tail_pct = max(s[len(s) - n + k] for s in series_tail)
             up_pct = min(s[len(s) - n + k] for s in series_up)
             low_pct, high_pct, _ = cfg.marks(sample.source)
+            if sample.source is not GpuSource.STAGE_CPU:
+                span = cfg.util_sample_period if tail[0].util_samples else cfg.sequential.reading_span
+                crossed |= self._fold_evidence(t, ev.tail_bin(tail_pct, up_pct, low_pct=low_pct, high_pct=high_pct),
+                                               span=span, weight=min(1.0, gap / TABLE.period_s))
             if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
@@ -278,6 +294,25 @@ class SignalTracker:
                 self.tail_run.dipped = True
             else:
                 self.tail_run = None
+        return crossed and cfg.sequential.enabled
+
+    def _fold_evidence(self, t: float, tail: str, *, span: float, weight: float) -> bool:
+        """One fresh GPU reading's evidence (a stale one never gets here: it adds nothing);
+        True when it reaches the bound."""
+        if not self.in_flight:
+            # Nothing in flight: no progress to expect, but a tail dark beside a spinning
+            # upstream is still the signature (an idle healthy pipeline reads dark
+            # everywhere, which clears it); the rule decides once requests come.
+            self.evidence = ev.step(self.evidence, at=t, bins={ev.TAIL: tail}, table=TABLE, span_s=span,
+                                    weight=weight)
+            return False
+        last = self.last_progress_at
+        known = [x for x in (last, self.busy_since) if x is not None]
+        age = max(0.0, t - max(known)) if known else 0.0
+        bins = {ev.TAIL: tail, ev.PROGRESS: ev.progress_bin(age, moved_during_pattern=False)}
+        self.evidence = ev.step(self.evidence, at=t, bins=bins, table=TABLE, span_s=span, weight=weight)
+        return self.evidence.total >= ev.bound_for_arl0(self.config.pp_tail_stall.sequential.arl0_hours * 3600.0,
+                                                        TABLE.period_s)
 
     def _observe_stage_shape(self, ts: float) -> None:
         # A failed reading leaves the run as it is: the next reading's delta spans the
@@ -301,7 +336,7 @@ class SignalTracker:
                 self.busy_since = sample.ts
             elif running <= 0 and not (self.client and self.client.in_flight > 0):
                 self.busy_since = None
-        first = self.server_ts is None
+        first, read_before = self.server_ts is None, self.server_ts
         self.server_ts = sample.ts
         for key in SERVER_PROGRESS_KEYS:
             value = values.get(key)
@@ -313,7 +348,7 @@ class SignalTracker:
                 continue
             if key == GENERATION_KEY and not first:
                 self._generated()
-            self._progress(key, sample.ts)
+            self._progress(key, sample.ts, read_before)
         for key in ("num_requests_running", "num_requests_waiting"):
             if key in values:
                 self.server_values[key] = values[key]
@@ -343,7 +378,7 @@ class SignalTracker:
                     # hung server, seen on the real vLLM), not progress: counting it
                     # restarted the clock and taught a 60 s "healthy" gap.
                     continue
-                self._progress(key, sample.ts)
+                self._progress(key, sample.ts, self.client.ts if self.client else None)
         if sample.in_flight > 0 and self.busy_since is None:
             # No server metrics, or a running gauge of 0 while our requests wait:
             # an engine stuck inside a step publishes no new stats, so a hang that

@@ -135,7 +135,8 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
         elif kind == EventType.WALL_CLOCK_STEP and len(wall_steps) < 20:
             wall_steps.append({k: event.get(k) for k in ("ts", "mono", "step_s", "wall_before", "wall_after")})
         elif kind == EventType.INCIDENT:
-            incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis")})
+            incidents.append({k: event.get(k) for k in (*INCIDENT_FIELDS, "number", "summary", "gpu_free_s", "diagnosis",
+                                                         "onset_earliest_at", "onset_latest_at")})
         elif kind == EventType.INCIDENT_STARTED:
             paused = event
         elif kind == EventType.RESTART_DONE:

@@ -227,6 +227,8 @@ class Responder:
             survivors=tuple(result.survivors) if result is not None else (),
             notes=tuple(bundle.notes() + notes),
             diagnosis=diagnosis,
+            onset_earliest_at=(decision.evidence.get("onset_interval") or {}).get("earliest"),
+            onset_latest_at=(decision.evidence.get("onset_interval") or {}).get("latest"),
             extra={
                 "killed": [i.to_json() for i in killed],
                 **({"shm_removed": [seg.path for seg in shm.removed]} if shm is not None else {}),

@@ -353,7 +353,8 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
             decision = obj.get("decision") if isinstance(obj.get("decision"), dict) else {}
             decision = typed_fields(decision, {**EVENT_TYPES, "decided_at": is_timestamp})
             if isinstance(record, dict):
-                entry.update({k: record.get(k) for k in (*INCIDENT_FIELDS, "summary", "gpu_free_s", "diagnosis")})
+                entry.update({k: record.get(k) for k in (*INCIDENT_FIELDS, "summary", "gpu_free_s", "diagnosis",
+                                                  "onset_earliest_at", "onset_latest_at")})
             else:
                 entry.update({
                     "kind": decision.get("kind"), "rule": decision.get("rule"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from pydantic import ValidationError
@@ -84,8 +85,7 @@ def healthy_run(until, *, gen_every=1.0, start=0.0):
 # -- pp_tail_stall ------------------------------------------------------------------
 
 
-def test_pp_tail_stall_fires_after_its_window_with_onset_at_the_pattern_start():
-    det = make()
+def _tail_stall_at_10_25():
     samples = healthy_run(10.0)
     # from t=10.25 the tail idles while upstream spins; counters freeze at their t=10 values
     t = 10.25
@@ -94,7 +94,34 @@ def test_pp_tail_stall_fires_after_its_window_with_onset_at_the_pattern_start():
         t += 0.5
     for t in range(11, 30):
         samples += [server(t, 100.0 + 10 * 30, kv=0.3 + 10 * 1e-4), client(t, 5000 + 10 * 300)]
-    decisions, states = feed(det, samples, 30)
+    return samples
+
+
+def test_pp_tail_stall_decides_on_sequential_evidence_within_two_seconds_with_an_onset_interval():
+    """Issue 37: the tail dark beside a spinning upstream and no progress is overwhelming
+    evidence; it decides in a few readings, not after a fixed window, and says when the
+    hang began at the earliest and the latest."""
+    det = make()
+    decisions, states = feed(det, _tail_stall_at_10_25(), 30)
+    [d] = decisions
+    assert d.rule == "pp_tail_stall" and d.kind is IncidentKind.HANG
+    assert d.decided_at - (T0 + 10.25) <= 2.0
+    assert d.onset_at == pytest.approx(T0 + 10.25)
+    interval = d.evidence["onset_interval"]
+    # the last working reading (t=10, 60%) averages up to a second before it
+    assert interval["earliest"] <= T0 + 10.0 and interval["latest"] == pytest.approx(T0 + 10.25)
+    assert d.evidence["thresholds"]["bound"] == pytest.approx(math.log(10_000 * 3600 / 0.5), abs=1e-3)
+    assert d.evidence["signals"]["contributions"]["tail_pattern"] > 0
+    assert any("tail_pattern" in r or "last stage GPU dark" in r for r in d.reasons)
+    json.dumps(d.to_json())
+    kinds = [s for _, s in states]
+    assert kinds[0] is DetectorState.HEALTHY and kinds[-1] is DetectorState.HUNG
+
+
+def test_pp_tail_stall_fires_after_its_window_with_onset_at_the_pattern_start():
+    """The window rule, kept for stage CPU and for a config that switches the evidence off."""
+    det = make(pp_tail_stall={"sequential": {"enabled": False}})
+    decisions, states = feed(det, _tail_stall_at_10_25(), 30)
     assert len(decisions) == 1
     d = decisions[0]
     assert d.rule == "pp_tail_stall" and d.kind is IncidentKind.HANG
@@ -497,3 +524,20 @@ def test_run_config_errors_name_the_detector_field(tmp_path):
     path.write_text("detector:\n  generation_frozen:\n    floor: 20s\n    ceiling: 3m\n")
     cfg = load_run_config(path).detector.generation_frozen
     assert (cfg.floor, cfg.ceiling) == (20.0, 180.0)
+
+
+def test_a_hang_between_turns_is_decided_once_a_request_is_in_flight():
+    """The tail dark beside a spinning upstream while nothing is in flight is the signature
+    already; the rule waits for a request (as the window rule did), then decides at once,
+    and the interval still starts before the stall began."""
+    det = make()
+    samples = healthy_run(10.0)
+    samples += [server(t, 100.0 + 10 * 30, running=0) for t in range(11, 30)]
+    samples += [client(t, 5000 + 10 * 300, in_flight=0, streaming=0) for t in range(11, 20)]
+    samples += [client(t, 5000 + 10 * 300) for t in range(20, 30)]  # the next turn at 20 s
+    samples += [gpus(10.25 + 0.5 * k, 0.0) for k in range(40)]
+    decisions, _ = feed(det, samples, 30)
+    [d] = decisions
+    assert 20.0 <= d.decided_at - T0 <= 20.6
+    assert d.evidence["onset_interval"]["latest"] == pytest.approx(T0 + 10.25)
+    assert d.evidence["onset_interval"]["earliest"] <= T0 + 10.0
