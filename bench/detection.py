@@ -391,7 +391,7 @@ def compare(args) -> int:
     print(f"compare: healthy, at least {args.healthy_hours:g} simulated hours")
     alarms, maxima, simulated, scored = compare_healthy(make, args.healthy_hours)
     print("compare: recorded real traces")
-    real = compare_real()
+    compare_real()  # prints its lines as it goes
     seq = DetectorConfig().pp_tail_stall.sequential
     bound = ev.bound_for_arl0(seq.arl0_hours * 3600, 0.5)
     print()

@@ -9,7 +9,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from soak.config import RunConfig
-from soak.events import EventType
 from soak.exposure import intervals_of
 from soak.prove.live import ProofTracker, proof_of
 from soak.prove.sprt import ProofState, plan
