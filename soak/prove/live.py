@@ -101,8 +101,10 @@ class ProofTracker:
             # the path as far as every hang is known: a prefix, so it crosses where the whole path does, or not yet
             known = proof_of(self.plan, cut_at(intervals, now - self.horizon_s))[0]
             if known.state is ProofState.UNDECIDED:
-                return pending(decision, exposure_s=total, horizon_s=self.horizon_s,
-                               wait_s=max(0.0, decision.exposure_s - known.exposure_s))
+                # Until the horizon has passed since the run began, the known path is empty (0 s):
+                # what is left is then the line plus the horizon, less the time at risk so far.
+                wait = max(0.0, decision.exposure_s - known.exposure_s, decision.exposure_s + self.horizon_s - total)
+                return pending(decision, exposure_s=total, horizon_s=self.horizon_s, wait_s=wait)
             decision = known
         self.decided = decision
         return decision

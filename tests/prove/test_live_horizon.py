@@ -119,3 +119,17 @@ def test_the_horizon_is_the_slowest_hang_rule_plus_a_sample() -> None:
         "generation_frozen": {"enabled": False}, "client_stall": {"floor": "10s", "ceiling": "20s"},
         "log_signature": {"execute_model_timeout": "30s"}}})
     assert detection_horizon_s(quick.detector, quick.probes) == 31.5
+
+
+def test_the_wait_for_a_final_accept_counts_down_from_the_start_of_the_run():
+    # The accept line at 13.9 s with a 301.5-s horizon: 3 minutes in, 135.4 s are left, not 13.9.
+    p = plan(broken_mtbf_s=1.3, target_mtbf_s=13.0)
+    accept = p.accept_at_s(0)
+    tracker = ProofTracker(p, horizon_s=301.5)
+    tracker.on_event("load_started", {"type": "load_started", "ts": 1000.0, "mono": 0.0})
+    for elapsed in (60.0, 180.0, 300.0):
+        d = tracker.at(1000.0 + elapsed)
+        assert d.state is ProofState.UNDECIDED
+        assert abs(d.needed.clean_s - (accept + 301.5 - elapsed)) < 0.6, (elapsed, d.needed)
+        assert f"{d.needed.clean_s:.0f}" != f"{accept:.0f}"
+    assert tracker.at(1000.0 + accept + 302.5).state is ProofState.ACCEPTED
