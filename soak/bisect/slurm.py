@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,11 @@ def time_limit(segment_s: float, overhead_s: float) -> str:
 def parse_job_state(scontrol_line: str) -> str | None:
     """JobState from one ``scontrol show job -o`` line; None when absent."""
     return _field(scontrol_line, "JobState")
+
+
+def has_ended(state: str | None) -> bool:
+    """A job Slurm no longer knows (None) or in an end state ("CANCELLED+" included)."""
+    return state is None or state.split("+")[0] in ENDED
 
 
 def parse_exit_code(scontrol_line: str) -> int | None:
@@ -142,8 +148,6 @@ class SlurmExecutor:
         sbatch += ["--wrap", "exec " + shlex.join(argv)]
         env = dict(self.env) if self.env is not None else None
         if self.build_env is not None:
-            import os
-
             env = {**(env if env is not None else os.environ), **self.build_env(build)}
         out = await self._command(sbatch, env=env)
         job_id = out.strip().split(";")[0]
@@ -164,7 +168,7 @@ class SlurmExecutor:
                 if line is UNKNOWN:
                     continue  # scontrol did not answer: the job is still ours, ask again
                 state = parse_job_state(line) if line is not None else None
-                if state is None or state.split("+")[0] in ENDED:
+                if has_ended(state):
                     return self._finish(job_id, state, parse_exit_code(line or ""))
                 if state == "PENDING" and loop.time() - self._since[job_id] > self.options.pending_limit_s:
                     raise SlurmError(f"job {job_id} has been pending for over {self.options.pending_limit_s:.0f} s "
@@ -236,8 +240,7 @@ class SlurmExecutor:
         line = await self._show(job_id)
         if line is UNKNOWN:
             return False
-        state = parse_job_state(line) if line is not None else None
-        return state is None or state.split("+")[0] in ENDED
+        return has_ended(parse_job_state(line) if line is not None else None)
 
     async def _show(self, job_id: str) -> str | None:
         """scontrol's line for the job; None when Slurm no longer knows it (it
