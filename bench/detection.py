@@ -6,7 +6,8 @@
 Replay part (the simulator's engine under a virtual clock, tests/fixtures/traces/make.py):
   - N pp_deadlocks (default 24) injected at random times into random agentic runs
     (random seed, concurrency, NVML-style 200 ms samples or the simulator's dcgm
-    readings): detected_at - onset, where onset is the injection time;
+    readings): detected_at - onset, where onset is when the deadlock struck (make.py: a
+    deadlock strikes inside an engine step, so one due between turns strikes at the next);
   - healthy runs of at least 66 simulated minutes (cold 230K prefills, a start-up
     compile pause, idle gaps, spec-decode bursts), plus the checked-in healthy
     fixtures: incidents must be zero.
@@ -42,7 +43,6 @@ sys.path.insert(0, str(ROOT))
 
 from soak.detect import Detector, DetectorConfig  # noqa: E402
 from soak.records import Topology  # noqa: E402
-from soak.samples import ClientSample  # noqa: E402
 from soak.detect.replay import replay  # noqa: E402
 from soak.store.rundir import read_samples  # noqa: E402
 
@@ -71,12 +71,13 @@ def replay_deadlocks(make, n: int, rng: random.Random, config: DetectorConfig) -
             seed=1000 + k, fault="pp_deadlock", fault_at=fault_at, nvml_samples=rng.random() < 0.5,
             think_s=(0.5, rng.choice([3.0, 10.0, 30.0])),
         )
-        result = replay(make.record(scenario), Detector(config, topology=Topology.pipeline(8)))
+        truth: dict[str, float] = {}
+        result = replay(list(make.record(scenario, truth=truth)), Detector(config, topology=Topology.pipeline(8)))
         if len(result.decisions) != 1:
             problems.append(f"{scenario.name}: {len(result.decisions)} incidents")
             continue
         d = result.decisions[0]
-        onset = make.T0 + fault_at
+        onset = make.T0 + truth.get("onset", fault_at)
         if d.rule != "pp_tail_stall":
             problems.append(f"{scenario.name}: rule {d.rule}")
         latencies.append(d.decided_at - onset)
@@ -245,7 +246,7 @@ def _configs() -> dict[str, DetectorConfig]:
 
 def compare_kinds(make, n: int, rng: random.Random) -> tuple[dict, list[str], list[tuple[float, float, float]]]:
     """Per config, per kind: decided - onset; the after-config's onset intervals (earliest, latest, true)."""
-    out = {c: {f"{k}{x}": [] for k in KINDS for x in ("", " (from in flight)")} for c in _configs()}
+    out = {c: {k: [] for k in KINDS} for c in _configs()}
     problems, intervals = [], []
     for kind in KINDS:
         for k in range(n):
@@ -253,14 +254,16 @@ def compare_kinds(make, n: int, rng: random.Random) -> tuple[dict, list[str], li
             sc = make.Scenario(f"bench_{kind}_{k}", fault_at + 40.0, sessions=rng.choice([1, 4, 8, 12]),
                                seed=3000 + 100 * KINDS.index(kind) + k, fault=kind, fault_at=fault_at,
                                nvml_samples=rng.random() < 0.5, think_s=(0.5, rng.choice([3.0, 10.0, 30.0])))
-            samples = list(make.record(sc))
-            onset = make.T0 + fault_at
-            # A hang that begins between turns shows once a request is in flight: no rule
-            # that needs one can decide before it (a session thinking for up to 30 s).
-            clients = [x for x in samples if isinstance(x, ClientSample)]
-            busy = [x.in_flight > 0 for x in clients if x.ts < onset][-1:] == [True]
-            seen = onset if busy else min((x.ts for x in clients if x.ts >= onset and x.in_flight > 0), default=onset)
-            line = [f"  {sc.name}: sessions={sc.sessions} nvml={sc.nvml_samples} in flight +{seen - onset:.2f}s"]
+            truth: dict[str, float] = {}
+            samples = list(make.record(sc, truth=truth))
+            if "onset" not in truth:
+                problems.append(f"{sc.name}: the fault never struck")
+                continue
+            # The true onset: a deadlock strikes inside an engine step, so one due while the
+            # engine idles between turns strikes when the next step starts (make.py).
+            onset = make.T0 + truth["onset"]
+            line = [f"  {sc.name}: sessions={sc.sessions} nvml={sc.nvml_samples} "
+                    f"struck +{truth['onset'] - fault_at:.2f}s after due"]
             for name, config in _configs().items():
                 result = replay(samples, Detector(config, topology=Topology.pipeline(8)))
                 if len(result.decisions) != 1:
@@ -270,7 +273,6 @@ def compare_kinds(make, n: int, rng: random.Random) -> tuple[dict, list[str], li
                 if d.rule not in KIND_RULES[kind]:
                     problems.append(f"{name} {sc.name}: rule {d.rule}")
                 out[name][kind].append(d.decided_at - onset)
-                out[name][kind + " (from in flight)"].append(d.decided_at - seen)
                 line.append(f"{name}: {d.rule} +{d.decided_at - onset:.2f}s")
                 interval = d.evidence.get("onset_interval")
                 if name == "after" and interval:

@@ -125,9 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(9100)
     for j in range(args.hangs):
         at = rng.uniform(40.0, 300.0)
-        sc = make.Scenario(f"fit_hang_{j}", at + HUNG_WINDOW_S + 2, sessions=rng.choice([1, 4, 8, 12]), seed=9100 + j,
+        sc = make.Scenario(f"fit_hang_{j}", at + HUNG_WINDOW_S + 40, sessions=rng.choice([1, 4, 8, 12]), seed=9100 + j,
                            fault="pp_deadlock", fault_at=at, nvml_samples=rng.random() < 0.5)
-        hang_traces.append((make.record(sc), make.T0 + at))
+        truth: dict[str, float] = {}  # a deadlock due between turns strikes at the next step
+        samples = list(make.record(sc, truth=truth))
+        if "onset" in truth:
+            hang_traces.append((samples, make.T0 + truth["onset"]))
     for samples, onset in hang_traces:
         for t, bins in readings(samples):
             if onset <= t < onset + HUNG_WINDOW_S:

@@ -117,6 +117,10 @@ class ClientSample:
     max_silence_s: float | None = None
     # Streams past their first token that have been silent longest.
     streaming: int = 0
+    # Seconds since any stream (in flight or ended) last generated a token; None before
+    # the first. The probe runs every half second or so; this dates the last token to
+    # the moment it arrived, so a stop is timed from it, not from the next probe.
+    token_silence_s: float | None = None
 
 
 @dataclass(frozen=True)

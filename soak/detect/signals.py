@@ -9,6 +9,8 @@ a sample's ``ts``.
 
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque
@@ -106,6 +108,14 @@ class SignalTracker:
         self.running: float | None = None
         self.busy_since: float | None = None
         self.last_change: dict[str, float] = {}
+        # When the engine was last seen making progress, as the sequential evidence reads it
+        # (soak.detect.evidence, fitted with the same dating): a client token at its arrival;
+        # a scrape whose counters moved, at its own time until a later scrape shows them
+        # still, then at the scrape before it (the move may have come any time after that,
+        # and a stopped engine moves once: the scrape after the stop carries its last step).
+        self.client_alive_at: float | None = None
+        self.server_move: tuple[float, float] | None = None  # (the scrape before, the scrape)
+        self.server_still_since_move = False
         self.generated_since_start = False
         # This life's first requests: how many were in flight at its first token, and
         # the client's done count then (None: no client progress seen yet).
@@ -128,6 +138,15 @@ class SignalTracker:
         self.shm_waits: Deque[LogSample] = deque(maxlen=MAX_SHM_LINES)
 
     # -- derived facts -------------------------------------------------------------
+
+    @property
+    def alive_at(self) -> float | None:
+        """When the engine was last seen making progress (the sequential evidence's dating)."""
+        server = None
+        if self.server_move is not None:
+            server = self.server_move[0] if self.server_still_since_move else self.server_move[1]
+        known = [x for x in (server, self.client_alive_at) if x is not None]
+        return max(known) if known else None
 
     @property
     def last_progress_at(self) -> float | None:
@@ -306,8 +325,7 @@ class SignalTracker:
             self.evidence = ev.step(self.evidence, at=t, bins={ev.TAIL: tail}, table=TABLE, span_s=span,
                                     weight=weight)
             return False
-        last = self.last_progress_at
-        known = [x for x in (last, self.busy_since) if x is not None]
+        known = [x for x in (self.alive_at, self.busy_since) if x is not None]
         age = max(0.0, t - max(known)) if known else 0.0
         bins = {ev.TAIL: tail, ev.PROGRESS: ev.progress_bin(age, moved_during_pattern=False)}
         self.evidence = ev.step(self.evidence, at=t, bins=bins, table=TABLE, span_s=span, weight=weight)
@@ -337,6 +355,7 @@ class SignalTracker:
             elif running <= 0 and not (self.client and self.client.in_flight > 0):
                 self.busy_since = None
         first, read_before = self.server_ts is None, self.server_ts
+        moved = False
         self.server_ts = sample.ts
         for key in SERVER_PROGRESS_KEYS:
             value = values.get(key)
@@ -349,6 +368,12 @@ class SignalTracker:
             if key == GENERATION_KEY and not first:
                 self._generated()
             self._progress(key, sample.ts, read_before)
+            moved = True
+        if not first:
+            if moved and read_before is not None:
+                self.server_move, self.server_still_since_move = (read_before, sample.ts), False
+            elif not moved:
+                self.server_still_since_move = True
         for key in ("num_requests_running", "num_requests_waiting"):
             if key in values:
                 self.server_values[key] = values[key]
@@ -368,8 +393,11 @@ class SignalTracker:
         for key, value in current.items():
             old = self._client_prev.get(key)
             if old is not None and value != old:
+                at = sample.ts
                 if key == "client_tokens":
-                    self._client_gap(sample.ts)
+                    at = self._token_time(sample)
+                    self._client_gap(at)
+                    self.client_alive_at = at if self.client_alive_at is None else max(at, self.client_alive_at)
                 if key in ("client_requests_done", "client_bytes"):
                     # Progress is generated tokens (soak.load.progress). Bytes alone are
                     # keep-alive comments or a trickle: a server that sends ": ping" and
@@ -378,7 +406,7 @@ class SignalTracker:
                     # hung server, seen on the real vLLM), not progress: counting it
                     # restarted the clock and taught a 60 s "healthy" gap.
                     continue
-                self._progress(key, sample.ts, self.client.ts if self.client else None)
+                self._progress(key, at, self.client.ts if self.client else None)
         if sample.in_flight > 0 and self.busy_since is None:
             # No server metrics, or a running gauge of 0 while our requests wait:
             # an engine stuck inside a step publishes no new stats, so a hang that
@@ -393,6 +421,17 @@ class SignalTracker:
             self._open_cold_period(sample)  # the first token was seen before any client progress
         if self.running is None and sample.tokens_total > previous_tokens:
             self._generated()
+
+    def _token_time(self, sample: ClientSample) -> float:
+        """When the newest token arrived: the sample dates it (``token_silence_s``) inside
+        (the previous sample, this one]; a sample without it, or with junk, says its own time."""
+        silence = sample.token_silence_s
+        if silence is None or not math.isfinite(silence) or silence < 0:
+            return sample.ts
+        at = sample.ts - silence
+        if self.client is not None:
+            at = max(at, self.client.ts)
+        return min(at, sample.ts)
 
     def _generated(self) -> None:
         """A token was generated: the first one of a server life opens its cold period,

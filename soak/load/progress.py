@@ -107,6 +107,7 @@ class ProgressTracker:
         self._bytes_done = 0
         self._tokens_done = 0
         self.requests_done = 0
+        self._last_token_done: float | None = None  # the newest last token of the ended streams
 
     def open(self, mono: float) -> tuple[int, StreamProgress]:
         self._next_id += 1
@@ -120,6 +121,9 @@ class ProgressTracker:
             self._bytes_done += stream.bytes
             self._tokens_done += stream.tokens
             self.requests_done += 1
+            if stream.last_token_at is not None and (self._last_token_done is None
+                                                     or stream.last_token_at > self._last_token_done):
+                self._last_token_done = stream.last_token_at
 
     def streams(self) -> list[tuple[int, StreamProgress]]:
         return list(self._streams.items())
@@ -144,6 +148,10 @@ class ProgressTracker:
         streaming = [s for s in streams if s.first_token_at is not None]
         # Silence is time without a generated token (or since the start, before the first).
         max_silence = max((mono - s.progressed_at for s in streams), default=None)
+        last_token = max((s.last_token_at for s in streams if s.last_token_at is not None),
+                         default=self._last_token_done)
+        if last_token is not None and self._last_token_done is not None:
+            last_token = max(last_token, self._last_token_done)
         return ClientSample(
             ts=now,
             in_flight=len(streams),
@@ -152,4 +160,5 @@ class ProgressTracker:
             requests_done=self.requests_done,
             max_silence_s=max(0.0, max_silence) if max_silence is not None else None,
             streaming=len(streaming),
+            token_silence_s=None if last_token is None else max(0.0, mono - last_token),
         )

@@ -103,14 +103,14 @@ def test_a_healthy_stream_from_the_fitted_model_crosses_no_more_often_than_the_a
 
 
 def test_overwhelming_evidence_decides_in_a_few_readings_and_weak_evidence_waits():
-    strong, _ = run([(ev.STALL, "age<2"), (ev.STALL, "age<2")])
+    strong, _ = run([(ev.STALL, ev.AGE_BINS[3]), (ev.STALL, ev.AGE_BINS[3])])
     assert strong.total >= BOUND
     weak, _ = run([(ev.PARTIAL, "age<0.6")] * 3)
     assert weak.total < BOUND
 
 
 def test_progress_through_a_tail_dip_clears_the_excursion():
-    state, _ = run([(ev.STALL, "age<0.6"), (ev.STALL, "age<1.2"), (ev.STALL, "age<0.6"), (ev.STALL, ev.MOVED)])
+    state, _ = run([(ev.STALL, "age<0.6"), (ev.STALL, ev.AGE_BINS[1]), (ev.STALL, "age<0.6"), (ev.STALL, ev.MOVED)])
     assert state.total == 0.0 and state.since is None
 
 
