@@ -155,3 +155,25 @@ def test_make_still_records_from_the_simulator_engine():
                                         context_max=40_000, shared_prefix=2_000, fault="pp_deadlock", fault_at=40.0))
     (d,) = run("t", samples=stalled).decisions
     assert d.rule == "pp_tail_stall" and d.onset_at == pytest.approx(make.T0 + 40.0, abs=1.0)
+
+
+def test_a_deadlock_due_between_turns_strikes_at_the_next_engine_step():
+    """A real PP deadlock happens inside a step: one due while the engine idles strikes when
+    the next request's first step starts, and that is the onset the bench measures from."""
+    make = _make_module()
+    deferred = 0
+    for seed in range(3):
+        truth: dict = {}
+        sc = make.Scenario(f"t_idle_{seed}", 120.0, sessions=1, seed=500 + seed, context_min=20_000,
+                           context_max=40_000, shared_prefix=2_000, think_s=(20.0, 30.0),
+                           fault="pp_deadlock", fault_at=70.0)
+        samples = list(make.record(sc, truth=truth))
+        onset = make.T0 + truth["onset"]
+        assert onset >= make.T0 + 70.0
+        deferred += onset > make.T0 + 70.0
+        clients = [s for s in samples if s.kind == "client" and s.ts >= onset]
+        assert clients and clients[0].in_flight > 0  # a request was in its step at the onset
+        stuck = [s for s in samples if s.kind == "gpu" and s.gpus[7].util_pct <= 10.0
+                 and min(g.util_pct for g in s.gpus[:7]) >= 90.0]
+        assert stuck and min(s.ts for s in stuck) >= onset
+    assert deferred  # with 20-30 s between turns, some deadlock came due while idle
