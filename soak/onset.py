@@ -64,7 +64,7 @@ def latencies_words(latencies: Sequence[DetectionLatency]) -> str | None:
     figure = f"{low:.1f}" if low == high else f"{low:.1f}-{high:.1f}"
     points = sum(latency.point for latency in latencies)
     note = "" if not points else " (point estimates)" if points == len(latencies) else \
-        f" ({points} of them point estimates)"
+        f" ({points} of them {'a point estimate' if points == 1 else 'point estimates'})"
     return f"each detected {figure} s after its onset{note}"
 
 

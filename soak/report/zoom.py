@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from soak.events import EventType
+from soak.onset import latency_words
+from soak.records import DetectionLatency
 from soak.report.series import counter_rate, period_s
 
 if TYPE_CHECKING:
@@ -168,6 +170,17 @@ def _ceiling(lines: Sequence[Points]) -> float:
     return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= peak)
 
 
+def _after_onset(zoom: Zoom) -> str:
+    """The detection's label: "+3.1 s" from the dashed onset, or with an onset
+    interval the latency it allows ("3.0-3.8 s after the onset")."""
+    detected = zoom.detected_s or 0.0
+    if zoom.onset_band is None:
+        return f"+{detected:.1f} s"
+    a, b = zoom.onset_band
+    return latency_words(DetectionLatency(max(0.0, detected - b), max(0.0, detected - a), point=False)) \
+        .removeprefix("detected ")
+
+
 def zoom_svg(zoom: Zoom) -> str:
     span = zoom.span_s
     pct_top = 100.0
@@ -219,7 +232,7 @@ def zoom_svg(zoom: Zoom) -> str:
         xa, xb = _x(zoom.onset_band[0], span), _x(zoom.onset_band[1], span)
         out.append(f"<rect class='onset-interval' x='{min(xa, xb - 2)}' y='{STAGE_TOP}' "
                    f"width='{round(max(xb - xa, 2), 1)}' height='{bottom - STAGE_TOP}' fill='#c62828' "
-                   f"fill-opacity='0.18' data-from-s='{zoom.onset_band[0]:g}' data-to-s='{zoom.onset_band[1]:g}'>"
+                   f"fill-opacity='0.25' data-from-s='{zoom.onset_band[0]:g}' data-to-s='{zoom.onset_band[1]:g}'>"
                    f"<title>onset interval: {zoom.onset_band[0]:+.1f} to {zoom.onset_band[1]:+.1f} s</title></rect>")
     out.append(f"<line class='onset' x1='{x_onset}' x2='{x_onset}' y1='{STAGE_TOP}' y2='{bottom}' "
                "stroke='#c62828' stroke-width='1.4' stroke-dasharray='5 3'/>")
@@ -228,7 +241,7 @@ def zoom_svg(zoom: Zoom) -> str:
         out.append(f"<line class='detected' x1='{x_detect}' x2='{x_detect}' y1='{STAGE_TOP}' y2='{bottom}' "
                    "stroke='#c62828' stroke-width='1.6'/>")
         out.append(f"<text x='{x_detect + 3}' y='{STAGE_TOP + 40}' fill='#c62828'>detected "
-                   f"(+{zoom.detected_s:.1f} s)</text>")
+                   f"({_after_onset(zoom)})</text>")
     for t in range(-int(span), int(span) + 1, max(10, int(span) // 6)):
         out.append(f"<text x='{_x(t, span)}' y='{bottom + 14}' text-anchor='middle'>{t:+d} s</text>")
     out.append(f"<text x='{WIDTH - RIGHT + 6}' y='{y0 + 4}'>stage {last} (tail)</text>" if last > 0 else "")

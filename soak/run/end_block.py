@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from soak.durations import format_latency
 from soak.judge.reasons import threshold_text, value_text
-from soak.onset import restated
+from soak.onset import latency_words, restated
 from soak.printable import printable
 from soak.records import Verdict
 from soak.summary_file import IncidentEntry, RunSummary
@@ -112,8 +112,12 @@ def _incident_lines(summary: RunSummary) -> list[str]:
         what = f"{clean(head)} at {_offset(i.onset_at, summary.started_at)}"
         said = (i.summary or "").removeprefix(head + ": ")  # the incident line opens with the same words
         # the responder's one figure said as the interval the onset allows (issue 37)
-        said = restated(said, i.detection_latency)
-        tail = f": {clean(said)}" if said else f", detected {_offset(i.detected_at, summary.started_at)}"
+        latency = i.detection_latency
+        if said:
+            tail = f": {clean(restated(said, latency))}"
+        else:
+            tail = f", detected {_offset(i.detected_at, summary.started_at)}" \
+                + (f", {latency_words(latency).removeprefix('detected ')}" if latency is not None else "")
         lines.append(("incidents   " if not lines else "            ") + f"{i.number or '?'}. {what}{tail}")
     return lines
 
