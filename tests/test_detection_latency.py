@@ -22,12 +22,16 @@ anything = st.one_of(times, junk)
 not_a_date = junk.filter(lambda v: isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e11)
 
 
+def cases(detected, onset, earliest, latest):
+    """((detected, onset, earliest, latest), the latency derived from them)."""
+    return st.tuples(detected, onset, earliest, latest).map(lambda t: (t, detection_latency(
+        detected_at=t[0], onset_at=t[1], onset_earliest_at=t[2], onset_latest_at=t[3])))
+
+
 @settings(max_examples=100, deadline=None)
-@given(detected=anything, onset=anything, earliest=anything, latest=anything)
-def test_any_four_values_give_an_ordered_non_negative_latency_or_none_and_words(detected, onset, earliest,
-                                                                                latest) -> None:
-    latency = detection_latency(detected_at=detected, onset_at=onset, onset_earliest_at=earliest,
-                                onset_latest_at=latest)
+@given(cases(anything, anything, anything, anything))
+def test_any_four_values_give_an_ordered_non_negative_latency_or_none_and_words(case) -> None:
+    _, latency = case
     if latency is not None:
         assert 0.0 <= latency.min_s <= latency.max_s and math.isfinite(latency.max_s)
         if latency.point:
@@ -39,11 +43,9 @@ def test_any_four_values_give_an_ordered_non_negative_latency_or_none_and_words(
 
 
 @settings(max_examples=100, deadline=None)
-@given(detected=times, onset=times, earliest=times, latest=times)
-def test_with_both_ends_the_latency_runs_from_the_latest_to_the_earliest_onset(detected, onset, earliest,
-                                                                               latest) -> None:
-    latency = detection_latency(detected_at=detected, onset_at=onset, onset_earliest_at=earliest,
-                                onset_latest_at=latest)
+@given(cases(times, times, times, times))
+def test_with_both_ends_the_latency_runs_from_the_latest_to_the_earliest_onset(case) -> None:
+    (detected, _, earliest, latest), latency = case
     assert latency is not None and not latency.point
     first, last = sorted((earliest, latest))
     assert latency.min_s == max(0.0, detected - last) and latency.max_s == max(0.0, detected - first)
@@ -52,11 +54,9 @@ def test_with_both_ends_the_latency_runs_from_the_latest_to_the_earliest_onset(d
 
 
 @settings(max_examples=100, deadline=None)
-@given(detected=times, onset=times, one_end=st.one_of(st.none(), times), junk_end=not_a_date)
-def test_without_an_interval_it_is_the_one_onset_estimate_said_as_a_point(detected, onset, one_end,
-                                                                          junk_end) -> None:
-    latency = detection_latency(detected_at=detected, onset_at=onset, onset_earliest_at=one_end,
-                                onset_latest_at=junk_end)
+@given(cases(times, times, st.one_of(st.none(), times), not_a_date))
+def test_without_an_interval_it_is_the_one_onset_estimate_said_as_a_point(case) -> None:
+    (detected, onset, _, _), latency = case
     assert latency is not None and latency.point
     assert latency.min_s == latency.max_s == max(0.0, detected - onset)
     assert latency_words(latency).endswith("after the onset (point estimate)")
