@@ -112,4 +112,5 @@ def restated(summary: str, latency: DetectionLatency | None, *, sentence: bool =
     return f"{summary}; {words}" if summary else words
 
 
-__all__ = ["clock_utc", "latencies_words", "latency_sentence", "latency_words", "onset_words", "restated", "shown_range"]
+__all__ = ["clock_utc", "latencies_words", "latency_sentence", "latency_words", "onset_words", "restated",
+           "shown_range"]

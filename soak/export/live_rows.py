@@ -84,7 +84,8 @@ def _sequential(status: RuleStatus) -> bool:
 def _progress(status: RuleStatus) -> str:
     elapsed = f"{status.elapsed_s:.1f}" if status.elapsed_s is not None else "?"
     if _sequential(status):
-        share = f" ({_fraction(status):.0%} of the bound)" if status.threshold_s and status.elapsed_s is not None else ""
+        known = status.threshold_s and status.elapsed_s is not None
+        share = f" ({_fraction(status):.0%} of the bound)" if known else ""
         bound = f"/{status.threshold_s:.1f}" if status.threshold_s else ""
         return f"{status.rule} evidence {elapsed}{bound}{share}"
     if status.threshold_s:

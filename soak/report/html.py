@@ -220,7 +220,8 @@ def _incident_html(view: IncidentView, start: float) -> str:
     if view.zoom:  # drawn by soak.report.zoom from the run's numbers: its text is escaped there
         parts.append("<h4>A minute either side of the onset</h4>" + view.zoom
                      + "<p class='muted'>One line a pipeline stage, reading by reading; the last stage in thick red. "
-                       "Dashed red: onset; shaded red: the onset interval the evidence allows (where the rule gives one); solid red: detection; grey: the server down for its kill and restart (or "
+                       "Dashed red: onset; shaded red: the onset interval the evidence allows (where the rule "
+                       "gives one); solid red: detection; grey: the server down for its kill and restart (or "
                        "the stop). Below: generated tokens/s from the server's counter, and the requests it was "
                        "running.</p>")
     reasons = r.get("reasons") or []

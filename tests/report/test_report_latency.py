@@ -63,7 +63,8 @@ def test_the_report_and_summary_give_the_latency_as_the_interval_and_a_point_est
     assert _row(one, "onset (interval)").startswith("between ")
     # the responder's one optimistic figure is said as the interval, not beside it
     assert "detected 3.0-3.8 s after the onset; SIGKILL" in one.find("p").get_text() and "3.1s" not in one.text
-    assert _row(two, "detection latency") == "3.5 s after the onset (a point estimate: the rule gives no onset interval)"
+    assert _row(two, "detection latency") == \
+        "3.5 s after the onset (a point estimate: the rule gives no onset interval)"
     assert _row(two, "onset (point estimate)")
     # the zoom shades where the onset may lie, 0.7 s up to the onset estimate, for the first hang only
     [band] = one.select("svg.zoom rect.onset-interval")
