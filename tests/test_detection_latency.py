@@ -87,3 +87,13 @@ def test_an_incident_record_and_an_old_summary_entry_say_the_same() -> None:
     assert kept.detection_latency == DetectionLatency(0.9, 1.6, point=False)
     assert IncidentEntry.from_json({"detection_latency_s": {"min": "x", "max": float("nan")}}).detection_latency \
         is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(["detected_at", "onset_at", "onset_earliest_at", "onset_latest_at",
+                                        "detection_latency_s"]),
+                       st.one_of(anything, st.fixed_dictionaries({"min": anything, "max": anything}))))
+def test_a_hand_edited_summary_entry_reads_and_says_its_latency_without_raising(entry) -> None:
+    latency = IncidentEntry.from_json(entry).detection_latency
+    assert latency is None or 0.0 <= latency.min_s <= latency.max_s
+    assert latency_sentence(latency).startswith(("detected ", "detection latency unknown"))
