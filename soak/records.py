@@ -206,6 +206,74 @@ class Assessment:
         raise KeyError(name)
 
 
+# --- detection latency (derived) ------------------------------------------------------
+
+
+def _instant(value: Any) -> float | None:
+    """Unix seconds a date can be made of (as soak.jsonl.is_timestamp); anything else
+    (None, NaN, inf, a bool, a string, an int past a float) reads as absent. Compared
+    before converting, so a huge int never overflows."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < 1e11 else None
+
+
+@dataclass(frozen=True)
+class DetectionLatency:
+    """The detector decided between ``min_s`` and ``max_s`` seconds after the onset.
+
+    ``point``: the rule gave no onset interval, so both are the one onset estimate's
+    distance and a display must say it is a point estimate, not invent a width.
+    ``onset_earliest``/``onset_latest`` (unix seconds) are the onset span it is
+    measured from; None where it was read back from summary.json alone."""
+
+    min_s: float
+    max_s: float
+    point: bool
+    onset_earliest: float | None = None
+    onset_latest: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min": round(self.min_s, 3), "max": round(self.max_s, 3), "point": self.point}
+
+    @classmethod
+    def from_json(cls, value: Any) -> "DetectionLatency | None":
+        """summary.json's ``detection_latency_s`` as written, or None where it is not
+        two seconds (a hand edit, a damaged file): the reader then has nothing to show."""
+        if not isinstance(value, Mapping):
+            return None
+        low, high = _instant(value.get("min")), _instant(value.get("max"))
+        if low is None or high is None:
+            return None
+        return cls(min(low, high), max(low, high), point=value.get("point") is True)
+
+
+def detection_latency(*, detected_at: Any, onset_at: Any, onset_earliest_at: Any = None,
+                      onset_latest_at: Any = None) -> DetectionLatency | None:
+    """How long after the onset the decision came, from an incident's times. Total:
+    any value may be junk (an old or hand-edited summary.json); None only where no
+    detection time or no onset at all can be read.
+
+    With both interval ends: detected - latest .. detected - earliest (ends swapped
+    if given the wrong way round). Without: the one onset estimate, as a point. A
+    decision cannot precede its onset, so a latency below zero (clocks, hand edits)
+    reads as 0."""
+    detected = _instant(detected_at)
+    if detected is None:
+        return None
+    earliest, latest = _instant(onset_earliest_at), _instant(onset_latest_at)
+    if earliest is not None and latest is not None:
+        earliest, latest = min(earliest, latest), max(earliest, latest)
+        return DetectionLatency(max(0.0, detected - latest), max(0.0, detected - earliest), point=False,
+                                onset_earliest=earliest, onset_latest=latest)
+    onset = _instant(onset_at)
+    onset = onset if onset is not None else (latest if latest is not None else earliest)
+    if onset is None:
+        return None
+    gap = max(0.0, detected - onset)
+    return DetectionLatency(gap, gap, point=True, onset_earliest=onset, onset_latest=onset)
+
+
 # --- the responder's result ----------------------------------------------------------
 
 
@@ -248,6 +316,12 @@ class IncidentRecord:
     def __post_init__(self) -> None:
         # "hang" given for IncidentKind.HANG (a record read back from JSON) is the same member.
         object.__setattr__(self, "kind", IncidentKind(self.kind))
+
+    @property
+    def detection_latency(self) -> DetectionLatency | None:
+        """Detected between min_s and max_s seconds after the onset (issue 37)."""
+        return detection_latency(detected_at=self.detected_at, onset_at=self.onset_at,
+                                 onset_earliest_at=self.onset_earliest_at, onset_latest_at=self.onset_latest_at)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Mapping
 
 from soak.jsonl import is_timestamp
-from soak.records import Verdict
+from soak.records import DetectionLatency, Verdict, detection_latency
 
 
 def _number(value: Any) -> float | None:
@@ -124,6 +124,16 @@ class IncidentEntry:
     @property
     def is_hang(self) -> bool:
         return self.kind == "hang"
+
+    @property
+    def detection_latency(self) -> DetectionLatency | None:
+        """Detected between min_s and max_s seconds after the onset: from the onset
+        keys (an old summary.json has no ``detection_latency_s``), else as recorded."""
+        raw = self.raw
+        return detection_latency(detected_at=raw.get("detected_at"), onset_at=raw.get("onset_at"),
+                                 onset_earliest_at=raw.get("onset_earliest_at"),
+                                 onset_latest_at=raw.get("onset_latest_at")) \
+            or DetectionLatency.from_json(raw.get("detection_latency_s"))
 
     @classmethod
     def from_json(cls, obj: Any) -> IncidentEntry:

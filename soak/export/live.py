@@ -17,7 +17,7 @@ from soak.clock import Clock
 from soak.durations import format_duration
 from soak.events import EventType
 from soak.printable import printable
-from soak.export.live_rows import StageWindow, levels_text, suspect_text
+from soak.export.live_rows import StageWindow, incident_text, levels_text, suspect_text
 from soak.percentiles import percentile
 from soak.prove.sprt import Decision, ProofState
 from soak.records import Assessment, DetectorState, IncidentRecord, RunInfo
@@ -338,7 +338,7 @@ class LiveView:
 
     def on_incident(self, incident: IncidentRecord) -> None:
         self.state.incidents += 1
-        self._say(f"soak: incident {incident.number}: {incident.summary}")
+        self._say(incident_text(incident))
 
     def on_proof(self, decision: Decision) -> None:
         """Where the sequential test stands (a ``prove:`` run, each detector tick); its

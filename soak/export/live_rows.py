@@ -5,15 +5,19 @@ about as often as inside one: eight GPUs at 0.0% while tokens flow. The rows
 show each GPU's (or stage's) max and mean over the last few seconds instead
 (``StageWindow``), which a dark stage still fails and a busy one passes.
 ``suspect_text`` says which rule holds the detector in ``suspect`` and how far
-along it is ("stage_cpu_stall 2.6/5.0 s").
+along it is ("stage_cpu_stall 2.6/5.0 s"; a sequential rule's evidence against its
+bound, in nats, not seconds: "pp_tail_stall evidence 7.2/18.1 (40% of the bound)").
+``incident_text`` says an incident's detection latency as an interval.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Mapping
 
-from soak.records import Assessment, DetectorState, RuleState, RuleStatus
+from soak.onset import restated
+from soak.records import Assessment, DetectorState, IncidentRecord, RuleState, RuleStatus
 from soak.samples import GpuReading, GpuSample, GpuSource
 
 STAGE_WINDOW_S = 5.0
@@ -70,8 +74,20 @@ def levels_text(levels: tuple[StageLevel, ...]) -> str:
     return " ".join(f"{lv.max_pct:.0f}/{lv.mean_pct:.0f}" for lv in levels) or "-"
 
 
+def _sequential(status: RuleStatus) -> bool:
+    """A rule decided by sequential evidence (soak.detect.seq_rule): its elapsed_s and
+    threshold_s hold log-likelihood evidence and its bound, in nats, not seconds."""
+    thresholds = status.evidence.get("thresholds") if isinstance(status.evidence, Mapping) else None
+    return isinstance(thresholds, Mapping) and "bound" in thresholds and "arl0_hours" in thresholds
+
+
 def _progress(status: RuleStatus) -> str:
     elapsed = f"{status.elapsed_s:.1f}" if status.elapsed_s is not None else "?"
+    if _sequential(status):
+        known = status.threshold_s and status.elapsed_s is not None
+        share = f" ({_fraction(status):.0%} of the bound)" if known else ""
+        bound = f"/{status.threshold_s:.1f}" if status.threshold_s else ""
+        return f"{status.rule} evidence {elapsed}{bound}{share}"
     if status.threshold_s:
         return f"{status.rule} {elapsed}/{status.threshold_s:.1f} s"
     return f"{status.rule} {elapsed} s"
@@ -103,4 +119,12 @@ def suspect_text(assessment: Assessment, *, last: str | None = None) -> str | No
     return last or "suspect: clearing"
 
 
-__all__ = ["STAGE_WINDOW_S", "StageLevel", "StageWindow", "levels_of", "levels_text", "suspect_text"]
+def incident_text(incident: IncidentRecord) -> str:
+    """The line that stays when an incident is decided: the responder's summary with its
+    single figure said as the interval, "detected 0.9-1.6 s after the onset (onset
+    between 21:04:05.2 and 21:04:05.9 UTC)"; a rule with no interval says "point estimate"."""
+    return f"soak: incident {incident.number}: " + restated(incident.summary, incident.detection_latency,
+                                                            sentence=True)
+
+
+__all__ = ["STAGE_WINDOW_S", "incident_text", "StageLevel", "StageWindow", "levels_of", "levels_text", "suspect_text"]

@@ -14,6 +14,9 @@ from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
 from soak.report.proof import proof_html
 from soak.durations import format_latency
+from soak.onset import latency_words, onset_words, restated
+from soak.records import DetectionLatency
+from soak.summary_file import IncidentEntry
 
 if TYPE_CHECKING:  # the model is built in render, which calls render_html: types only
     from soak.report.render import IncidentView, ReportModel
@@ -178,17 +181,36 @@ def _ranges(values: Sequence[int]) -> str:
     return ", ".join(out)
 
 
+def _latency_said(latency: DetectionLatency | None) -> str:
+    if latency is None:
+        return "unknown: no onset or detection time recorded"
+    words = latency_words(latency).removeprefix("detected ")
+    return words.replace("(point estimate)", "(a point estimate: the rule gives no onset interval)")
+
+
+def _onset_row(r: Mapping[str, Any], latency: DetectionLatency | None, start: float) -> list[Any]:
+    """The onset as the evidence allows it: an interval where the rule gave one, else
+    its one estimate, named as such."""
+    if latency is None or latency.point or latency.onset_earliest is None or latency.onset_latest is None:
+        return ["onset (point estimate)", _Raw(f"{_e(_utc(r.get('onset_at')))} ({_rel(r.get('onset_at'), start)})")]
+    said = onset_words(latency) or ""
+    day = dt.datetime.fromtimestamp(latency.onset_earliest, tz=dt.timezone.utc).strftime("%Y-%m-%d")
+    return ["onset (interval)", _Raw(f"<span class='onset-interval'>{_e(said.removeprefix('onset '))}</span>, "
+                                     f"{_e(day)} ({_rel(latency.onset_earliest, start)})")]
+
+
 def _incident_html(view: IncidentView, start: float) -> str:
     r = view.record
-    detect = (r["detected_at"] - r["onset_at"]) if isinstance(r.get("detected_at"), (int, float)) and isinstance(r.get("onset_at"), (int, float)) else None
+    latency = IncidentEntry.from_json(r).detection_latency
+    summary = r.get("summary") if isinstance(r.get("summary"), str) else ""
     parts = [
         "<div class='incident'>",
         f"<h3>Incident {_e(r.get('number', '?'))}: {_e(r.get('kind', '?'))} — rule <code>{_e(r.get('rule', '?'))}</code></h3>",
-        f"<p>{_e(r.get('summary') or '')}</p>",
+        f"<p>{_e(restated(summary, latency) if summary else '')}</p>",
         _table(["", ""], [
-            ["onset (best estimate)", _Raw(f"{_e(_utc(r.get('onset_at')))} ({_rel(r.get('onset_at'), start)})")],
-            ["detected", _Raw(f"{_e(_utc(r.get('detected_at')))} ({_rel(r.get('detected_at'), start)})"
-                              + (f", {detect:.1f} s after onset" if detect is not None else ""))],
+            _onset_row(r, latency, start),
+            ["detected", _Raw(f"{_e(_utc(r.get('detected_at')))} ({_rel(r.get('detected_at'), start)})")],
+            ["detection latency", _Raw(f"<span class='latency'>{_e(_latency_said(latency))}</span>")],
             ["killed PIDs (SIGKILL)", _Raw(_e(", ".join(map(str, r.get("killed_pids") or [])) or "none"))],
             ["GPUs released", _Raw(_e({True: "yes", False: "NO"}.get(r.get("gpus_released"), "unknown"))
                                    + (f" after {r['gpu_free_s']:.2f} s" if isinstance(r.get("gpu_free_s"), (int, float)) else ""))],
@@ -198,7 +220,8 @@ def _incident_html(view: IncidentView, start: float) -> str:
     if view.zoom:  # drawn by soak.report.zoom from the run's numbers: its text is escaped there
         parts.append("<h4>A minute either side of the onset</h4>" + view.zoom
                      + "<p class='muted'>One line a pipeline stage, reading by reading; the last stage in thick red. "
-                       "Dashed red: onset; solid red: detection; grey: the server down for its kill and restart (or "
+                       "Dashed red: onset; shaded red: the onset interval the evidence allows (where the rule "
+                       "gives one); solid red: detection; grey: the server down for its kill and restart (or "
                        "the stop). Below: generated tokens/s from the server's counter, and the requests it was "
                        "running.</p>")
     reasons = r.get("reasons") or []

@@ -24,6 +24,7 @@ import datetime as dt
 import xml.etree.ElementTree as ET
 from typing import Any, Mapping, Sequence
 
+from soak.onset import restated
 from soak.summary_file import IncidentEntry, RunSummary
 
 
@@ -45,7 +46,8 @@ def incident_line(incident: IncidentEntry, start: float | None) -> str:
     at = ""
     if incident.onset_at is not None and start is not None:
         at = f" at +{(incident.onset_at - start) / 60:.1f} min"
-    summary = incident.summary or "; ".join(incident.reasons) or "no summary recorded"
+    summary = restated(incident.summary, incident.detection_latency) if incident.summary else \
+        "; ".join(incident.reasons) or "no summary recorded"
     return (f"incident {_or(incident.number, '?')}: {_or(incident.kind, '?')} "
             f"(rule {_or(incident.rule, '?')}){at}: {summary} [evidence {_or(incident.evidence, '?')}]")
 

@@ -2,8 +2,9 @@
 
 Pure: summary.json (a ``RunSummary``) and the run's events in, sentences and
 rows out. ``verdict_reasons`` names what failed the run (hangs by rule and
-time, restarts, breached thresholds with the observed value, failed criteria),
-``stop_line`` says neutrally why the load stopped, ``threshold_rows`` is the
+time, and how long after the onset they were detected; restarts, breached
+thresholds with the observed value, failed criteria), ``stop_line`` says
+neutrally why the load stopped, ``threshold_rows`` is the
 table under the verdict, and ``server_warnings`` keeps only the warnings the
 server earned: a /metrics or GPU source that went quiet while the harness itself
 was killing or stopping the server is the harness's doing, not a warning.
@@ -18,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from soak.events import EventType
 from soak.durations import format_latency
+from soak.onset import latencies_words
 from soak.summary_file import IncidentEntry, RunSummary
 from soak.thresholds.evaluate import format_value
 from soak.thresholds.metrics import RUN_METRICS, Quantity
@@ -60,6 +62,9 @@ def _incident_reasons(incidents: Sequence[IncidentEntry], start: float) -> list[
             text += f" ({', '.join(rules)})"
         if at:
             text += f" at {_joined(at)}"
+        latency = latencies_words([lat for i in items if (lat := i.detection_latency) is not None])
+        if latency:  # the interval each onset allows (issue 37), not one optimistic figure
+            text += f", {latency}"
         out.append(text)
     return out
 

@@ -7,7 +7,9 @@ was down for its kill and restart. ``zoom_svg`` draws it (pure: data in, markup
 out). The markup says what it draws for a reader that is not a person: each
 stage line is a ``<path data-stage="N">``, the stage panel's ``data-y0`` and
 ``data-y100`` are the pixel rows of 0% and 100%, ``data-x-onset`` the onset's
-column, so a test reads "the tail sat at 0 after the onset" off the page.
+column, so a test reads "the tail sat at 0 after the onset" off the page. Where
+the rule gives an onset interval, a shaded ``<rect class="onset-interval">``
+spans it (``data-from-s``/``data-to-s``, seconds from the onset).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from soak.events import EventType
+from soak.onset import latency_words
+from soak.records import DetectionLatency
 from soak.report.series import counter_rate, period_s
 
 if TYPE_CHECKING:
@@ -40,6 +44,8 @@ class Zoom:
     running: tuple[Points, ...]  # requests the server was running
     detected_s: float | None
     downtime: tuple[tuple[float, float], ...]
+    # the onset interval the evidence allows, from the onset (None: the rule gives a point estimate)
+    onset_band: tuple[float, float] | None = None
 
 
 def _stretches(t: np.ndarray, v: np.ndarray, *, gap_s: float) -> tuple[Points, ...]:
@@ -68,7 +74,7 @@ def _period(ts: np.ndarray) -> float:
 def zoom_data(*, number: int, onset: float, detected: float | None, stage_ts: np.ndarray,
               stage_util: np.ndarray, server_ts: np.ndarray, generation: np.ndarray, running: np.ndarray,
               downtime: Sequence[tuple[float, float]] = (), span_s: float = 60.0,
-              unit: str = "GPU utilization (%)") -> Zoom:
+              unit: str = "GPU utilization (%)", onset_interval: tuple[float, float] | None = None) -> Zoom:
     """The window [onset - span_s, onset + span_s] of every series, in seconds from the onset."""
     lo, hi = onset - span_s, onset + span_s
     ts = np.asarray(stage_ts, dtype=float)
@@ -91,7 +97,16 @@ def zoom_data(*, number: int, onset: float, detected: float | None, stage_ts: np
     clipped = tuple((max(a, lo) - onset, min(b, hi) - onset) for a, b in downtime if b > lo and a < hi)
     return Zoom(number=number, span_s=span_s, unit=unit, stages=stages, tokens=_clip(tokens, span_s),
                 running=_clip(runs, span_s), detected_s=None if detected is None else detected - onset,
-                downtime=clipped)
+                downtime=clipped, onset_band=_band(onset_interval, onset, span_s))
+
+
+def _band(interval: tuple[float, float] | None, onset: float, span_s: float) -> tuple[float, float] | None:
+    """The onset interval in seconds from the onset, clipped to the window."""
+    if interval is None:
+        return None
+    a, b = sorted(interval)
+    a, b = max(a - onset, -span_s), min(b - onset, span_s)
+    return (round(a, 3), round(b, 3)) if a <= b else None
 
 
 def _clip(lines: tuple[Points, ...], span_s: float) -> tuple[Points, ...]:
@@ -155,6 +170,17 @@ def _ceiling(lines: Sequence[Points]) -> float:
     return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= peak)
 
 
+def _after_onset(zoom: Zoom) -> str:
+    """The detection's label: "+3.1 s" from the dashed onset, or with an onset
+    interval the latency it allows ("3.0-3.8 s after the onset")."""
+    detected = zoom.detected_s or 0.0
+    if zoom.onset_band is None:
+        return f"+{detected:.1f} s"
+    a, b = zoom.onset_band
+    return latency_words(DetectionLatency(max(0.0, detected - b), max(0.0, detected - a), point=False)) \
+        .removeprefix("detected ")
+
+
 def zoom_svg(zoom: Zoom) -> str:
     span = zoom.span_s
     pct_top = 100.0
@@ -202,6 +228,12 @@ def zoom_svg(zoom: Zoom) -> str:
         out.append(f"<path data-series='running' d='{_path(zoom.running, span, RATE_TOP, RATE_H, run_top)}' "
                    "fill='none' stroke='#ef6c00' stroke-width='1.4' stroke-dasharray='4 2'/>")
     bottom = RATE_TOP + RATE_H
+    if zoom.onset_band is not None:  # where the onset may lie: at least 2 px, so a narrow one still shows
+        xa, xb = _x(zoom.onset_band[0], span), _x(zoom.onset_band[1], span)
+        out.append(f"<rect class='onset-interval' x='{min(xa, xb - 2)}' y='{STAGE_TOP}' "
+                   f"width='{round(max(xb - xa, 2), 1)}' height='{bottom - STAGE_TOP}' fill='#c62828' "
+                   f"fill-opacity='0.25' data-from-s='{zoom.onset_band[0]:g}' data-to-s='{zoom.onset_band[1]:g}'>"
+                   f"<title>onset interval: {zoom.onset_band[0]:+.1f} to {zoom.onset_band[1]:+.1f} s</title></rect>")
     out.append(f"<line class='onset' x1='{x_onset}' x2='{x_onset}' y1='{STAGE_TOP}' y2='{bottom}' "
                "stroke='#c62828' stroke-width='1.4' stroke-dasharray='5 3'/>")
     out.append(f"<text x='{x_onset - 3}' y='{STAGE_TOP + 26}' fill='#c62828' text-anchor='end'>onset</text>")
@@ -209,7 +241,7 @@ def zoom_svg(zoom: Zoom) -> str:
         out.append(f"<line class='detected' x1='{x_detect}' x2='{x_detect}' y1='{STAGE_TOP}' y2='{bottom}' "
                    "stroke='#c62828' stroke-width='1.6'/>")
         out.append(f"<text x='{x_detect + 3}' y='{STAGE_TOP + 40}' fill='#c62828'>detected "
-                   f"(+{zoom.detected_s:.1f} s)</text>")
+                   f"({_after_onset(zoom)})</text>")
     for t in range(-int(span), int(span) + 1, max(10, int(span) // 6)):
         out.append(f"<text x='{_x(t, span)}' y='{bottom + 14}' text-anchor='middle'>{t:+d} s</text>")
     out.append(f"<text x='{WIDTH - RIGHT + 6}' y='{y0 + 4}'>stage {last} (tail)</text>" if last > 0 else "")
@@ -236,8 +268,12 @@ def incident_zooms(run: RunData, incidents: Sequence[Any], *, span_s: float = 60
         onset = i.onset_at if i.onset_at is not None else i.detected_at
         if i.number is None or onset is None:
             continue
+        latency = i.detection_latency
+        interval = None if latency is None or latency.point or latency.onset_earliest is None \
+            or latency.onset_latest is None else (latency.onset_earliest, latency.onset_latest)
         zoom = zoom_data(number=i.number, onset=onset, detected=i.detected_at, stage_ts=run.gpu_ts,
                          stage_util=stage_util, server_ts=run.server_ts, generation=run.server["generation_tokens"],
-                         running=running, downtime=list(down.values()), span_s=span_s, unit=unit)
+                         running=running, downtime=list(down.values()), span_s=span_s, unit=unit,
+                         onset_interval=interval)
         out[i.number] = zoom_svg(zoom)
     return out

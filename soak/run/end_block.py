@@ -3,7 +3,8 @@
 ``end_block(summary, exit_code=, files=, build=, colour=)`` renders summary.json
 (the judge's serialized judgement) as plain lines: the verdict and why (each
 incident, failed criterion and breached threshold, with its observed value), the
-stop reason as a neutral line, the requests, the MTBF sentence, TTFT/TPOT/ITL
+stop reason as a neutral line, the requests, each incident with its detection
+latency as the interval its onset allows, the MTBF sentence, TTFT/TPOT/ITL
 p50/p90/p95/p99, every threshold with ✓/✗ and its observed value (also when all
 hold), the report and summary paths, and one last line a nightly log greps.
 Colour (ANSI) only where the caller says the stream is a terminal. Every string
@@ -16,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from soak.durations import format_latency
 from soak.judge.reasons import threshold_text, value_text
+from soak.onset import latency_words, restated
 from soak.printable import printable
 from soak.records import Verdict
 from soak.summary_file import IncidentEntry, RunSummary
@@ -109,7 +111,13 @@ def _incident_lines(summary: RunSummary) -> list[str]:
         head = f"{i.kind or '?'} ({i.rule or '?'})"
         what = f"{clean(head)} at {_offset(i.onset_at, summary.started_at)}"
         said = (i.summary or "").removeprefix(head + ": ")  # the incident line opens with the same words
-        tail = f": {clean(said)}" if said else f", detected {_offset(i.detected_at, summary.started_at)}"
+        # the responder's one figure said as the interval the onset allows (issue 37)
+        latency = i.detection_latency
+        if said:
+            tail = f": {clean(restated(said, latency))}"
+        else:
+            tail = f", detected {_offset(i.detected_at, summary.started_at)}" \
+                + (f", {latency_words(latency).removeprefix('detected ')}" if latency is not None else "")
         lines.append(("incidents   " if not lines else "            ") + f"{i.number or '?'}. {what}{tail}")
     return lines
 

@@ -26,6 +26,7 @@ from soak.criteria.rules import generated_tokens as work_tokens
 from soak.events import EventType
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.counters import CounterDelta
+from soak.records import detection_latency
 from soak.samples import server_accepted
 from soak.store.rundir import RunDir
 from soak.store.store import EVENTS
@@ -380,4 +381,16 @@ def merge_incidents(from_events: list[dict[str, Any]], from_disk: list[dict[str,
         number = entry.get("number")
         disk = by_number.get(number)
         by_number[number] = {**(disk or {}), **{k: v for k, v in entry.items() if v is not None or disk is None}}
+    for merged in by_number.values():
+        merged["detection_latency_s"] = latency_json(merged)
     return sorted(by_number.values(), key=lambda e: e.get("number") if isinstance(e.get("number"), int) else 0)
+
+
+def latency_json(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """summary.json's ``detection_latency_s`` of one incident (docs/detection.md):
+    {min, max, point}, from the onset interval where the rule gave one, else the
+    one onset estimate (point true); null with no onset or detection time."""
+    latency = detection_latency(detected_at=entry.get("detected_at"), onset_at=entry.get("onset_at"),
+                                onset_earliest_at=entry.get("onset_earliest_at"),
+                                onset_latest_at=entry.get("onset_latest_at"))
+    return None if latency is None else latency.to_json()

@@ -131,3 +131,56 @@ async def test_the_terminal_table_shows_max_and_mean_per_gpu_and_the_build() -> 
     text = out.getvalue()
     assert "build vllm 0.11.0 · 1a2b3c" in text
     assert "max 100.0%  mean  50.0%" in text and "max   0.0%  mean   0.0%" in text
+
+
+def _pending_sequential_status() -> Assessment:
+    """The detector's own first suspect assessment on a tail that goes dark beside
+    spinning upstream GPUs (the sequential pp_tail_stall, issue 37)."""
+    from soak.detect import Detector, DetectorConfig
+    from soak.records import Topology
+    from soak.samples import ClientSample, ServerSample
+
+    detector = Detector(DetectorConfig(), topology=Topology.pipeline(8))
+    for step in range(60):
+        t = T0 + step * 0.25
+        stalled = t >= T0 + 5.0
+        detector.observe(_gpus(t, [100.0] * 7 + [0.0 if stalled else 60.0]))
+        if step % 4 == 0:
+            n = min(step, 20)
+            detector.observe(ServerSample(t, True, {"generation_tokens": 100.0 + n * 30, "num_requests_running": 4,
+                                                    "kv_cache_usage_perc": 0.3 + n * 1e-4,
+                                                    "prefix_cache_queries": 1000.0, "prompt_tokens": 10.0}))
+            detector.observe(ClientSample(t, 4, 5000 + n * 300, 500 + n * 30, 0, 0.0, 4))
+        assessment = detector.assess(t)
+        if assessment.state is DetectorState.SUSPECT:
+            return assessment
+    raise AssertionError("the detector never suspected the dark tail")
+
+
+def test_a_sequential_rule_is_shown_as_evidence_against_its_bound_not_as_seconds() -> None:
+    assessment = _pending_sequential_status()
+    status = assessment.rule("pp_tail_stall")
+    text = suspect_text(assessment)
+    bound = status.evidence["thresholds"]["bound"]
+    assert text is not None and text.startswith(f"suspect: pp_tail_stall evidence {status.elapsed_s:.1f}/{bound:.1f} (")
+    assert text.endswith("% of the bound)") and " s" not in text
+
+
+def test_the_incident_line_gives_the_latency_as_the_interval_and_a_point_estimate_as_one() -> None:
+    from soak.export.live_rows import incident_text
+    from soak.records import IncidentRecord
+
+    said = "hang (pp_tail_stall): detected 0.9s after onset; SIGKILL to 3 processes; GPUs free 0.40s after the kill"
+    base = dict(number=2, kind=IncidentKind.HANG, rule="pp_tail_stall", onset_at=1_800_000_000.7,
+                detected_at=1_800_000_001.6, killed_pids=(1, 2, 3), gpus_released=True, gpu_free_s=0.4,
+                evidence="incidents/2", summary=said)
+    interval = IncidentRecord(**base, onset_earliest_at=1_800_000_000.0, onset_latest_at=1_800_000_000.7)
+    out = io.StringIO()
+    LiveView(clock=ManualClock(T0), mode="plain", stream=out).on_incident(interval)  # the line that stays
+    assert out.getvalue() == incident_text(interval) + "\n"
+    assert incident_text(interval) == (
+        "soak: incident 2: hang (pp_tail_stall): detected 0.9-1.6 s after the onset (onset between 08:00:00.0 "
+        "and 08:00:00.7 UTC); SIGKILL to 3 processes; GPUs free 0.40s after the kill")
+    assert incident_text(IncidentRecord(**base)) == (
+        "soak: incident 2: hang (pp_tail_stall): detected 0.9 s after the onset (point estimate; onset at "
+        "08:00:00.7 UTC); SIGKILL to 3 processes; GPUs free 0.40s after the kill")

@@ -82,7 +82,9 @@ def test_a_failed_night_leads_with_why_and_each_incident_zooms_on_the_dark_tail(
     banner = page.soup.select_one(".banner")
     reasons = [li.get_text(" ", strip=True) for li in banner.select(".reasons li")]
     assert banner["class"] == ["banner", "fail"]
-    assert re.fullmatch(r"2 hangs \(pp_tail_stall\) at \+0:\d\d and \+0:\d\d", reasons[0]), reasons
+    # with the latency as the interval the onsets allow (issue 37), never one optimistic figure
+    assert re.fullmatch(r"2 hangs \(pp_tail_stall\) at \+0:\d\d and \+0:\d\d, each detected \d+\.\d-\d+\.\d s "
+                        r"after its onset", reasons[0]), reasons
     assert "the server restarted once" in reasons
     assert any(re.fullmatch(r"ttft_p99 [\d.]+ (ms|s) \u2265 1ms", r) for r in reasons), reasons
     assert "build rc-2" in banner.get_text(" ", strip=True)
@@ -114,6 +116,9 @@ def test_a_failed_night_leads_with_why_and_each_incident_zooms_on_the_dark_tail(
         assert head_after and set(head_after) == {y100}  # beside a busy first stage
         assert svg.select("path[data-series='tokens']") and svg.select("path[data-series='running']")
         assert svg.select("line.onset") and svg.select("line.detected")
+        # the sequential rule's onset interval, shaded up to its latest end (the dashed onset)
+        [band] = svg.select("rect.onset-interval")
+        assert float(band["data-from-s"]) < 0 and float(band["data-to-s"]) == 0
     # the first incident's restart is shaded in its zoom
     assert zooms[0].select("rect.downtime")
 

@@ -42,7 +42,19 @@ def test_the_banner_names_the_hangs_their_times_the_restarts_and_the_breached_th
     summary = _summary(incidents=[_hang(1, 148), _hang(2, 303)], restarts=2,
                        thresholds={"passed": False, "results": [_breached_ttft(7.46)]})
     assert verdict_reasons(summary, start=T0) == (
-        "2 hangs (pp_tail_stall) at +2:28 and +5:03", "the server restarted twice", "ttft_p99 7.46 s \u2265 2s")
+        "2 hangs (pp_tail_stall) at +2:28 and +5:03, each detected 3.0 s after its onset (point estimates)",
+        "the server restarted twice", "ttft_p99 7.46 s \u2265 2s")
+
+
+def test_the_banner_gives_the_detection_latency_as_the_interval_the_onsets_allow() -> None:
+    one = {**_hang(1, 148), "onset_earliest_at": T0 + 147.3, "onset_latest_at": T0 + 148.0,
+           "detected_at": T0 + 148.9}
+    assert verdict_reasons(_summary(incidents=[one]), start=T0) == (
+        "1 hang (pp_tail_stall) at +2:28, detected 0.9-1.6 s after the onset",)
+    # the second has no interval (an old summary.json): its one estimate, said as one
+    assert verdict_reasons(_summary(incidents=[one, _hang(2, 303)]), start=T0)[0] == (
+        "2 hangs (pp_tail_stall) at +2:28 and +5:03, each detected 0.9-3.0 s after its onset "
+        "(1 of them a point estimate)")
 
 
 def test_a_sub_second_breach_is_written_in_milliseconds_and_a_window_is_named() -> None:

@@ -117,3 +117,15 @@ def test_the_mtbf_is_over_the_time_at_risk_when_given() -> None:
     summary = _summary(verdict="fail", exit_code=1, incidents=incidents, verdict_reasons=["incident 1: hang"])
     assert "1 hang in 6.0 min: MTBF 6.0 min" in end_block(summary, exit_code=1, files=FILES)
     assert "1 hang in 5.0 min: MTBF 5.0 min" in end_block(summary, exit_code=1, files=FILES, at_risk=(1, 300.0))
+
+
+def test_an_incident_says_its_detection_latency_as_the_interval_its_onset_allows() -> None:
+    hang = {"number": 1, "kind": "hang", "rule": "pp_tail_stall", "onset_at": 1148.7, "detected_at": 1149.6,
+            "summary": "hang (pp_tail_stall): detected 0.9s after onset; SIGKILL to 3 processes; GPUs free"}
+    interval = end_block(_summary(incidents=[{**hang, "onset_earliest_at": 1148.0, "onset_latest_at": 1148.7}]),
+                         exit_code=1, files=FILES)
+    assert "1. hang (pp_tail_stall) at +2:29: detected 0.9-1.6 s after the onset; SIGKILL to 3 processes; " \
+           "GPUs free" in interval
+    # a summary.json written before issue 37 (no onset interval, no detection_latency_s): its one estimate
+    old = end_block(_summary(incidents=[hang]), exit_code=1, files=FILES)
+    assert "1. hang (pp_tail_stall) at +2:29: detected 0.9 s after the onset (point estimate); SIGKILL" in old
