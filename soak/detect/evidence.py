@@ -43,7 +43,9 @@ STALL, PARTIAL, WORKING = "stall", "partial", "working"
 PARTIAL_TAIL_PCT = 50.0
 PARTIAL_UP_PCT = 60.0
 
-# Progress bins: seconds since a progress signal last moved (busy time only). MOVED: a
+# Progress bins: seconds since the engine was last seen making progress (busy time only;
+# SignalTracker.alive_at dates it: a client token at its arrival, a scrape's move at its
+# own time until a later scrape shows the counters still, then at the scrape before). MOVED: a
 # signal moved since a reading of it taken after the excursion's first stuck-looking
 # GPU reading. A stopped engine is reported moving once per signal (the scrape after the
 # stop carries the last tokens before it), never after that: tokens flow through a tail
