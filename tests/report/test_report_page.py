@@ -112,7 +112,9 @@ def test_a_failed_night_leads_with_why_and_each_incident_zooms_on_the_dark_tail(
         assert sorted(stages) == list(range(8))
         tail_after = [y for x, y in stages[7] if x_onset < x <= x_detect]
         head_after = [y for x, y in stages[0] if x_onset < x <= x_detect]
-        assert len(tail_after) >= 3 and set(tail_after) == {y0}, tail_after  # the last stage flat at 0
+        # the last stage flat at 0 (a decision about a second after the onset leaves two
+        # or three half-second readings between them)
+        assert len(tail_after) >= 2 and set(tail_after) == {y0}, tail_after
         assert head_after and set(head_after) == {y100}  # beside a busy first stage
         assert svg.select("path[data-series='tokens']") and svg.select("path[data-series='running']")
         assert svg.select("line.onset") and svg.select("line.detected")
