@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
