@@ -336,12 +336,15 @@ def _replay_spied(samples: list, config: DetectorConfig, topology: Topology):
     return result, seen
 
 
-def _fold_source(src: HealthySource, name: str, samples: list, topology: Topology, *, until=None) -> None:
-    """Both configs over one healthy trace; readings (and decisions) from ``until(result)`` on are not healthy."""
+def _fold_source(src: HealthySource, name: str, samples: list, topology: Topology, *, until=None,
+                 configs: tuple[str, ...] = ("before", "after")) -> None:
+    """The configs over one healthy trace; readings (and decisions) from ``until(result)`` on are not healthy."""
     from soak.detect import evidence as ev
     from soak.detect.evidence_table import TABLE
 
     for cname, config in _configs().items():
+        if cname not in configs:
+            continue
         result, seen = _replay_spied(samples, config, topology)
         cut = until(result) if until else math.inf
         false = [d for d in result.decisions if d.decided_at < cut]
@@ -376,7 +379,8 @@ def _device_runs():
             yield run.parent.parent.name, list(read_samples(run)), (min(onsets) if onsets else None)
 
 
-def compare_healthy(make, hours: float) -> tuple[dict, list[HealthySource]]:
+def compare_healthy(make, hours: float, *, configs: tuple[str, ...] = ("before", "after")
+                    ) -> tuple[dict, list[HealthySource]]:
     """Per config, the false alarms in healthy load; per source the after-config's readings:
     the simulator's healthy variants (``hours`` simulated hours plus the checked-in fixtures),
     the device runs' NVML readings before each run's fault, the recorded real-vLLM healthy soak."""
@@ -385,7 +389,7 @@ def compare_healthy(make, hours: float) -> tuple[dict, list[HealthySource]]:
     traces += [(p.name, lambda p=p: read_samples(p))
                for p in sorted((ROOT / "tests" / "fixtures" / "traces").glob("healthy_*.jsonl.gz"))]
     for name, load in traces:
-        _fold_source(sim, name, list(load()), Topology.pipeline(8))
+        _fold_source(sim, name, list(load()), Topology.pipeline(8), configs=configs)
         print(f"  {name}: {sim.hours * 60:.0f} simulated min so far, alarms so far {sim.alarms}", flush=True)
     gpu = HealthySource("GPU device runs (NVML per process, H200)",
                         note="readings before each run's true fault onset (side.jsonl), else before its "
@@ -394,14 +398,14 @@ def compare_healthy(make, hours: float) -> tuple[dict, list[HealthySource]]:
         def until(result, onset=onset):
             first = result.decisions[0].evidence.get("onset_interval", {}).get("earliest") if result.decisions else None
             return min(x for x in (onset, first, math.inf) if x is not None)
-        _fold_source(gpu, name, samples, Topology.pipeline(4), until=until)
+        _fold_source(gpu, name, samples, Topology.pipeline(4), until=until, configs=configs)
         print(f"  device {name}: {gpu.hours * 60:.1f} healthy min so far, alarms so far {gpu.alarms}", flush=True)
     real = HealthySource("real vLLM healthy soak (30 min, CPU build)",
                          note="stage-CPU readings: the sequential rule does not score them (stage CPU keeps its "
                               "window), so they add no reading to the chain; false alarms are counted")
     if REAL_HEALTHY.exists():
-        _fold_source(real, REAL_HEALTHY.name, list(read_samples(REAL_HEALTHY)), Topology.pipeline(2))
-    alarms = {c: sum(s.alarms.get(c, 0) for s in (sim, gpu, real)) for c in _configs()}
+        _fold_source(real, REAL_HEALTHY.name, list(read_samples(REAL_HEALTHY)), Topology.pipeline(2), configs=configs)
+    alarms = {c: sum(s.alarms.get(c, 0) for s in (sim, gpu, real)) for c in configs}
     return alarms, [sim, gpu, real]
 
 
@@ -440,7 +444,7 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
     from soak.detect.evidence_table import TABLE
 
     lines, pooled_h = [], 0.0
-    pooled = HealthySource("pooled", alarms={c: sum(s.alarms.get(c, 0) for s in sources) for c in _configs()})
+    pooled = HealthySource("pooled", alarms={"after": sum(s.alarms.get("after", 0) for s in sources)})
     for src in sources:
         pooled.sequences += src.sequences
         pooled.maxima += src.maxima
@@ -495,7 +499,7 @@ def print_healthy(alarms: dict, sources: list[HealthySource]) -> bool:
     sim = sources[0]
     print(f"healthy: {sim.hours:.1f} simulated hours ({sim.busy_h:.1f} h of them with requests in flight), "
           f"plus {sum(s.hours for s in sources[1:]):.2f} h recorded; "
-          f"false alarms before {alarms['before']}, after {alarms['after']} (goal 0)")
+          f"false alarms before {alarms.get('before', 'not replayed')}, after {alarms['after']} (goal 0)")
     print(f"bound h = ln(ARL0 / {TABLE.period_s:g} s) = {bound:.2f} for ARL0 {seq.arl0_hours:g} h; Lorden: ARL0 >= "
           f"{ev.arl0_lower_bound_s(bound, TABLE.period_s) / 3600:.3g} h under the fitted healthy model (independent readings)")
     print("ARL0 from the replayed healthy readings (soak.detect.arl: Brook & Evans over the CUSUM and the last "
@@ -509,8 +513,9 @@ def print_healthy(alarms: dict, sources: list[HealthySource]) -> bool:
 def compare(args) -> int:
     make = _load_make()
     if args.healthy_only:
-        print(f"compare (healthy only): at least {args.healthy_hours:g} simulated hours, the device runs, the real soak")
-        alarms, sources = compare_healthy(make, args.healthy_hours)
+        print(f"compare (healthy only, after-config only): at least {args.healthy_hours:g} simulated hours, "
+              "the device runs, the real soak")
+        alarms, sources = compare_healthy(make, args.healthy_hours, configs=("after",))
         print()
         ok = print_healthy(alarms, sources)
         print("goals met" if ok else "goals NOT met")

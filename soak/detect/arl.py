@@ -29,8 +29,11 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
 - **Chain.** S on ``[0, h)`` in steps of ``delta`` (at most ``max_states`` states
   ``(cell, last bin)``; near 0.05 for h = 18 by default); each increment rounded *up* to the grid, so the discrete sum
   never lags the real one and the chain's ARL does not overstate the model's;
-  absorbing at ``>= h``. ``(I - Q) L = 1`` (scipy.sparse), started at S = 0 with the
-  last bin drawn from the chain's stationary law.
+  absorbing at ``>= h`` (also on a reading with nothing in flight, where the live rule
+  waits for requests before it decides: again an underestimate). ``(I - Q) L = 1``
+  (scipy.sparse) on the states from which the bound is reached surely (elsewhere the
+  ARL is infinite), started at S = 0 with the last bin drawn from the chain's
+  stationary law.
 - **Interval.** 90%: the 5th and 95th percentiles over ``draws`` Dirichlet posterior
   draws of every observed row (Jeffreys prior; seeded; floors applied after each
   draw; each solved on a grid twice as coarse); unobserved rows follow the pooled
