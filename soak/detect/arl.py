@@ -15,15 +15,20 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
 - **Dependence.** A first-order Markov chain over joint bins, factorised as
   ``P(b' | b) = P(progress' | progress) x P(tail' | tail, class(progress'))`` with
   class fresh / quiet / none (the table's own conditioning: the tail's ratio is taken
-  given fresh progress). Each row is Jeffreys' posterior mean
-  ``(count + 0.5) / (n + 0.5 k)``; each tail probability is at least the table's
-  healthy floor for that bin (``healthy[tail_pattern|fresh_progress]`` beside fresh
-  progress, ``healthy[tail_pattern]`` otherwise), rows renormalised: whichever is
-  larger, counted in ``floored``. A row never observed (a tail bin never seen in
-  healthy load, say ``stall``) backs off to the row pooled over the previous tail, so
-  the next reading is independent of it, as Lorden's bound assumes; ``worst_h``
-  takes such rows as Jeffreys with no data (uniform: a healthy stall that persists
-  one reading in three).
+  given fresh progress). Each row is a Dirichlet posterior mean with Jeffreys' prior
+  mass (0.5 per outcome, 0.5 k in all) centred on the row pooled over the previous
+  bin (itself Jeffreys' ``(count + 0.5) / (n + 0.5 k)``) rather than spread uniformly
+  (MacKay & Peto's hierarchical Dirichlet), and an outcome the row never showed is at
+  least as likely as in the pooled row (else two rows that never showed it would
+  multiply their ignorance). A row rich in data is its data; a row seen a few times
+  or never (a tail bin hardly ever seen in healthy load, say ``partial`` or ``stall``)
+  leans on the pooled row: without evidence, the next reading is like any healthy
+  reading, as Lorden's bound assumes; the pooled row of the data-rich bin is plain
+  Jeffreys. Then each tail probability is at least the table's healthy floor for that
+  bin (``healthy[tail_pattern|fresh_progress]`` beside fresh progress,
+  ``healthy[tail_pattern]`` otherwise), rows renormalised: the larger of the two,
+  counted in ``floored``. ``worst_h`` takes Jeffreys proper instead (prior uniform: a
+  row never seen is uniform, a healthy stall that persists one reading in three).
 - **Weights.** Drawn independently of the bins from the readings' weights (to a
   0.05 grid): a weight is the sampling cadence, not the load.
 - **Chain.** S on ``[0, h)`` in steps of ``delta`` (at most ``max_states`` states
@@ -34,11 +39,13 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
   (scipy.sparse) on the states from which the bound is reached surely (elsewhere the
   ARL is infinite), started at S = 0 with the last bin drawn from the chain's
   stationary law.
-- **Interval.** 90%: the 5th and 95th percentiles over ``draws`` Dirichlet posterior
-  draws of every observed row (Jeffreys prior; seeded; floors applied after each
-  draw; each solved on a grid twice as coarse); unobserved rows follow the pooled
-  row's draw. The interval is the counts' sampling error under this model, not the
-  model's: ``worst_h`` is the figure for the one choice the data cannot settle.
+- **Interval.** 90%: the 5th and 95th percentiles of the same estimate over ``draws``
+  bootstrap resamples of the transition counts (seeded): each row's counts redrawn
+  Multinomial(its total, its observed frequencies) and the chain refitted (the
+  bootstrap for Markov chains of Kulperger & Prakasa Rao), each solved on a grid
+  twice as coarse. It is the observed counts' sampling error, not the prior's: a
+  transition never seen stays unseen in every resample; ``worst_h`` is the figure for
+  the one choice the data cannot settle.
 
 Pure: no clock, no I/O; the same readings and seed give the same figures.
 """
@@ -134,14 +141,22 @@ def count(sequences: Iterable[Sequence[Reading]], *, period_s: float) -> Counts:
     return Counts(progress, tail, weights, bins, readings, busy)
 
 
-def _row(counts: Sequence[float], rng: np.random.Generator | None) -> np.ndarray | None:
-    """Jeffreys' posterior mean of one row (or a draw from it); None for a row with no data."""
+def _rows(counts: Sequence[Sequence[float]], *, shrink: bool) -> tuple[list[np.ndarray], int]:
+    """Each row's posterior mean under Dirichlet(0.5 k x base): base the pooled row's own
+    Jeffreys posterior mean (``shrink``) or uniform (Jeffreys proper). Also the number
+    of rows with no data (they are their base)."""
     c = np.asarray(counts, dtype=float)
-    if c.sum() <= 0:
-        return None
-    if rng is not None:
-        return rng.dirichlet(c + JEFFREYS)
-    return (c + JEFFREYS) / (c.sum() + JEFFREYS * len(c))
+    k = c.shape[1]
+    pooled = c.sum(axis=0) + JEFFREYS
+    base = pooled / pooled.sum() if shrink else np.full(k, 1.0 / k)
+    alpha = JEFFREYS * k * base
+    rows = []
+    for row in c:
+        p = (row + alpha) / (row.sum() + alpha.sum())
+        if shrink:  # an outcome the row never showed: as likely as in the pool, not its square
+            p = np.where(row > 0, p, np.maximum(p, base))
+        rows.append(p / p.sum())
+    return rows, int((c.sum(axis=1) <= 0).sum())
 
 
 def _floored(p: np.ndarray, floors: np.ndarray) -> tuple[np.ndarray, int]:
@@ -155,12 +170,12 @@ class Chain:
     bins: tuple[Bin, ...]
     transition: np.ndarray  # k x k, row: last bin, column: next bin
     floored: int  # tail probabilities raised to the table's healthy floor
-    unobserved: int  # rows that backed off (or went uniform)
+    unobserved: int  # rows with no data: their prior alone
 
 
-def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled",
-        rng: np.random.Generator | None = None) -> Chain:
-    """The transition matrix; ``unobserved``: "pooled" (back off) or "uniform" (Jeffreys, no data)."""
+def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled") -> Chain:
+    """The transition matrix. ``unobserved``: "pooled" (each row shrunk towards the pooled
+    row) or "uniform" (Jeffreys proper: a row with no data is uniform)."""
     bins = joint_bins(table, counts.bins)
     tails = list(dict.fromkeys(t for t, _ in bins))
     progs = list(dict.fromkeys(p for _, p in bins))
@@ -168,24 +183,13 @@ def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled",
     for cls in CLASSES:
         given = table.healthy.get(ev.TAIL_GIVEN_FRESH if cls == "fresh" else ev.TAIL) or table.healthy.get(ev.TAIL, {})
         floors[cls] = np.array([float(given.get(t, 0.0)) for t in tails])
-    backed = floored = 0
-
-    def pick(rows: list[np.ndarray | None], pooled: np.ndarray | None, k: int) -> list[np.ndarray]:
-        nonlocal backed
-        out = []
-        for r in rows:
-            if r is None:
-                backed += 1
-                r = pooled if unobserved == "pooled" and pooled is not None else np.full(k, 1.0 / k)
-            out.append(r)
-        return out
-
-    prog_counts = [[counts.progress.get((a, b), 0) for b in progs] for a in progs]
-    prog_rows = pick([_row(c, rng) for c in prog_counts], _row(np.sum(prog_counts, axis=0), rng), len(progs))
+    shrink = unobserved == "pooled"
+    prog_rows, backed = _rows([[counts.progress.get((a, b), 0) for b in progs] for a in progs], shrink=shrink)
     tail_rows: dict = {}
+    floored = 0
     for cls in CLASSES:
-        cnt = [[counts.tail.get((a, cls, b), 0) for b in tails] for a in tails]
-        rows = pick([_row(c, rng) for c in cnt], _row(np.sum(cnt, axis=0), rng), len(tails))
+        rows, n_unseen = _rows([[counts.tail.get((a, cls, b), 0) for b in tails] for a in tails], shrink=shrink)
+        backed += n_unseen
         for a, r in zip(tails, rows):
             tail_rows[(a, cls)], n = _floored(r, floors[cls])
             floored += n
@@ -197,6 +201,28 @@ def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled",
             P[i, j] = prow[progs.index(pb)] * tail_rows[(ta, progress_class(pb))][tails.index(tb)]
     P /= P.sum(axis=1, keepdims=True)
     return Chain(bins, P, floored, backed)
+
+
+def resample(counts: Counts, rng: np.random.Generator) -> Counts:
+    """Counts as the same readings might have given them: each row's total kept, its
+    outcomes drawn Multinomial(total, the row's observed frequencies) (the bootstrap of
+    a Markov chain's transition counts; a transition never seen stays unseen, and its
+    prior alone speaks for it)."""
+
+    def draw(observed: Mapping[tuple, int], width: int) -> dict:
+        rows: dict = {}
+        for key, n in observed.items():
+            rows.setdefault(key[:width], []).append((key, n))
+        out: dict = {}
+        for cells in rows.values():
+            p = np.asarray([n for _, n in cells], dtype=float)
+            for (key, _), m in zip(cells, rng.multinomial(int(p.sum()), p / p.sum())):
+                if m:
+                    out[key] = int(m)
+        return out
+
+    return Counts(draw(counts.progress, 1), draw(counts.tail, 2), counts.weights, counts.bins, counts.readings,
+                  counts.busy_s)
 
 
 def stationary(P: np.ndarray) -> np.ndarray:
@@ -314,8 +340,8 @@ def estimate(sequences: Iterable[Sequence[Reading]], *, table: ev.EvidenceTable,
     h, delta = hours(point)
     worst, _ = hours(fit(counts, table, unobserved="uniform"))
     rng = np.random.default_rng(seed)
-    # Draws on a coarser grid (a quarter of the solve): their spread dwarfs the grid's.
-    drawn = sorted(hours(fit(counts, table, rng=rng), max_states // 2)[0] for _ in range(draws))
+    # Draws on a coarser grid (an eighth of the solve): their spread dwarfs the grid's.
+    drawn = sorted(hours(fit(resample(counts, rng), table), max_states // 2)[0] for _ in range(draws))
     lo = float(np.percentile(drawn, 5)) if drawn else h
     hi = float(np.percentile(drawn, 95)) if drawn else h
     k = len(point.bins)
@@ -324,4 +350,4 @@ def estimate(sequences: Iterable[Sequence[Reading]], *, table: ev.EvidenceTable,
 
 
 __all__ = ["ArlEstimate", "Chain", "Counts", "as_bin", "chain_arl", "count", "estimate", "fit", "increment",
-           "joint_bins", "progress_class", "stationary"]
+           "joint_bins", "progress_class", "resample", "stationary"]
