@@ -135,3 +135,13 @@ def test_every_bin_the_table_knows_is_in_the_chain():
     assert {p for _, p in bins} == {*ev.AGE_BINS, None}
     assert arl.increment(TABLE, (ev.WORKING, None)) == TABLE.llr[ev.TAIL][ev.WORKING]
     assert arl.increment(TABLE, (ev.WORKING, ev.MOVED)) == -math.inf
+
+
+def test_a_bootstrap_resample_keeps_each_rows_total_and_invents_no_transition():
+    counts = arl.count([healthy_trace(400)] * 3, period_s=TABLE.period_s)
+    again = arl.resample(counts, np.random.default_rng(3))
+    for observed, drawn, width in ((counts.progress, again.progress, 1), (counts.tail, again.tail, 2)):
+        assert set(drawn) <= set(observed)
+        for row in {key[:width] for key in observed}:
+            assert sum(n for key, n in drawn.items() if key[:width] == row) == \
+                sum(n for key, n in observed.items() if key[:width] == row)
