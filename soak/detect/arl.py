@@ -32,8 +32,9 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
 - **Weights.** Drawn independently of the bins from the readings' weights (to a
   0.05 grid): a weight is the sampling cadence, not the load.
 - **Chain.** S on ``[0, h)`` in steps of ``delta`` (at most ``max_states`` states
-  ``(cell, last bin)``; near 0.05 for h = 18 by default); each increment rounded *up* to the grid, so the discrete sum
-  never lags the real one and the chain's ARL does not overstate the model's;
+  ``(cell, last bin)``; near 0.05 for h = 18 by default); each increment rounded *up*
+  to the grid, so the discrete sum never lags the real one and the chain's ARL does
+  not overstate the model's;
   absorbing at ``>= h`` (also on a reading with nothing in flight, where the live rule
   waits for requests before it decides: again an underestimate). ``(I - Q) L = 1``
   (scipy.sparse) on the states from which the bound is reached surely (elsewhere the
