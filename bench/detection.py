@@ -461,10 +461,11 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
         e = arl.estimate(src.sequences, table=TABLE, bound=bound)
         if src is pooled:
             pooled_h = e.hours
-        lines.append(f"{head}\n    chain ARL0 ~ {e.hours:.3g} h (90%: {e.low_h:.3g} - {e.high_h:.3g} h, {e.draws} Dirichlet draws; "
-                     f"never-seen rows uniform instead of pooled: {e.worst_h:.3g} h); {e.floored} tail probabilities "
-                     f"raised to the table's floors, {e.unobserved} rows never observed; delta {e.delta:.3f}, "
-                     f"{e.states} states, {time.monotonic() - started:.0f} s"
+        lines.append(f"{head}\n    chain ARL0 ~ {e.hours:.3g} h (90%: {e.low_h:.3g} - {e.high_h:.3g} h, the observed counts' "
+                     f"sampling error over {e.draws} bootstrap resamples; rows never seen taken uniform instead of "
+                     f"like the pooled row: {e.worst_h:.3g} h); {e.floored} tail probabilities raised to the table's "
+                     f"healthy floors, {e.unobserved} rows never observed; delta {e.delta:.3f}, {e.states} states, "
+                     f"{time.monotonic() - started:.0f} s"
                      + (f"\n    ({src.note})" if src.note else ""))
         if src.maxima:
             lines.append(f"    POT: {arl0_estimate(src.maxima, src.busy_h, bound)}")
