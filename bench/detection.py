@@ -16,9 +16,12 @@ Issue 37 (--compare): the same traces replayed "before" (pp_tail_stall's fixed w
   - N deadlocks of each kind the simulator injects (pp_deadlock, all_idle_deadlock,
     crash): decided - true onset per kind, and for "after" the onset interval
     (onset_interval earliest/latest) against the true onset;
-  - at least H simulated healthy hours: false alarms, and the ARL0 estimate from the
-    CUSUM's excursions (peaks over a threshold, exponential tail, extrapolated to
-    the bound) with a 90% interval, beside Lorden's bound exp(h) x period;
+  - at least H simulated healthy hours, the device runs' NVML readings before each
+    fault (bench/results/detection-i37-device-samples-*.tgz) and the real-vLLM healthy
+    soak: false alarms, and per source and pooled the ARL0 estimate of a Markov chain
+    over the CUSUM and the readings' bins (soak.detect.arl) with a 90% interval, and
+    where the CUSUM left 0 peaks over a threshold on its excursions, beside Lorden's
+    bound exp(h) x period (--healthy-only: this part alone, e.g. --healthy-hours 2);
   - the recorded real traces (tests/fixtures/stage_cpu, tests/fixtures/real_vllm):
     the same decisions before and after (stage CPU keeps its window).
 Live part (--live): ``soak run`` with the simulator as target, ``on_hang: restart``,
@@ -36,6 +39,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,46 +300,115 @@ def _excursions(totals: list[float]) -> list[float]:
     return maxima
 
 
-def compare_healthy(make, hours: float) -> tuple[dict, list[float], float, float]:
-    """Per config, the false alarms over ``hours`` simulated healthy hours (plus the fixtures);
-    the after-config's excursion maxima; simulated and busy (scored) hours."""
-    import soak.detect.signals as signals
-    from soak.detect import evidence as ev
+DEVICE_SAMPLES = ROOT / "bench" / "results" / "detection-i37-device-samples-2026-12-06.tgz"
+REAL_HEALTHY = ROOT / "tests" / "fixtures" / "stage_cpu" / "healthy_30m.samples.jsonl.gz"
 
-    alarms = {c: 0 for c in _configs()}
-    maxima: list[float] = []
-    simulated = scored = 0.0
+
+@dataclass
+class HealthySource:
+    """One source of healthy readings: the after-config's per-reading bins and weights
+    (per trace, for the ARL0 chain), its excursion maxima (for POT), hours and alarms."""
+
+    name: str
+    sequences: list = field(default_factory=list)
+    maxima: list = field(default_factory=list)
+    hours: float = 0.0  # replayed
+    busy_h: float = 0.0  # with requests in flight: the load the ARL0 is about
+    alarms: dict = field(default_factory=dict)
+    note: str = ""
+
+
+def _replay_spied(samples: list, config: DetectorConfig, topology: Topology):
+    """Replay, and each fresh GPU reading the sequential rule folds: (at, bins, weight, total after)."""
+    import soak.detect.signals as signals
+
+    seen: list = []
     original = signals.ev.step
+
+    def spy(state, **kw):
+        new = original(state, **kw)
+        seen.append((kw["at"], kw["bins"], kw.get("weight", 1.0), new.total))
+        return new
+
+    signals.ev.step = spy
+    try:
+        result = replay(samples, Detector(config, topology=topology))
+    finally:
+        signals.ev.step = original
+    return result, seen
+
+
+def _fold_source(src: HealthySource, name: str, samples: list, topology: Topology, *, until=None,
+                 configs: tuple[str, ...] = ("before", "after")) -> None:
+    """The configs over one healthy trace; readings (and decisions) from ``until(result)`` on are not healthy."""
+    from soak.detect import evidence as ev
+    from soak.detect.evidence_table import TABLE
+
+    for cname, config in _configs().items():
+        if cname not in configs:
+            continue
+        result, seen = _replay_spied(samples, config, topology)
+        cut = until(result) if until else math.inf
+        false = [d for d in result.decisions if d.decided_at < cut]
+        src.alarms[cname] = src.alarms.get(cname, 0) + len(false)
+        for d in false:
+            print(f"  FALSE ALARM {cname} {name}: {d.rule}: {d.reasons[0]}", flush=True)
+        if cname == "after":
+            kept = [x for x in seen if x[0] < cut]
+            src.sequences.append([(bins, weight) for _, bins, weight, _ in kept])
+            src.maxima += _excursions([total for *_, total in kept])
+            end = min(cut, result.last_ts or 0.0)
+            src.hours += max(0.0, end - (result.first_ts or end)) / 3600
+            src.busy_h += sum(w * TABLE.period_s for _, bins, w, _ in kept if ev.PROGRESS in bins) / 3600
+
+
+def _device_runs():
+    """The five device runs' samples (NVML per process, 4 stages) and, where recorded, the
+    true fault onset (side.jsonl): (name, samples, onset or None)."""
+    import json
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="soak-bench-arl-") as tmp, tarfile.open(DEVICE_SAMPLES) as tar:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.12 (and late 3.10/3.11 patches)
+            tar.extractall(tmp, filter="data")
+        else:
+            tar.extractall(tmp)
+        for run in sorted(Path(tmp).glob("w*/run/samples.jsonl")):
+            side = run.parent.parent / "side.jsonl"
+            onsets = [r["fault"]["onset_at"] for r in map(json.loads, side.read_text().splitlines() if side.exists() else [])
+                      if (r.get("fault") or {}).get("onset_at")]
+            yield run.parent.parent.name, list(read_samples(run)), (min(onsets) if onsets else None)
+
+
+def compare_healthy(make, hours: float, *, configs: tuple[str, ...] = ("before", "after")
+                    ) -> tuple[dict, list[HealthySource]]:
+    """Per config, the false alarms in healthy load; per source the after-config's readings:
+    the simulator's healthy variants (``hours`` simulated hours plus the checked-in fixtures),
+    the device runs' NVML readings before each run's fault, the recorded real-vLLM healthy soak."""
+    sim = HealthySource("simulator healthy variants")
     traces = [(sc.name, lambda sc=sc: make.record(sc)) for sc in healthy_scenarios(make, hours * 60)]
     traces += [(p.name, lambda p=p: read_samples(p))
                for p in sorted((ROOT / "tests" / "fixtures" / "traces").glob("healthy_*.jsonl.gz"))]
     for name, load in traces:
-        samples = list(load())
-        for cname, config in _configs().items():
-            totals: list[float] = []
-            busy = [0.0]
-
-            def spy(state, **kw):
-                new = original(state, **kw)
-                totals.append(new.total)
-                if ev.PROGRESS in kw["bins"]:  # requests in flight: the load the ARL0 is about
-                    busy[0] += kw.get("weight", 1.0) * 0.5
-                return new
-
-            signals.ev.step = spy
-            try:
-                result = replay(samples, Detector(config, topology=Topology.pipeline(8)))
-            finally:
-                signals.ev.step = original
-            alarms[cname] += len(result.decisions)
-            if cname == "after":
-                maxima += _excursions(totals)
-                simulated += result.duration_s / 3600
-                scored += busy[0] / 3600
-            for d in result.decisions:
-                print(f"  FALSE ALARM {cname} {name}: {d.rule}: {d.reasons[0]}", flush=True)
-        print(f"  {name}: {result.duration_s / 60:.0f} simulated min, alarms so far {alarms}", flush=True)
-    return alarms, maxima, simulated, scored
+        _fold_source(sim, name, list(load()), Topology.pipeline(8), configs=configs)
+        print(f"  {name}: {sim.hours * 60:.0f} simulated min so far, alarms so far {sim.alarms}", flush=True)
+    gpu = HealthySource("GPU device runs (NVML per process, H200)",
+                        note="readings before each run's true fault onset (side.jsonl), else before its "
+                             "incident's earliest onset (inside which the true onset lay in 5/5 runs)")
+    for name, samples, onset in _device_runs():
+        def until(result, onset=onset):
+            first = result.decisions[0].evidence.get("onset_interval", {}).get("earliest") if result.decisions else None
+            return min(x for x in (onset, first, math.inf) if x is not None)
+        _fold_source(gpu, name, samples, Topology.pipeline(4), until=until, configs=configs)
+        print(f"  device {name}: {gpu.hours * 60:.1f} healthy min so far, alarms so far {gpu.alarms}", flush=True)
+    real = HealthySource("real vLLM healthy soak (30 min, CPU build)",
+                         note="stage-CPU readings: the sequential rule does not score them (stage CPU keeps its "
+                              "window), so they add no reading to the chain; false alarms are counted")
+    if REAL_HEALTHY.exists():
+        _fold_source(real, REAL_HEALTHY.name, list(read_samples(REAL_HEALTHY)), Topology.pipeline(2), configs=configs)
+    alarms = {c: sum(s.alarms.get(c, 0) for s in (sim, gpu, real)) for c in configs}
+    return alarms, [sim, gpu, real]
 
 
 def arl0_estimate(maxima: list[float], hours: float, bound: float) -> str:
@@ -366,6 +439,43 @@ def arl0_estimate(maxima: list[float], hours: float, bound: float) -> str:
             f"ARL0 ~ {arl(k / hours, lam):.3g} h (90%: {arl(rate_hi, lam_lo):.3g} - {arl(rate_lo, lam_hi):.3g} h)")
 
 
+def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tuple[list[str], float]:
+    """Per source and pooled: the Markov-chain ARL0 (soak.detect.arl) with its 90% interval,
+    beside POT where the CUSUM left 0; the pooled point estimate in hours."""
+    from soak.detect import arl
+    from soak.detect.evidence_table import TABLE
+
+    lines, pooled_h = [], 0.0
+    pooled = HealthySource("pooled", alarms={"after": sum(s.alarms.get("after", 0) for s in sources)})
+    for src in sources:
+        pooled.sequences += src.sequences
+        pooled.maxima += src.maxima
+        pooled.hours += src.hours
+        pooled.busy_h += src.busy_h
+    for src in [*sources, pooled]:
+        readings = sum(len(q) for q in src.sequences)
+        head = (f"  {src.name}: {readings} scored readings, {src.busy_h:.2f} busy h of {src.hours:.2f} h replayed, "
+                f"false alarms {src.alarms.get('after', 0)}")
+        if not readings:
+            lines.append(f"{head}; no chain estimate ({src.note or 'no readings'})")
+            continue
+        started = time.monotonic()
+        e = arl.estimate(src.sequences, table=TABLE, bound=bound)
+        if src is pooled:
+            pooled_h = e.hours
+        lines.append(f"{head}\n    chain ARL0 ~ {e.hours:.3g} h (90%: {e.low_h:.3g} - {e.high_h:.3g} h, the observed counts' "
+                     f"sampling error over {e.draws} bootstrap resamples; rows never seen taken uniform instead of "
+                     f"like the pooled row: {e.worst_h:.3g} h); {e.floored} tail probabilities raised to the table's "
+                     f"healthy floors, {e.unobserved} rows never observed; delta {e.delta:.3f}, {e.states} states, "
+                     f"{time.monotonic() - started:.0f} s"
+                     + (f"\n    ({src.note})" if src.note else ""))
+        if src.maxima:
+            lines.append(f"    POT: {arl0_estimate(src.maxima, src.busy_h, bound)}")
+    ok = pooled_h >= arl0_h
+    lines.append(f"  goal: pooled chain ARL0 >= {arl0_h:g} h: {'met' if ok else 'NOT met'}")
+    return lines, pooled_h
+
+
 def compare_real() -> list[str]:
     """The recorded real traces: the decisions before and after (stage CPU keeps its window)."""
     lines = []
@@ -382,20 +492,45 @@ def compare_real() -> list[str]:
     return lines
 
 
-def compare(args) -> int:
+def print_healthy(alarms: dict, sources: list[HealthySource]) -> bool:
+    """The healthy sources' false alarms and ARL0 lines; True when both goals are met."""
     from soak.detect import evidence as ev
+    from soak.detect.evidence_table import TABLE
 
+    seq = DetectorConfig().pp_tail_stall.sequential
+    bound = ev.bound_for_arl0(seq.arl0_hours * 3600, TABLE.period_s)
+    sim = sources[0]
+    print(f"healthy: {sim.hours:.1f} simulated hours ({sim.busy_h:.1f} h of them with requests in flight), "
+          f"plus {sum(s.hours for s in sources[1:]):.2f} h recorded; "
+          f"false alarms before {alarms.get('before', 'not replayed')}, after {alarms['after']} (goal 0)")
+    print(f"bound h = ln(ARL0 / {TABLE.period_s:g} s) = {bound:.2f} for ARL0 {seq.arl0_hours:g} h; Lorden: ARL0 >= "
+          f"{ev.arl0_lower_bound_s(bound, TABLE.period_s) / 3600:.3g} h under the fitted healthy model (independent readings)")
+    print("ARL0 from the replayed healthy readings (soak.detect.arl: Brook & Evans over the CUSUM and the last "
+          "joint bin, first-order dependence fitted on the readings; POT on the excursion maxima where the CUSUM left 0):")
+    lines, _ = arl0_chain(sources, bound, seq.arl0_hours)
+    for line in lines:
+        print(line, flush=True)
+    return alarms["after"] == 0 and lines[-1].endswith(": met")
+
+
+def compare(args) -> int:
     make = _load_make()
+    if args.healthy_only:
+        print(f"compare (healthy only, after-config only): at least {args.healthy_hours:g} simulated hours, "
+              "the device runs, the real soak")
+        alarms, sources = compare_healthy(make, args.healthy_hours, configs=("after",))
+        print()
+        ok = print_healthy(alarms, sources)
+        print("goals met" if ok else "goals NOT met")
+        return 0 if ok else 1
     rng = random.Random(args.seed)
     started = time.monotonic()
     print(f"compare: {args.deadlocks} deadlocks of each kind {KINDS}, before (window) and after (sequential)")
     by, problems, intervals = compare_kinds(make, args.deadlocks, rng)
-    print(f"compare: healthy, at least {args.healthy_hours:g} simulated hours")
-    alarms, maxima, simulated, scored = compare_healthy(make, args.healthy_hours)
+    print(f"compare: healthy, at least {args.healthy_hours:g} simulated hours, the device runs, the real soak")
+    alarms, sources = compare_healthy(make, args.healthy_hours)
     print("compare: recorded real traces")
     compare_real()  # prints its lines as it goes
-    seq = DetectorConfig().pp_tail_stall.sequential
-    bound = ev.bound_for_arl0(seq.arl0_hours * 3600, 0.5)
     print()
     print(f"detected - true onset (replay, same traces, same sitting; {time.monotonic() - started:.0f} s wall):")
     for kind in by["after"]:
@@ -405,13 +540,9 @@ def compare(args) -> int:
     if intervals:
         print(f"onset interval (after, pp_tail_stall): true onset inside in {inside}/{len(intervals)}; "
               f"earliest {_stats([-e for e, _, _ in intervals])} before it, latest {_stats([l for _, l, _ in intervals])} after it")
-    print(f"healthy: {simulated:.1f} simulated hours ({scored:.1f} h of them with requests in flight); "
-          f"false alarms before {alarms['before']}, after {alarms['after']} (goal 0)")
-    print(f"bound h = ln(ARL0 / 0.5 s) = {bound:.2f} for ARL0 {seq.arl0_hours:g} h; Lorden: ARL0 >= "
-          f"{ev.arl0_lower_bound_s(bound, 0.5) / 3600:.3g} h under the fitted healthy model (independent readings)")
-    print(f"ARL0 from the replayed healthy excursions: {arl0_estimate(maxima, scored, bound)}")
+    healthy_ok = print_healthy(alarms, sources)
     pp = by["after"]["pp_deadlock"]
-    ok = (not problems and alarms["after"] == 0 and pp and statistics.median(pp) <= 2.0 and max(pp) <= 3.0
+    ok = (not problems and healthy_ok and pp and statistics.median(pp) <= 2.0 and max(pp) <= 3.0
           and inside == len(intervals))
     for p in problems:
         print(f"PROBLEM: {p}")
@@ -430,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=8.0)
     parser.add_argument("--compare", action="store_true", help="issue 37: window vs sequential, same traces")
     parser.add_argument("--healthy-hours", type=float, default=24.0, help="with --compare")
+    parser.add_argument("--healthy-only", action="store_true",
+                        help="with --compare: only the healthy replay and the ARL0 estimates (e.g. --healthy-hours 2)")
     args = parser.parse_args(argv)
     if args.compare:
         return compare(args)
