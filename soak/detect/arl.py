@@ -182,7 +182,8 @@ def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled") 
     progs = list(dict.fromkeys(p for _, p in bins))
     floors = {}
     for cls in CLASSES:
-        given = table.healthy.get(ev.TAIL_GIVEN_FRESH if cls == "fresh" else ev.TAIL) or table.healthy.get(ev.TAIL, {})
+        row = {"fresh": ev.TAIL_GIVEN_FRESH, NONE: ev.TAIL_GIVEN_IDLE}.get(cls, ev.TAIL)
+        given = table.healthy.get(row) or table.healthy.get(ev.TAIL, {})
         floors[cls] = np.array([float(given.get(t, 0.0)) for t in tails])
     shrink = unobserved == "pooled"
     prog_rows, backed = _rows([[counts.progress.get((a, b), 0) for b in progs] for a in progs], shrink=shrink)

@@ -58,6 +58,12 @@ FRESH = AGE_BINS[:2]
 # on a loaded box GPU readings lag the tokens (a stuck-looking reading while tokens still
 # come), so its healthy probability is fitted apart (scripts/fit_evidence.py).
 TAIL_GIVEN_FRESH = "tail_pattern|fresh_progress"
+# With nothing in flight the tail pattern is fitted apart as well: a real GPU between
+# turns read partial (upstream busy, tail not) in 4 of 145 healthy idle readings on the
+# device (issue 37), where busy readings almost never do. A real deadlock strikes inside
+# a step, so idle readings carry little: they count only until the client sees the
+# request whose first step hung.
+TAIL_GIVEN_IDLE = "tail_pattern|nothing_in_flight"
 
 
 def tail_bin(tail_pct: float, upstream_pct: float, *, low_pct: float, high_pct: float) -> str:
@@ -94,11 +100,18 @@ class EvidenceTable:
         tail, progress = bins.get(TAIL), bins.get(PROGRESS)
         out: dict[str, float] = {}
         if tail is not None:
-            given = TAIL_GIVEN_FRESH if progress in FRESH and tail != WORKING else TAIL
+            given = tail_given(progress, tail)
             out[TAIL] = weight * self.llr.get(given, self.llr.get(TAIL, {})).get(tail, 0.0)
         if progress is not None and tail != WORKING:
             out[PROGRESS] = weight * self.llr.get(PROGRESS, {}).get(progress, 0.0)
         return out
+
+
+def tail_given(progress: str | None, tail: str | None = None) -> str:
+    """The table row of the tail's ratio beside ``progress`` (None: nothing in flight)."""
+    if progress is None:
+        return TAIL_GIVEN_IDLE
+    return TAIL_GIVEN_FRESH if progress in FRESH and tail != WORKING else TAIL
 
 
 def bound_for_arl0(arl0_s: float, period_s: float) -> float:
@@ -165,6 +178,6 @@ def onset_interval(state: Cusum) -> tuple[float | None, float | None]:
 
 
 __all__ = [
-    "AGE_BINS", "FRESH", "TAIL_GIVEN_FRESH", "Cusum", "EvidenceTable", "MOVED", "PARTIAL", "PROGRESS", "SIGNALS",
+    "AGE_BINS", "FRESH", "TAIL_GIVEN_FRESH", "TAIL_GIVEN_IDLE", "tail_given", "Cusum", "EvidenceTable", "MOVED", "PARTIAL", "PROGRESS", "SIGNALS",
     "STALL", "TAIL", "WORKING", "arl0_lower_bound_s", "bound_for_arl0", "cleared", "onset_interval", "progress_bin", "step", "tail_bin",
 ]
