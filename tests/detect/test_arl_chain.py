@@ -133,7 +133,7 @@ def test_every_bin_the_table_knows_is_in_the_chain():
     bins = arl.joint_bins(TABLE)
     assert {t for t, _ in bins} >= set(TABLE.llr[ev.TAIL])
     assert {p for _, p in bins} == {*ev.AGE_BINS, None}
-    assert arl.increment(TABLE, (ev.WORKING, None)) == TABLE.llr[ev.TAIL][ev.WORKING]
+    assert arl.increment(TABLE, (ev.WORKING, None)) == TABLE.llr[ev.tail_given(None)][ev.WORKING]  # nothing in flight: its own row
     assert arl.increment(TABLE, (ev.WORKING, ev.MOVED)) == -math.inf
 
 
