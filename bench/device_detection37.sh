@@ -32,5 +32,5 @@ print(f"seed {s} rc {rc} rule {i.get('rule')} detected-true {d.get('detected_min
 PY
   cp $W/figures.json $OUT/figures-$S.json 2>/dev/null
 done
-tar czf $OUT/samples.tgz -C /tmp w0/run/samples.jsonl w1/run/samples.jsonl w2/run/samples.jsonl w3/run/samples.jsonl w4/run/samples.jsonl w0/side.jsonl w1/side.jsonl 2>/dev/null
+tar czf $OUT/samples.tgz -C /tmp w0/run/samples.jsonl w1/run/samples.jsonl w2/run/samples.jsonl w3/run/samples.jsonl w4/run/samples.jsonl w0/side.jsonl w1/side.jsonl w2/side.jsonl w3/side.jsonl w4/side.jsonl 2>/dev/null
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
