@@ -26,6 +26,7 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
   reading, as Lorden's bound assumes; the pooled row of the data-rich bin is plain
   Jeffreys. Then each tail probability is at least the table's healthy floor for that
   bin (``healthy[tail_pattern|fresh_progress]`` beside fresh progress,
+  ``healthy[tail_pattern|nothing_in_flight]`` with nothing in flight,
   ``healthy[tail_pattern]`` otherwise), rows renormalised: the larger of the two,
   counted in ``floored``. ``worst_h`` takes Jeffreys proper instead (prior uniform: a
   row never seen is uniform, a healthy stall that persists one reading in three).
