@@ -52,6 +52,13 @@ MAX_FATAL_LINES = 50
 MAX_SHM_LINES = 64
 
 
+def _finite(value: object) -> float | None:
+    """A scraped number, or None where it is absent or junk (NaN, inf, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 @dataclass
 class TailRun:
     """A run of GPU points where the last stage is low and every upstream stage high."""
@@ -347,7 +354,7 @@ class SignalTracker:
             return
         self.server_error = None
         values = sample.values
-        running = values.get("num_requests_running")
+        running = _finite(values.get("num_requests_running"))
         if running is not None:
             self.running = running
             if running > 0 and self.busy_since is None:
@@ -358,8 +365,8 @@ class SignalTracker:
         moved = False
         self.server_ts = sample.ts
         for key in SERVER_PROGRESS_KEYS:
-            value = values.get(key)
-            if value is None:
+            value = _finite(values.get(key))
+            if value is None:  # absent, or junk: a NaN never equals itself, so it moved every scrape
                 continue
             old = self.server_values.get(key)
             self.server_values[key] = value
@@ -393,11 +400,14 @@ class SignalTracker:
         for key, value in current.items():
             old = self._client_prev.get(key)
             if old is not None and value != old:
-                at = sample.ts
                 if key == "client_tokens":
+                    # The token's own time feeds the sequential evidence only: the window
+                    # rules keep the probe's time, the one their goals were measured with.
+                    self._client_gap(sample.ts)
                     at = self._token_time(sample)
-                    self._client_gap(at)
-                    self.client_alive_at = at if self.client_alive_at is None else max(at, self.client_alive_at)
+                    stepped_back = self.client is not None and sample.ts < self.client.ts
+                    self.client_alive_at = (at if self.client_alive_at is None or stepped_back
+                                            else max(at, self.client_alive_at))
                 if key in ("client_requests_done", "client_bytes"):
                     # Progress is generated tokens (soak.load.progress). Bytes alone are
                     # keep-alive comments or a trickle: a server that sends ": ping" and
@@ -406,7 +416,7 @@ class SignalTracker:
                     # hung server, seen on the real vLLM), not progress: counting it
                     # restarted the clock and taught a 60 s "healthy" gap.
                     continue
-                self._progress(key, at, self.client.ts if self.client else None)
+                self._progress(key, sample.ts, self.client.ts if self.client else None)
         if sample.in_flight > 0 and self.busy_since is None:
             # No server metrics, or a running gauge of 0 while our requests wait:
             # an engine stuck inside a step publishes no new stats, so a hang that
@@ -426,7 +436,8 @@ class SignalTracker:
         """When the newest token arrived: the sample dates it (``token_silence_s``) inside
         (the previous sample, this one]; a sample without it, or with junk, says its own time."""
         silence = sample.token_silence_s
-        if silence is None or not math.isfinite(silence) or silence < 0:
+        if (not isinstance(silence, (int, float)) or isinstance(silence, bool)
+                or not math.isfinite(silence) or silence < 0):
             return sample.ts
         at = sample.ts - silence
         if self.client is not None:
