@@ -77,11 +77,14 @@ def replay_deadlocks(make, n: int, rng: random.Random, config: DetectorConfig) -
         )
         truth: dict[str, float] = {}
         result = replay(list(make.record(scenario, truth=truth)), Detector(config, topology=Topology.pipeline(8)))
+        if "onset" not in truth:
+            problems.append(f"{scenario.name}: the fault never struck (no engine step after it came due)")
+            continue
         if len(result.decisions) != 1:
             problems.append(f"{scenario.name}: {len(result.decisions)} incidents")
             continue
         d = result.decisions[0]
-        onset = make.T0 + truth.get("onset", fault_at)
+        onset = make.T0 + truth["onset"]
         if d.rule != "pp_tail_stall":
             problems.append(f"{scenario.name}: rule {d.rule}")
         latencies.append(d.decided_at - onset)
@@ -445,7 +448,7 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
     from soak.detect import arl
     from soak.detect.evidence_table import TABLE
 
-    lines, pooled_h = [], 0.0
+    lines, pooled_h, short = [], 0.0, []
     pooled = HealthySource("pooled", alarms={"after": sum(s.alarms.get("after", 0) for s in sources)})
     for src in sources:
         pooled.sequences += src.sequences
@@ -463,6 +466,8 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
         e = arl.estimate(src.sequences, table=TABLE, bound=bound)
         if src is pooled:
             pooled_h = e.hours
+        elif e.hours < arl0_h:
+            short.append(f"{src.name} {e.hours:.3g} h on {src.busy_h:.2f} busy h")
         lines.append(f"{head}\n    chain ARL0 ~ {e.hours:.3g} h (90%: {e.low_h:.3g} - {e.high_h:.3g} h, the observed counts' "
                      f"sampling error over {e.draws} bootstrap resamples; rows never seen taken uniform instead of "
                      f"like the pooled row: {e.worst_h:.3g} h); {e.floored} tail probabilities raised to the table's "
@@ -471,8 +476,11 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
                      + (f"\n    ({src.note})" if src.note else ""))
         if src.maxima:
             lines.append(f"    POT: {arl0_estimate(src.maxima, src.busy_h, bound)}")
-    ok = pooled_h >= arl0_h
-    lines.append(f"  goal: pooled chain ARL0 >= {arl0_h:g} h: {'met' if ok else 'NOT met'}")
+    # Every source on its own, not just the pool: the simulator's readings outnumber the
+    # GPU's by hundreds to one, and they behave differently (the simulated tail never dips).
+    ok = pooled_h >= arl0_h and not short
+    lines.append(f"  goal: chain ARL0 >= {arl0_h:g} h pooled and in every source: {'met' if ok else 'NOT met'}"
+                 + (f" (short: {'; '.join(short)})" if short else ""))
     return lines, pooled_h
 
 

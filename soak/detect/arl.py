@@ -333,18 +333,25 @@ def estimate(sequences: Iterable[Sequence[Reading]], *, table: ev.EvidenceTable,
     total = sum(counts.weights.values())
     weights = {w: n / total for w, n in counts.weights.items()} if total else {1.0: 1.0}
     mean_w_s = sum(w * q for w, q in weights.items()) * table.period_s
+    # ARL0 is stated per hour of healthy *load*: a run of readings also spans the idle ones
+    # (nothing in flight), so its hours count only the busy share of the time read.
+    read_s = sum(w * n for w, n in counts.weights.items()) * table.period_s
+    busy_share = min(1.0, counts.busy_s / read_s) if read_s > 0 else 1.0
 
     def hours(chain: Chain, states: int = max_states) -> tuple[float, float]:
         incs = [increment(table, b) for b in chain.bins]
         readings, delta = chain_arl(chain.transition, incs, bound=bound, weights=weights, max_states=states)
-        return readings * mean_w_s / 3600.0, delta
+        return readings * mean_w_s * busy_share / 3600.0, delta
 
     point = fit(counts, table)
     h, delta = hours(point)
     worst, _ = hours(fit(counts, table, unobserved="uniform"))
     rng = np.random.default_rng(seed)
-    # Draws on a coarser grid (an eighth of the solve): their spread dwarfs the grid's.
-    drawn = sorted(hours(fit(resample(counts, rng), table), max_states // 2)[0] for _ in range(draws))
+    # Draws on a coarser grid (half the states), scaled by the point's own coarse/fine ratio
+    # so the grid's bias does not move the interval off the point.
+    coarse, _ = hours(point, max_states // 2)
+    scale = h / coarse if coarse > 0 and math.isfinite(coarse) and math.isfinite(h) else 1.0
+    drawn = sorted(scale * hours(fit(resample(counts, rng), table), max_states // 2)[0] for _ in range(draws))
     lo = float(np.percentile(drawn, 5)) if drawn else h
     hi = float(np.percentile(drawn, 95)) if drawn else h
     k = len(point.bins)
