@@ -46,6 +46,8 @@ class Zoom:
     downtime: tuple[tuple[float, float], ...]
     # the onset interval the evidence allows, from the onset (None: the rule gives a point estimate)
     onset_band: tuple[float, float] | None = None
+    # the same interval unclipped: the label says the latency it allows, not the window's part
+    onset_interval: tuple[float, float] | None = None
 
 
 def _stretches(t: np.ndarray, v: np.ndarray, *, gap_s: float) -> tuple[Points, ...]:
@@ -97,7 +99,8 @@ def zoom_data(*, number: int, onset: float, detected: float | None, stage_ts: np
     clipped = tuple((max(a, lo) - onset, min(b, hi) - onset) for a, b in downtime if b > lo and a < hi)
     return Zoom(number=number, span_s=span_s, unit=unit, stages=stages, tokens=_clip(tokens, span_s),
                 running=_clip(runs, span_s), detected_s=None if detected is None else detected - onset,
-                downtime=clipped, onset_band=_band(onset_interval, onset, span_s))
+                downtime=clipped, onset_band=_band(onset_interval, onset, span_s),
+                onset_interval=None if onset_interval is None else tuple(sorted(x - onset for x in onset_interval)))
 
 
 def _band(interval: tuple[float, float] | None, onset: float, span_s: float) -> tuple[float, float] | None:
@@ -174,9 +177,9 @@ def _after_onset(zoom: Zoom) -> str:
     """The detection's label: "+3.1 s" from the dashed onset, or with an onset
     interval the latency it allows ("3.0-3.8 s after the onset")."""
     detected = zoom.detected_s or 0.0
-    if zoom.onset_band is None:
+    if zoom.onset_interval is None:
         return f"+{detected:.1f} s"
-    a, b = zoom.onset_band
+    a, b = zoom.onset_interval
     return latency_words(DetectionLatency(max(0.0, detected - b), max(0.0, detected - a), point=False)) \
         .removeprefix("detected ")
 

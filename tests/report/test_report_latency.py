@@ -84,3 +84,19 @@ def test_a_summary_written_before_the_interval_renders_point_estimates(tmp_path)
     soup = BeautifulSoup((run_dir / "report.html").read_text(encoding="utf-8"), "html.parser")
     assert _row(_incident(soup, 1), "detection latency").startswith("3.1 s after the onset (a point estimate")
     assert not soup.select("rect.onset-interval")
+
+
+def test_the_zoom_label_says_the_whole_interval_when_it_runs_past_the_window():
+    """Stale GPU readings for two minutes put the last working reading far back: the band
+    is clipped to the 60-s window, the latency said is not (review)."""
+    import numpy as np
+
+    from soak.report.zoom import zoom_data, zoom_svg
+
+    t = np.arange(0.0, 200.0, 0.5)
+    util = np.full((t.size, 8), 100.0)
+    z = zoom_data(number=1, onset=150.0, detected=152.0, stage_ts=t, stage_util=util, server_ts=t,
+                  generation=t * 10, running=np.ones_like(t), onset_interval=(30.0, 150.0))
+    svg = zoom_svg(z)
+    assert "2.0-122.0 s after the onset" in svg
+    assert z.onset_band == (-60.0, 0.0)
