@@ -17,8 +17,10 @@ from typing import Sequence
 
 from soak.records import DetectionLatency
 
-# The responder's own words for a single figure (soak.respond.responder._summary): said again as the interval.
-_RESPONDER_CLAUSE = re.compile(r"detected -?\d+(?:\.\d+)?s after onset")
+# The responder's words for the latency (soak.respond.responder._summary), said again by readers:
+# Both its words: one figure (before issue 37), and latency_words' own since.
+_RESPONDER_CLAUSE = re.compile(r"detected -?\d+(?:\.\d+)?s after onset"
+                               r"|detected \d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? s after the onset(?: \(point estimate\))?")
 # In tenths: a tenth of a millisecond. Unix seconds carry about 2e-7 s of float error,
 # so 1.5999998 s is 1.6 on the page, not 1.5 (nor 1.6000002 s 1.7).
 _NUDGE = 1e-3

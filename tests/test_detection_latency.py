@@ -97,3 +97,20 @@ def test_a_hand_edited_summary_entry_reads_and_says_its_latency_without_raising(
     latency = IncidentEntry.from_json(entry).detection_latency
     assert latency is None or 0.0 <= latency.min_s <= latency.max_s
     assert latency_sentence(latency).startswith(("detected ", "detection latency unknown"))
+
+
+def test_the_responder_says_the_interval_and_readers_do_not_say_it_twice():
+    """incident.json's summary carries the interval itself; a reader's restatement replaces
+    it (now with the onset times), never appends a second latency."""
+    from soak.onset import latency_words, restated
+    from soak.records import detection_latency
+
+    latency = detection_latency(detected_at=1001.7, onset_at=1000.25, onset_earliest_at=999.0,
+                                onset_latest_at=1000.25)
+    said = f"hang (pp_tail_stall): {latency_words(latency)}; SIGKILL to 3 processes"
+    assert "detected 1.4-2.7 s after the onset" in said
+    again = restated(said, latency, sentence=True)
+    assert again.count("after the onset") == 1 and "onset between" in again
+    point = detection_latency(detected_at=10.0, onset_at=9.3)
+    said = f"hang (log_signature): {latency_words(point)}; SIGKILL to 3 processes"
+    assert restated(said, point).count("after the onset") == 1

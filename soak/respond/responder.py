@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 
 from soak.clock import Clock
 from soak.records import GpuSourceLike
-from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus
+from soak.records import Decision, IncidentKind, IncidentRecord, IncidentStatus, detection_latency
+from soak.onset import latency_words
 from soak.redact import Redactor
 from soak.respond import evidence as ev
 from soak.respond.collect import EvidenceCollector, incident_diagnosis
@@ -202,7 +203,10 @@ class Responder:
         if gpu_free_s is not None and gpu_free_s < 0:
             gpu_free_s = 0.0
         diagnosis, clause = incident_diagnosis(bundle.dir)
-        summary = _summary(kind, rule, onset_at, detected_at, killed, release, gpu_free_s, result)
+        interval = decision.evidence.get("onset_interval") or {}
+        latency = detection_latency(detected_at=detected_at, onset_at=onset_at,
+                                    onset_earliest_at=interval.get("earliest"), onset_latest_at=interval.get("latest"))
+        summary = _summary(kind, rule, latency_words(latency), killed, release, gpu_free_s, result)
         if clause:
             summary += f"; {clause}"
         jit = ev.jit_precursor_note(ev.jit_precursors(
@@ -256,9 +260,9 @@ class Responder:
             self._on_write_error(exc)
 
 
-def _summary(kind: IncidentKind, rule: str, onset_at: float, detected_at: float, killed: Sequence[Member],
+def _summary(kind: IncidentKind, rule: str, latency: str, killed: Sequence[Member],
              release: GpuRelease, gpu_free_s: float | None, result: KillResult | None) -> str:
-    text = f"{kind.value} ({rule}): detected {detected_at - onset_at:.1f}s after onset; SIGKILL to {len(killed)} processes"
+    text = f"{kind.value} ({rule}): {latency}; SIGKILL to {len(killed)} processes"
     if result is not None and result.survivors:
         text += f", {len(result.survivors)} survived"
     if release.released:

@@ -24,12 +24,12 @@ def _release(source: GpuSource):
 def test_a_stage_cpu_incident_says_there_were_no_gpus() -> None:
     release = _release(GpuSource.STAGE_CPU)
     assert release.released is None and release.no_gpus
-    line = _summary(IncidentKind.HANG, "stage_cpu_stall", 10.0, 16.0, (), release, None, None)
+    line = _summary(IncidentKind.HANG, "stage_cpu_stall", "detected 6.0 s after the onset (point estimate)", (), release, None, None)
     assert "no GPUs (stage CPU)" in line and "not confirmed" not in line
 
 
 def test_a_gpu_source_that_cannot_tell_still_says_not_confirmed() -> None:
     release = _release(GpuSource.SIM)
     assert release.released is None and not release.no_gpus
-    assert "GPU release not confirmed" in _summary(IncidentKind.HANG, "pp_tail_stall", 10.0, 14.0, (), release,
+    assert "GPU release not confirmed" in _summary(IncidentKind.HANG, "pp_tail_stall", "detected 4.0 s after the onset", (), release,
                                                    None, None)
