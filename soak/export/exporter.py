@@ -290,6 +290,9 @@ class Exporter:
         m["soak_incidents"].labels(kind=incident.kind.value, rule=incident.rule).inc()
         m["soak_last_incident_onset_timestamp_seconds"].set(incident.onset_at)
         m["soak_last_incident_detection_delay_seconds"].set(incident.detected_at - incident.onset_at)
+        latency = incident.detection_latency
+        if latency is not None:
+            m["soak_last_incident_detection_delay_max_seconds"].set(latency.max_s)
         if incident.gpu_free_s is not None:
             m["soak_last_incident_gpu_free_seconds"].set(incident.gpu_free_s)
 

@@ -172,6 +172,12 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
             "Seconds from the last incident's onset to the detector's decision.",
         ),
         HarnessMetric(
+            "soak_last_incident_detection_delay_max_seconds",
+            Kind.GAUGE,
+            "Seconds from the earliest onset the evidence allows to the last incident's decision "
+            "(the upper end of the detection latency; the delay itself for a point estimate).",
+        ),
+        HarnessMetric(
             "soak_last_incident_gpu_free_seconds",
             Kind.GAUGE,
             "Seconds from the last kill until the GPUs showed no process.",

@@ -225,6 +225,7 @@ def test_detector_states_incidents_events_and_probe_health(make_exporter):
         IncidentRecord(
             number=1, kind="hang", rule="pp_tail_stall", onset_at=T0 - 9, detected_at=T0, killed_pids=(1, 2),
             gpus_released=True, gpu_free_s=0.4, evidence="incidents/1", summary="pp tail stall",
+            onset_earliest_at=T0 - 11.5, onset_latest_at=T0 - 9,
         )
     )
     exporter.on_event("restart", {"attempt": 1})
@@ -239,6 +240,8 @@ def test_detector_states_incidents_events_and_probe_health(make_exporter):
     assert value(scraped, "soak_detector_rule_state", rule="log_signature") == -1
     assert value(scraped, "soak_incidents_total", kind="hang", rule="pp_tail_stall") == 1
     assert value(scraped, "soak_last_incident_detection_delay_seconds") == pytest.approx(9.0)
+    # the latency's upper end, from the earliest onset the evidence allows (issue 37)
+    assert value(scraped, "soak_last_incident_detection_delay_max_seconds") == pytest.approx(11.5)
     assert value(scraped, "soak_last_incident_gpu_free_seconds") == pytest.approx(0.4)
     assert value(scraped, "soak_events_total", type="restart") == 1
     assert value(scraped, "soak_probe_ok", probe="health") == 1
