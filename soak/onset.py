@@ -42,16 +42,19 @@ def shown_range(latency: DetectionLatency) -> tuple[float, float]:
     return max(0.0, _down(latency.min_s)), _up(latency.max_s)
 
 
-def latency_words(latency: DetectionLatency | None) -> str:
-    """"detected 0.9-1.6 s after the onset"; a point estimate says so."""
-    if latency is None:
-        return "detection latency unknown"
+def latency_span(latency: DetectionLatency) -> str:
+    """"0.9-1.6 s after the onset"; a point estimate says so."""
     low, high = shown_range(latency)
     if latency.point:
-        return f"detected {low:.1f} s after the onset (point estimate)"
+        return f"{low:.1f} s after the onset (point estimate)"
     if low == high:
-        return f"detected {low:.1f} s after the onset"
-    return f"detected {low:.1f}-{high:.1f} s after the onset"
+        return f"{low:.1f} s after the onset"
+    return f"{low:.1f}-{high:.1f} s after the onset"
+
+
+def latency_words(latency: DetectionLatency | None) -> str:
+    """"detected 0.9-1.6 s after the onset"; a point estimate says so."""
+    return "detection latency unknown" if latency is None else f"detected {latency_span(latency)}"
 
 
 def latencies_words(latencies: Sequence[DetectionLatency]) -> str | None:
@@ -114,5 +117,5 @@ def restated(summary: str, latency: DetectionLatency | None, *, sentence: bool =
     return f"{summary}; {words}" if summary else words
 
 
-__all__ = ["clock_utc", "latencies_words", "latency_sentence", "latency_words", "onset_words", "restated",
+__all__ = ["clock_utc", "latencies_words", "latency_sentence", "latency_span", "latency_words", "onset_words", "restated",
            "shown_range"]

@@ -14,18 +14,15 @@ along a ``soak.thresholds.metrics.RunMetric.summary_path``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Mapping
 
 from soak.jsonl import is_timestamp
 from soak.records import DetectionLatency, Verdict, detection_latency
+from soak.numbers import finite
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+_number = finite  # a finite float or None (soak.numbers)
 
 
 def _timestamp(value: Any) -> float | None:

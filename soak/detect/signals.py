@@ -9,8 +9,6 @@ a sample's ``ts``.
 
 from __future__ import annotations
 
-import math
-
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque
@@ -20,6 +18,7 @@ from soak.detect.config import DetectorConfig
 from soak.detect.evidence_table import TABLE
 from soak.detect.stage_shapes import ShapeRun, classify, fold, stage_levels
 from soak.logsignatures import JIT_COMPILE, SHM_BROADCAST_WAIT
+from soak.numbers import finite
 from soak.records import Topology
 from soak.samples import (
     ClientSample,
@@ -50,13 +49,6 @@ SERVER_PROGRESS_KEYS: tuple[str, ...] = (
 GENERATION_KEY = "generation_tokens"
 MAX_FATAL_LINES = 50
 MAX_SHM_LINES = 64
-
-
-def _finite(value: object) -> float | None:
-    """A scraped number, or None where it is absent or junk (NaN, inf, not a number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 @dataclass
@@ -354,7 +346,7 @@ class SignalTracker:
             return
         self.server_error = None
         values = sample.values
-        running = _finite(values.get("num_requests_running"))
+        running = finite(values.get("num_requests_running"))
         if running is not None:
             self.running = running
             if running > 0 and self.busy_since is None:
@@ -365,7 +357,7 @@ class SignalTracker:
         moved = False
         self.server_ts = sample.ts
         for key in SERVER_PROGRESS_KEYS:
-            value = _finite(values.get(key))
+            value = finite(values.get(key))
             if value is None:  # absent, or junk: a NaN never equals itself, so it moved every scrape
                 continue
             old = self.server_values.get(key)
@@ -435,9 +427,8 @@ class SignalTracker:
     def _token_time(self, sample: ClientSample) -> float:
         """When the newest token arrived: the sample dates it (``token_silence_s``) inside
         (the previous sample, this one]; a sample without it, or with junk, says its own time."""
-        silence = sample.token_silence_s
-        if (not isinstance(silence, (int, float)) or isinstance(silence, bool)
-                or not math.isfinite(silence) or silence < 0):
+        silence = finite(sample.token_silence_s)
+        if silence is None or silence < 0:
             return sample.ts
         at = sample.ts - silence
         if self.client is not None:

@@ -94,6 +94,10 @@ def timeout_phase(stream: StreamProgress, now: float, timeouts: "TimeoutsConfig"
     return None
 
 
+def _newest(*times: float | None) -> float | None:
+    return max((t for t in times if t is not None), default=None)
+
+
 class ProgressTracker:
     """Totals across the run plus the live set of streams.
 
@@ -121,9 +125,7 @@ class ProgressTracker:
             self._bytes_done += stream.bytes
             self._tokens_done += stream.tokens
             self.requests_done += 1
-            if stream.last_token_at is not None and (self._last_token_done is None
-                                                     or stream.last_token_at > self._last_token_done):
-                self._last_token_done = stream.last_token_at
+            self._last_token_done = _newest(self._last_token_done, stream.last_token_at)
 
     def streams(self) -> list[tuple[int, StreamProgress]]:
         return list(self._streams.items())
@@ -148,10 +150,7 @@ class ProgressTracker:
         streaming = [s for s in streams if s.first_token_at is not None]
         # Silence is time without a generated token (or since the start, before the first).
         max_silence = max((mono - s.progressed_at for s in streams), default=None)
-        last_token = max((s.last_token_at for s in streams if s.last_token_at is not None),
-                         default=self._last_token_done)
-        if last_token is not None and self._last_token_done is not None:
-            last_token = max(last_token, self._last_token_done)
+        last_token = _newest(self._last_token_done, *(s.last_token_at for s in streams))
         return ClientSample(
             ts=now,
             in_flight=len(streams),

@@ -14,7 +14,7 @@ from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog
 from soak.report.proof import proof_html
 from soak.durations import format_latency
-from soak.onset import latency_words, onset_words, restated
+from soak.onset import latency_span, onset_words, restated
 from soak.records import DetectionLatency
 from soak.summary_file import IncidentEntry
 
@@ -184,7 +184,7 @@ def _ranges(values: Sequence[int]) -> str:
 def _latency_said(latency: DetectionLatency | None) -> str:
     if latency is None:
         return "unknown: no onset or detection time recorded"
-    words = latency_words(latency).removeprefix("detected ")
+    words = latency_span(latency)
     return words.replace("(point estimate)", "(a point estimate: the rule gives no onset interval)")
 
 

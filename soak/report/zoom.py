@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from soak.events import EventType
-from soak.onset import latency_words
+from soak.onset import latency_span
 from soak.records import DetectionLatency
 from soak.report.series import counter_rate, period_s
 
@@ -180,8 +180,7 @@ def _after_onset(zoom: Zoom) -> str:
     if zoom.onset_interval is None:
         return f"+{detected:.1f} s"
     a, b = zoom.onset_interval
-    return latency_words(DetectionLatency(max(0.0, detected - b), max(0.0, detected - a), point=False)) \
-        .removeprefix("detected ")
+    return latency_span(DetectionLatency(max(0.0, detected - b), max(0.0, detected - a), point=False))
 
 
 def zoom_svg(zoom: Zoom) -> str:

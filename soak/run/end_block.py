@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from soak.durations import format_latency
 from soak.judge.reasons import threshold_text, value_text
-from soak.onset import latency_words, restated
+from soak.onset import latency_span, restated
 from soak.printable import printable
 from soak.records import Verdict
 from soak.summary_file import IncidentEntry, RunSummary
@@ -117,7 +117,7 @@ def _incident_lines(summary: RunSummary) -> list[str]:
             tail = f": {clean(restated(said, latency))}"
         else:
             tail = f", detected {_offset(i.detected_at, summary.started_at)}" \
-                + (f", {latency_words(latency).removeprefix('detected ')}" if latency is not None else "")
+                + (f", {latency_span(latency)}" if latency is not None else "")
         lines.append(("incidents   " if not lines else "            ") + f"{i.number or '?'}. {what}{tail}")
     return lines
 
