@@ -17,7 +17,7 @@ Issue 37 (--compare): the same traces replayed "before" (pp_tail_stall's fixed w
     crash): decided - true onset per kind, and for "after" the onset interval
     (onset_interval earliest/latest) against the true onset;
   - at least H simulated healthy hours, the device runs' NVML readings before each
-    fault (bench/results/detection-i37-device-samples-*.tgz) and the real-vLLM healthy
+    fault and the device's healthy runs (bench/results/detection-i37*-device-*.tgz) and the real-vLLM healthy
     soak: false alarms, and per source and pooled the ARL0 estimate of a Markov chain
     over the CUSUM and the readings' bins (soak.detect.arl) with a 90% interval, and
     where the CUSUM left 0 peaks over a threshold on its excursions, beside Lorden's
@@ -303,7 +303,10 @@ def _excursions(totals: list[float]) -> list[float]:
     return maxima
 
 
-DEVICE_SAMPLES = ROOT / "bench" / "results" / "detection-i37-device-samples-2026-12-06.tgz"
+# The device runs' samples: deadlock runs (readings before each fault are healthy) and
+# healthy runs (bench/device_healthy37.sh: every reading is, a decision is a false alarm).
+DEVICE_SAMPLES = ROOT / "bench" / "results"
+DEVICE_GLOB = "detection-i37*-device-*.tgz"
 REAL_HEALTHY = ROOT / "tests" / "fixtures" / "stage_cpu" / "healthy_30m.samples.jsonl.gz"
 
 
@@ -366,22 +369,26 @@ def _fold_source(src: HealthySource, name: str, samples: list, topology: Topolog
 
 
 def _device_runs():
-    """The five device runs' samples (NVML per process, 4 stages) and, where recorded, the
-    true fault onset (side.jsonl): (name, samples, onset or None)."""
+    """The device runs' samples (NVML per process, 4 stages): (name, samples, healthy
+    throughout, true fault onset or None (side.jsonl))."""
     import json
     import tarfile
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="soak-bench-arl-") as tmp, tarfile.open(DEVICE_SAMPLES) as tar:
-        if hasattr(tarfile, "data_filter"):  # Python >= 3.12 (and late 3.10/3.11 patches)
-            tar.extractall(tmp, filter="data")
-        else:
-            tar.extractall(tmp)
-        for run in sorted(Path(tmp).glob("w*/run/samples.jsonl")):
-            side = run.parent.parent / "side.jsonl"
-            onsets = [r["fault"]["onset_at"] for r in map(json.loads, side.read_text().splitlines() if side.exists() else [])
-                      if (r.get("fault") or {}).get("onset_at")]
-            yield run.parent.parent.name, list(read_samples(run)), (min(onsets) if onsets else None)
+    for archive in sorted(DEVICE_SAMPLES.glob(DEVICE_GLOB)):
+        healthy = "healthy" in archive.name
+        with tempfile.TemporaryDirectory(prefix="soak-bench-arl-") as tmp, tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.12 (and late 3.10/3.11 patches)
+                tar.extractall(tmp, filter="data")
+            else:
+                tar.extractall(tmp)
+            for run in sorted(Path(tmp).glob("*/run/samples.jsonl")):
+                side = run.parent.parent / "side.jsonl"
+                onsets = [r["fault"]["onset_at"]
+                          for r in map(json.loads, side.read_text().splitlines() if side.exists() else [])
+                          if (r.get("fault") or {}).get("onset_at")]
+                yield (f"{archive.name}:{run.parent.parent.name}", list(read_samples(run)), healthy,
+                       min(onsets) if onsets else None)
 
 
 def compare_healthy(make, hours: float, *, configs: tuple[str, ...] = ("before", "after")
@@ -396,11 +403,13 @@ def compare_healthy(make, hours: float, *, configs: tuple[str, ...] = ("before",
     for name, load in traces:
         _fold_source(sim, name, list(load()), Topology.pipeline(8), configs=configs)
         print(f"  {name}: {sim.hours * 60:.0f} simulated min so far, alarms so far {sim.alarms}", flush=True)
-    gpu = HealthySource("GPU device runs (NVML per process, H200)",
-                        note="readings before each run's true fault onset (side.jsonl), else before its "
-                             "incident's earliest onset (inside which the true onset lay in 5/5 runs)")
-    for name, samples, onset in _device_runs():
-        def until(result, onset=onset):
+    gpu = HealthySource("GPU device runs (NVML per process, H100/H200)",
+                        note="healthy runs whole; deadlock runs' readings before the true fault onset (side.jsonl), "
+                             "else before the incident's earliest onset (inside which the true onset lay in 5/5 runs)")
+    for name, samples, healthy, onset in _device_runs():
+        def until(result, onset=onset, healthy=healthy):
+            if healthy:
+                return math.inf
             first = result.decisions[0].evidence.get("onset_interval", {}).get("earliest") if result.decisions else None
             return min(x for x in (onset, first, math.inf) if x is not None)
         _fold_source(gpu, name, samples, Topology.pipeline(4), until=until, configs=configs)
@@ -476,6 +485,13 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
                      + (f"\n    ({src.note})" if src.note else ""))
         if src.maxima:
             lines.append(f"    POT: {arl0_estimate(src.maxima, src.busy_h, bound)}")
+        others = [q for s in sources if s is not src for q in s.sequences]
+        if src is not pooled and others:
+            h = arl.homogeneity(arl.count(src.sequences, period_s=TABLE.period_s),
+                                arl.count(others, period_s=TABLE.period_s), TABLE)
+            lines.append(f"    like the other sources? G = {h.g:.1f} over {h.transitions} transitions in {h.rows} rows, "
+                         f"p = {h.p:.3g} (Monte Carlo); most different: {h.worst}"
+                         + ("; so it is judged on its own readings" if h.p < 0.05 else ""))
     # Every source on its own, not just the pool: the simulator's readings outnumber the
     # GPU's by hundreds to one, and they behave differently (the simulated tail never dips).
     ok = pooled_h >= arl0_h and not short

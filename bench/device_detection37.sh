@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."  # the repo root (carried as out/int with .whl beside it
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 D=tests/gpu/device
-for S in 0 1 2 3 4; do
+for S in ${SEEDS:-0 1 2 3 4}; do
   W=/tmp/w$S; rm -rf $W; mkdir -p $W
   sed "s/^seed: .*/seed: $S/" $D/gpu-deadlock.yaml > $W/cfg.yaml
   python3 $D/nvml_side.py $W/side.jsonl $W/run 110 & SIDE=$!
@@ -32,5 +32,5 @@ print(f"seed {s} rc {rc} rule {i.get('rule')} detected-true {d.get('detected_min
 PY
   cp $W/figures.json $OUT/figures-$S.json 2>/dev/null
 done
-tar czf $OUT/samples.tgz -C /tmp w0/run/samples.jsonl w1/run/samples.jsonl w2/run/samples.jsonl w3/run/samples.jsonl w4/run/samples.jsonl w0/side.jsonl w1/side.jsonl w2/side.jsonl w3/side.jsonl w4/side.jsonl 2>/dev/null
+(cd /tmp && tar czf $OUT/samples.tgz $(for S in ${SEEDS:-0 1 2 3 4}; do echo w$S/run/samples.jsonl w$S/side.jsonl; done) 2>/dev/null)
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv

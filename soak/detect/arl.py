@@ -17,8 +17,13 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
   class fresh / quiet / none (the table's own conditioning: the tail's ratio is taken
   given fresh progress). Each row is a Dirichlet posterior mean with Jeffreys' prior
   mass (0.5 per outcome, 0.5 k in all) centred on the row pooled over the previous
-  bin (itself Jeffreys' ``(count + 0.5) / (n + 0.5 k)``) rather than spread uniformly
-  (MacKay & Peto's hierarchical Dirichlet), and an outcome the row never showed is at
+  bin rather than spread uniformly (MacKay & Peto's hierarchical Dirichlet). For the
+  progress that pooled row is Jeffreys' ``(count + 0.5) / (n + 0.5 k)``; for the tail it
+  is the class's counts with the same mass centred on the tail's law over every class
+  (Jeffreys), a third level: a class the source hardly saw (quiet progress in three
+  minutes of a fast GPU run) reads like the source's tail in general, as the table
+  itself scores a tail beside anything but fresh progress by its unconditional healthy
+  law, not as a coin that stalls one reading in three. An outcome the row never showed is at
   least as likely as in the pooled row (else two rows that never showed it would
   multiply their ignorance). A row rich in data is its data; a row seen a few times
   or never (a tail bin hardly ever seen in healthy load, say ``partial`` or ``stall``)
@@ -41,6 +46,10 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
   (scipy.sparse) on the states from which the bound is reached surely (elsewhere the
   ARL is infinite), started at S = 0 with the last bin drawn from the chain's
   stationary law.
+- **Homogeneity.** ``homogeneity`` asks whether one source's transitions could come
+  from another's fitted law (G statistic, Monte Carlo p-value): where they could not,
+  pooling the sources would let the larger speak for the smaller, so each is estimated
+  on its own readings.
 - **Interval.** 90%: the 5th and 95th percentiles of the same estimate over ``draws``
   bootstrap resamples of the transition counts (seeded): each row's counts redrawn
   Multinomial(its total, its observed frequencies) and the chain refitted (the
@@ -143,13 +152,16 @@ def count(sequences: Iterable[Sequence[Reading]], *, period_s: float) -> Counts:
     return Counts(progress, tail, weights, bins, readings, busy)
 
 
-def _rows(counts: Sequence[Sequence[float]], *, shrink: bool) -> tuple[list[np.ndarray], int]:
+def _rows(counts: Sequence[Sequence[float]], *, shrink: bool,
+          top: Sequence[float] | None = None) -> tuple[list[np.ndarray], int]:
     """Each row's posterior mean under Dirichlet(0.5 k x base): base the pooled row's own
-    Jeffreys posterior mean (``shrink``) or uniform (Jeffreys proper). Also the number
-    of rows with no data (they are their base)."""
+    posterior mean (``shrink``) or uniform (Jeffreys proper). Also the number of rows with
+    no data (they are their base)."""
     c = np.asarray(counts, dtype=float)
     k = c.shape[1]
-    pooled = c.sum(axis=0) + JEFFREYS
+    # The pooled row itself: Jeffreys' mass centred on ``top`` (a level above: the tail's law
+    # over every class), uniform where there is none.
+    pooled = c.sum(axis=0) + JEFFREYS * k * (np.full(k, 1.0 / k) if top is None else np.asarray(top, dtype=float))
     base = pooled / pooled.sum() if shrink else np.full(k, 1.0 / k)
     alpha = JEFFREYS * k * base
     rows = []
@@ -175,23 +187,66 @@ class Chain:
     unobserved: int  # rows with no data: their prior alone
 
 
+@dataclass(frozen=True)
+class Law:
+    """A fitted chain's factor rows before the floors (what ``homogeneity`` tests a source against)."""
+
+    tails: tuple[str, ...]
+    progs: tuple
+    progress: np.ndarray  # progress x progress'
+    tail: Mapping[str, np.ndarray]  # class(progress') -> tail x tail'
+
+
+def _axes(table: ev.EvidenceTable, *seen: Mapping[Bin, int]) -> tuple[tuple[Bin, ...], tuple, tuple]:
+    # The extra bins (beyond the table's) in one order whichever source comes first, so a
+    # source's law and its population's lie on the same axes.
+    bins = joint_bins(table, sorted({b for s in seen for b in s}, key=repr))
+    return bins, tuple(dict.fromkeys(t for t, _ in bins)), tuple(dict.fromkeys(p for _, p in bins))
+
+
+def _tail_top(counts: Counts, tails: Sequence[str]) -> np.ndarray:
+    """The tail's law over every class and last tail (Jeffreys): what a class's pooled row
+    leans on where that class was seen little or never. The table makes the same
+    assumption: it scores the tail given anything but fresh progress by its unconditional
+    healthy law."""
+    n = np.asarray([sum(v for (_, _, b), v in counts.tail.items() if b == t) for t in tails], dtype=float) + JEFFREYS
+    return n / n.sum()
+
+
+def law(counts: Counts, table: ev.EvidenceTable, *, axes_of: Sequence[Counts] = (),
+        unobserved: str = "pooled") -> Law:
+    """The factor rows (Dirichlet posterior means, no floors) on the axes of ``counts``
+    and ``axes_of``."""
+    _, tails, progs = _axes(table, counts.bins, *(c.bins for c in axes_of))
+    shrink = unobserved == "pooled"
+    prog_rows, _ = _rows([[counts.progress.get((a, b), 0) for b in progs] for a in progs], shrink=shrink)
+    tail = {}
+    top = _tail_top(counts, tails) if shrink else None
+    for cls in CLASSES:
+        rows, _ = _rows([[counts.tail.get((a, cls, b), 0) for b in tails] for a in tails], shrink=shrink, top=top)
+        tail[cls] = np.asarray(rows)
+    return Law(tails, progs, np.asarray(prog_rows), tail)
+
+
 def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled") -> Chain:
     """The transition matrix. ``unobserved``: "pooled" (each row shrunk towards the pooled
-    row) or "uniform" (Jeffreys proper: a row with no data is uniform)."""
-    bins = joint_bins(table, counts.bins)
-    tails = list(dict.fromkeys(t for t, _ in bins))
-    progs = list(dict.fromkeys(p for _, p in bins))
+    row of its class, that towards the tail's law over every class) or "uniform" (Jeffreys
+    proper: a row with no data is uniform)."""
+    bins, tails, progs = _axes(table, counts.bins)
     floors = {}
     for cls in CLASSES:
         row = {"fresh": ev.TAIL_GIVEN_FRESH, NONE: ev.TAIL_GIVEN_IDLE}.get(cls, ev.TAIL)
         given = table.healthy.get(row) or table.healthy.get(ev.TAIL, {})
         floors[cls] = np.array([float(given.get(t, 0.0)) for t in tails])
     shrink = unobserved == "pooled"
-    prog_rows, backed = _rows([[counts.progress.get((a, b), 0) for b in progs] for a in progs], shrink=shrink)
+    progress = [[counts.progress.get((a, b), 0) for b in progs] for a in progs]
+    prog_rows, backed = _rows(progress, shrink=shrink)
     tail_rows: dict = {}
     floored = 0
+    top = _tail_top(counts, tails) if shrink else None
     for cls in CLASSES:
-        rows, n_unseen = _rows([[counts.tail.get((a, cls, b), 0) for b in tails] for a in tails], shrink=shrink)
+        rows, n_unseen = _rows([[counts.tail.get((a, cls, b), 0) for b in tails] for a in tails], shrink=shrink,
+                               top=top)
         backed += n_unseen
         for a, r in zip(tails, rows):
             tail_rows[(a, cls)], n = _floored(r, floors[cls])
@@ -204,6 +259,55 @@ def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled") 
             P[i, j] = prow[progs.index(pb)] * tail_rows[(ta, progress_class(pb))][tails.index(tb)]
     P /= P.sum(axis=1, keepdims=True)
     return Chain(bins, P, floored, backed)
+
+
+@dataclass(frozen=True)
+class Homogeneity:
+    """Whether a source's transitions could come from a population's law: the G statistic
+    over the source's rows with data, its Monte Carlo p-value (rows redrawn from the
+    law, same totals), and the row that departs most."""
+
+    g: float
+    p: float
+    rows: int
+    transitions: int
+    worst: str
+
+
+def homogeneity(counts: Counts, population: Counts, table: ev.EvidenceTable, *, draws: int = 2000,
+                seed: int = 0) -> Homogeneity:
+    """G = 2 sum o ln(o / e) with e from the population's fitted rows (each factor: progress
+    given progress, tail given tail and class); the p-value by drawing every row of the
+    source Multinomial(its total, the population's row) ``draws`` times (the chi-square
+    approximation fails with the small expected counts a rare bin has)."""
+    base = law(population, table, axes_of=[counts])
+    cells: list[tuple[str, np.ndarray, np.ndarray]] = []
+    for i, a in enumerate(base.progs):
+        cells.append((f"progress after {a}",
+                      np.asarray([counts.progress.get((a, b), 0) for b in base.progs], dtype=float), base.progress[i]))
+    for cls in CLASSES:
+        for i, a in enumerate(base.tails):
+            cells.append((f"tail after {a} ({cls} progress)",
+                          np.asarray([counts.tail.get((a, cls, b), 0) for b in base.tails], dtype=float),
+                          base.tail[cls][i]))
+    cells = [(name, o, e) for name, o, e in cells if o.sum() > 0]
+
+    def g_of(o: np.ndarray, q: np.ndarray) -> np.ndarray:  # o: (..., k)
+        e = o.sum(axis=-1, keepdims=True) * q
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(o > 0, o * np.log(o / e), 0.0)
+        return 2.0 * terms.sum(axis=-1)
+
+    per = [float(g_of(o, q)) for _, o, q in cells]
+    g = float(sum(per))
+    rng = np.random.default_rng(seed)
+    drawn = np.zeros(draws)
+    for (_, o, q) in cells:
+        drawn += g_of(rng.multinomial(int(o.sum()), q, size=draws).astype(float), q)
+    p = float((1 + (drawn >= g - 1e-9).sum()) / (draws + 1))
+    worst = cells[int(np.argmax(per))][0] if cells else ""
+    transitions = int(sum(o.sum() for name, o, _ in cells if name.startswith("progress")))  # each once, not per factor
+    return Homogeneity(g, p, len(cells), transitions, worst)
 
 
 def resample(counts: Counts, rng: np.random.Generator) -> Counts:
@@ -351,7 +455,8 @@ def estimate(sequences: Iterable[Sequence[Reading]], *, table: ev.EvidenceTable,
     # so the grid's bias does not move the interval off the point.
     coarse, _ = hours(point, max_states // 2)
     scale = h / coarse if coarse > 0 and math.isfinite(coarse) and math.isfinite(h) else 1.0
-    drawn = sorted(scale * hours(fit(resample(counts, rng), table), max_states // 2)[0] for _ in range(draws))
+    drawn = sorted(scale * hours(fit(resample(counts, rng), table), max_states // 2)[0]
+                   for _ in range(draws))
     lo = float(np.percentile(drawn, 5)) if drawn else h
     hi = float(np.percentile(drawn, 95)) if drawn else h
     k = len(point.bins)
@@ -359,5 +464,5 @@ def estimate(sequences: Iterable[Sequence[Reading]], *, table: ev.EvidenceTable,
                        delta, k * max(1, max_states // k), draws)
 
 
-__all__ = ["ArlEstimate", "Chain", "Counts", "as_bin", "chain_arl", "count", "estimate", "fit", "increment",
-           "joint_bins", "progress_class", "resample", "stationary"]
+__all__ = ["ArlEstimate", "Chain", "Counts", "Homogeneity", "Law", "as_bin", "chain_arl", "count", "estimate", "fit",
+           "homogeneity", "increment", "joint_bins", "law", "progress_class", "resample", "stationary"]

@@ -145,3 +145,66 @@ def test_a_bootstrap_resample_keeps_each_rows_total_and_invents_no_transition():
         for row in {key[:width] for key in observed}:
             assert sum(n for key, n in drawn.items() if key[:width] == row) == \
                 sum(n for key, n in observed.items() if key[:width] == row)
+
+
+def tail_row(chain, last, nxt_progress):
+    """P(next tail | last joint bin) at the given next progress bin, as a dict."""
+    i = chain.bins.index(last)
+    cells = {tb: chain.transition[i, j] for j, (tb, pb) in enumerate(chain.bins) if pb == nxt_progress}
+    total = sum(cells.values())
+    return {t: v / total for t, v in cells.items()}
+
+
+def test_a_progress_class_never_seen_reads_like_the_sources_tail_not_a_coin():
+    """Three minutes of a fast GPU run never show quiet progress. The tail beside quiet
+    progress must then lean on the source's tail in general (mostly working), as the
+    table scores it, not on a uniform prior that stalls one reading in three."""
+    counts = arl.count([healthy_trace(400)] * 3, period_s=TABLE.period_s)
+    quiet = next(p for p in ev.AGE_BINS if p not in ev.FRESH and p != ev.MOVED)
+    assert not any(cls == "quiet" for _, cls, _ in counts.tail)
+    point = tail_row(arl.fit(counts, TABLE), (ev.WORKING, ev.FRESH[0]), quiet)
+    uniform = tail_row(arl.fit(counts, TABLE, unobserved="uniform"), (ev.WORKING, ev.FRESH[0]), quiet)
+    assert point[ev.WORKING] > 0.95
+    assert point[ev.STALL] < 0.01 < uniform[ev.STALL]
+    floor = TABLE.healthy[ev.TAIL][ev.STALL]
+    assert point[ev.STALL] >= floor * 0.99  # the table's healthy floor still holds
+
+
+def sticky_chain_readings(stay: float, n: int, seed: int):
+    """A two-tail healthy source: working/partial with the given persistence."""
+    rng = np.random.default_rng(seed)
+    tail, out = ev.WORKING, []
+    for _ in range(n):
+        if rng.random() > stay:
+            tail = ev.PARTIAL if tail == ev.WORKING else ev.WORKING
+        out.append(reading(tail, ev.FRESH[0]))
+    return out
+
+
+def test_homogeneity_accepts_readings_from_the_same_law_and_rejects_another():
+    """At 5%, the same law is rejected about one time in twenty and a different one always."""
+    rejected_same, rejected_other = 0, 0
+    for seed in range(20):
+        big = arl.count([sticky_chain_readings(0.9, 20_000, seed)], period_s=TABLE.period_s)
+        same = arl.homogeneity(arl.count([sticky_chain_readings(0.9, 600, seed + 100)], period_s=TABLE.period_s),
+                               big, TABLE, draws=400, seed=seed)
+        other = arl.homogeneity(arl.count([sticky_chain_readings(0.5, 600, seed + 200)], period_s=TABLE.period_s),
+                                big, TABLE, draws=400, seed=seed)
+        rejected_same += same.p < 0.05
+        rejected_other += other.p < 0.05
+        assert other.g > same.g
+        assert other.worst.startswith("tail after")
+    assert rejected_other == 20
+    assert rejected_same <= 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(stay=st.floats(0.05, 0.99), n=st.integers(2, 400), seed=st.integers(0, 10_000))
+def test_homogeneity_is_a_p_value_and_a_source_fits_its_own_law_better_than_an_opposite_one(stay, n, seed):
+    counts = arl.count([sticky_chain_readings(stay, n, seed)], period_s=TABLE.period_s)
+    own = arl.homogeneity(counts, counts, TABLE, draws=200, seed=seed)
+    assert 0 < own.p <= 1 and own.g >= 0
+    assert own.transitions == n - 1
+    if n >= 200 and abs(1 - 2 * stay) >= 0.5:
+        opposite = arl.count([sticky_chain_readings(1 - stay, 20_000, seed + 1)], period_s=TABLE.period_s)
+        assert own.g < arl.homogeneity(counts, opposite, TABLE, draws=200, seed=seed).g
