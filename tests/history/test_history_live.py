@@ -56,6 +56,11 @@ def test_history_of_five_real_nights_names_the_fixed_build(tmp_path):
     for run in (r for r in data["runs"] if r["build"] == "buggy"):
         summary = json.loads((Path(run["path"]) / "summary.json").read_text())
         assert run["hangs"] == sum(i["kind"] == "hang" for i in summary["incidents"]) >= 1
+        # each incident as the night told it: its onset interval and detection latency too
+        for seen, told in zip(run["incidents"], summary["incidents"], strict=True):
+            assert seen["detection_latency_s"] == told["detection_latency_s"]
+            assert (seen["onset_earliest_at"], seen["onset_latest_at"]) == (told.get("onset_earliest_at"),
+                                                                           told.get("onset_latest_at"))
         assert sum(i["hang"] for i in run["intervals"]) == run["hangs"] and run["restarts"] == summary["restarts"]
         assert run["exposure_s"] == pytest.approx(sum(i["length_s"] for i in run["intervals"]))
         assert run["exposure_s"] < summary["duration_s"]  # the hung stretches are not time at risk
