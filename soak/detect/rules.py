@@ -125,6 +125,12 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
     else:
         threshold = max(cfg.startup_grace, cfg.floor)
         basis = f"start-up grace {cfg.startup_grace:g}s (no token generated since start)"
+    prefill_unseen = (not s.prefill_visible and s.client is not None and s.client.in_flight > 0
+                      and s.client.streaming == 0 and threshold < cfg.unseen_prefill_grace)
+    if prefill_unseen:
+        threshold = cfg.unseen_prefill_grace
+        basis = (f"no stream is past its first token and /metrics shows nothing a prefill moves "
+                 f"(no KV usage or prompt-token counter): a prefill unseen is allowed {threshold:g}s")
     moved = {k: round(observed_until - t, 3) for k, t in sorted(s.last_change.items())}
     evidence = {
         "signals": {
@@ -144,6 +150,7 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
             "floor_s": cfg.floor,
             "ceiling_s": cfg.ceiling,
             "startup_grace_s": cfg.startup_grace,
+            "prefill_unseen": prefill_unseen,
         },
     }
     reasons = (

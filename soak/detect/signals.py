@@ -47,6 +47,10 @@ SERVER_PROGRESS_KEYS: tuple[str, ...] = (
     "iteration_tokens_total_count",
 )
 GENERATION_KEY = "generation_tokens"
+# What moves while a long prompt is prefilled, before its first token: the KV cache
+# fills chunk by chunk (and the prompt counter may count chunks). A /metrics without
+# them (a proxy's own, a server that is not vLLM) cannot tell a prefill from a stop.
+PREFILL_KEYS: tuple[str, ...] = ("kv_cache_usage_perc", "prompt_tokens")
 MAX_FATAL_LINES = 50
 MAX_SHM_LINES = 64
 
@@ -104,6 +108,7 @@ class SignalTracker:
         self.server_ts: float | None = None
         self.server_values: dict[str, float] = {}
         self.server_error: str | None = None
+        self.prefill_visible = False  # the latest scrape carries a signal a prefill moves
         self.running: float | None = None
         self.busy_since: float | None = None
         self.last_change: dict[str, float] = {}
@@ -346,6 +351,7 @@ class SignalTracker:
             return
         self.server_error = None
         values = sample.values
+        self.prefill_visible = any(finite(values.get(key)) is not None for key in PREFILL_KEYS)
         running = finite(values.get("num_requests_running"))
         if running is not None:
             self.running = running

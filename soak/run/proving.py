@@ -74,9 +74,9 @@ def detection_horizon_s(detector: Any, probes: Any) -> float:
                      + detector.pp_tail_stall.progress_grace)
     if detector.stage_cpu_stall.enabled:
         spans.append(detector.stage_cpu_stall.window)
-    if detector.generation_frozen.enabled:  # before a life's first token its start-up grace applies
-        cfg = detector.generation_frozen
-        spans.append(max(cfg.ceiling, cfg.floor, cfg.startup_grace))
+    if detector.generation_frozen.enabled:  # before a life's first token its start-up grace applies,
+        cfg = detector.generation_frozen  # and its allowance for a prefill /metrics does not show
+        spans.append(max(cfg.ceiling, cfg.floor, cfg.startup_grace, cfg.unseen_prefill_grace))
     if detector.client_stall.enabled:
         spans.append(max(detector.client_stall.ceiling, detector.client_stall.floor))
     if detector.log_signature.enabled:  # a timeout line dates its onset this far back

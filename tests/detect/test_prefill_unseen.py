@@ -1,0 +1,86 @@
+"""A /metrics that shows nothing a prefill moves (a proxy's own, a server that is not
+vLLM, no scrape at all): a long prefill must not read as a hang, and a stop must still
+be caught, later. Before: every checked-in healthy trace was a ``generation_frozen``
+hang 38-158 s in (a 190K-token cold prefill looked like 15 s of silence)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from soak.detect import Detector, DetectorConfig
+from soak.detect.replay import replay
+from soak.detect.signals import PREFILL_KEYS, SERVER_PROGRESS_KEYS
+from soak.records import Topology
+from soak.samples import GpuSample, LogSample, ServerSample
+from soak.store.rundir import read_samples
+
+TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+HEALTHY = sorted(TRACES.glob("healthy_*.jsonl.gz"))
+_LOADED = {p.name: list(read_samples(p)) for p in HEALTHY}
+# What a non-vLLM /metrics may still carry: any server key but the ones a prefill moves.
+OTHER_KEYS = sorted({*SERVER_PROGRESS_KEYS, "num_requests_running", "num_requests_waiting"} - set(PREFILL_KEYS))
+
+
+def _strip(samples, keep: set[str] | None, *, gpu: bool):
+    """Server samples with only ``keep`` (None: no scrape at all); GPU readings kept or not."""
+    out = []
+    for s in samples:
+        if isinstance(s, ServerSample):
+            if keep is None:
+                continue
+            s = dataclasses.replace(s, values={k: v for k, v in s.values.items() if k in keep})
+        elif isinstance(s, GpuSample) and not gpu:
+            continue
+        out.append(s)
+    return out
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=st.sampled_from([p.name for p in HEALTHY]),
+       keep=st.one_of(st.none(), st.sets(st.sampled_from(OTHER_KEYS))), gpu=st.booleans())
+def test_a_healthy_run_behind_a_metrics_page_that_hides_prefill_is_never_a_hang(trace, keep, gpu):
+    samples = _strip(_LOADED[trace], keep, gpu=gpu)
+    result = replay(samples, Detector(DetectorConfig(), topology=Topology.pipeline(8)))
+    assert result.decisions == [], [(d.rule, d.reasons[:2]) for d in result.decisions]
+
+
+def test_with_the_prefill_signals_the_learned_threshold_still_applies():
+    """The allowance is for what the probes cannot see: with KV usage in the scrape a
+    frozen server is called at the learned threshold, not after the allowance."""
+    cfg = DetectorConfig()
+    dead = list(read_samples(TRACES / "fault_all_idle_deadlock.jsonl.gz"))
+    (d,) = replay(dead, Detector(cfg, topology=Topology.pipeline(8))).decisions
+    assert d.rule == "generation_frozen"
+    assert d.evidence["thresholds"]["prefill_unseen"] is False
+    assert d.evidence["thresholds"]["threshold_s"] < cfg.generation_frozen.unseen_prefill_grace
+
+
+def _make():
+    spec = importlib.util.spec_from_file_location("trace_make", TRACES / "make.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["trace_make"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_stop_behind_such_a_page_is_still_caught_after_its_onset():
+    make = _make()
+    cfg = DetectorConfig()
+    for seed, fault in ((11, "pp_deadlock"), (12, "all_idle_deadlock")):
+        truth: dict = {}
+        sc = make.Scenario(f"t_unseen_{seed}", 60.0 + cfg.generation_frozen.unseen_prefill_grace + 30.0, sessions=4,
+                           seed=seed, context_min=20_000, context_max=40_000, shared_prefix=2_000,
+                           fault=fault, fault_at=60.0)
+        samples = [s for s in make.record(sc, truth=truth) if not isinstance(s, (ServerSample, GpuSample, LogSample))]
+        onset = make.T0 + truth["onset"]
+        decisions = replay(samples, Detector(cfg, topology=Topology.pipeline(8))).decisions
+        assert decisions, fault
+        d = decisions[0]
+        assert d.rule in ("generation_frozen", "client_stall")
+        assert onset < d.decided_at <= onset + cfg.generation_frozen.unseen_prefill_grace + 5.0
