@@ -10,6 +10,8 @@ goals were measured with it.
 
 from __future__ import annotations
 
+import math
+
 from soak.detect import evidence as ev
 from soak.detect.config import DetectorConfig
 from soak.detect.evidence_table import TABLE
@@ -40,6 +42,9 @@ def pp_tail_sequential(s: SignalTracker, config: DetectorConfig, now: float) -> 
         return RuleStatus(NAME, RuleState.CLEAR, elapsed_s=round(state.total, 3), threshold_s=round(bound, 3),
                           evidence={"thresholds": thresholds, "suspect": round(fraction, 3)})
     earliest, latest = ev.onset_interval(state)
+    if earliest is None and latest is not None and math.isfinite(s.started_at) and s.started_at <= latest:
+        # The tail never read working in this server life: the hang began after the life did.
+        earliest = s.started_at
     onset = latest if latest is not None else state.since
     tail = ",".join(str(i) for i in s.topology.last_stage)
     parts = "; ".join(f"{_SAY.get(k, k)} {v:+.1f}" for k, v in sorted(state.contributions.items(),

@@ -86,7 +86,7 @@ async def test_hang_response_kills_the_whole_tree_keeps_evidence_and_spares_the_
     assert is_alive(decoy), "the decoy titled like a worker must survive"
     assert is_alive(os.getpid())
     assert record.kind == "hang" and record.rule == "pp_tail_stall"
-    assert record.onset_at == pytest.approx(now - 6.0) and record.detected_at == pytest.approx(now)
+    assert record.onset_at == pytest.approx(now - 6.0, abs=1e-3) and record.detected_at == pytest.approx(now, abs=1e-3)
     assert record.gpus_released is True and record.gpu_free_s is not None and record.gpu_free_s >= 0
     assert record.evidence == "incidents/1" and record.survivors == ()
 
