@@ -489,9 +489,14 @@ def arl0_chain(sources: list[HealthySource], bound: float, arl0_h: float) -> tup
         if src is not pooled and others:
             h = arl.homogeneity(arl.count(src.sequences, period_s=TABLE.period_s),
                                 arl.count(others, period_s=TABLE.period_s), TABLE)
-            lines.append(f"    like the other sources? G = {h.g:.1f} over {h.transitions} transitions in {h.rows} rows, "
-                         f"p = {h.p:.3g} (Monte Carlo); most different: {h.worst}"
-                         + ("; so it is judged on its own readings" if h.p < 0.05 else ""))
+
+            def p_says(p: float) -> str:
+                return f"p <= {h.p_floor:.2g}" if p <= h.p_floor else f"p = {p:.3g}"
+
+            factors = "; ".join(f"{f} rows G = {g:.1f}, {p_says(p)}" for f, (g, p) in h.by_factor.items())
+            lines.append(f"    like the other sources? two-sample G = {h.g:.1f} over {h.transitions} transitions in "
+                         f"{h.rows} rows both saw, {p_says(h.p)} (permutation, {h.draws} draws); {factors}; "
+                         f"most different: {h.worst}" + ("; so it is judged on its own readings" if h.p < 0.05 else ""))
     # Every source on its own, not just the pool: the simulator's readings outnumber the
     # GPU's by hundreds to one, and they behave differently (the simulated tail never dips).
     ok = pooled_h >= arl0_h and not short

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 37 on the device: healthy load for the ARL0 estimate. The deadlock runs' own config
 # (tests/gpu/device/gpu-deadlock.yaml) without its fault, read through NVML per process,
-# for SECONDS wall seconds (default 540); samples.jsonl (with token_silence_s) comes back
-# under $OUT for bench/detection.py's device source.
+# for SECONDS_WALL wall seconds (default 540); samples.jsonl (with token_silence_s) comes back
+# under $OUT named as bench/detection.py's device source reads it (bench/results/, DEVICE_GLOB).
 set -u
 cd "$(dirname "$0")/.."  # the repo root (carried as out/int with .whl beside it on the device)
 [ -d .whl ] || ln -sfn ../../.whl .whl
@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 SECONDS_WALL=${SECONDS_WALL:-540}; NAME=${NAME:-h0}; SEED=${SEED:-100}
 W=/tmp/$NAME; rm -rf $W; mkdir -p $W
-# Drop the faults list (the block under `faults:` up to the next key at its indent or less).
+# The deadlock runs' config without its faults, run for the wall time asked.
 python3 - tests/gpu/device/gpu-deadlock.yaml $W/cfg.yaml $SECONDS_WALL $SEED <<'PY'
 import sys, yaml
 cfg = yaml.safe_load(open(sys.argv[1]))
@@ -29,5 +29,5 @@ print("verdict", s.get("verdict"), "incidents", len(s.get("incidents") or []))
 n = sum(1 for _ in open(run / "samples.jsonl"))
 print("samples", n)
 PY
-(cd /tmp && tar czf $OUT/healthy-$NAME.tgz $NAME/run/samples.jsonl $NAME/run/summary.json $NAME/cfg.yaml $NAME/soak_run.log 2>/dev/null)
+(cd /tmp && tar czf $OUT/detection-i37c-device-healthy-$NAME-$(date -u +%F).tgz $NAME/run/samples.jsonl $NAME/run/summary.json $NAME/cfg.yaml $NAME/soak_run.log 2>/dev/null)
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv

@@ -28,9 +28,8 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
   multiply their ignorance). A row rich in data is its data; a row seen a few times
   or never (a tail bin hardly ever seen in healthy load, say ``partial`` or ``stall``)
   leans on the pooled row: without evidence, the next reading is like any healthy
-  reading, as Lorden's bound assumes; the pooled row of the data-rich bin is plain
-  Jeffreys. Then each tail probability is at least the table's healthy floor for that
-  bin (``healthy[tail_pattern|fresh_progress]`` beside fresh progress,
+  reading, as Lorden's bound assumes. Then each tail probability is at least the
+  table's healthy floor for that bin (``healthy[tail_pattern|fresh_progress]`` beside fresh progress,
   ``healthy[tail_pattern|nothing_in_flight]`` with nothing in flight,
   ``healthy[tail_pattern]`` otherwise), rows renormalised: the larger of the two,
   counted in ``floored``. ``worst_h`` takes Jeffreys proper instead (prior uniform: a
@@ -46,9 +45,9 @@ length of ``S = max(0, S + X_t)`` to reach the bound ``h`` from healthy readings
   (scipy.sparse) on the states from which the bound is reached surely (elsewhere the
   ARL is infinite), started at S = 0 with the last bin drawn from the chain's
   stationary law.
-- **Homogeneity.** ``homogeneity`` asks whether one source's transitions could come
-  from another's fitted law (G statistic, Monte Carlo p-value): where they could not,
-  pooling the sources would let the larger speak for the smaller, so each is estimated
+- **Homogeneity.** ``homogeneity`` asks whether two sources' transitions could come
+  from one law (a two-sample G test per row, permutation p-value): where they could
+  not, pooling them would let the larger speak for the smaller, so each is estimated
   on its own readings.
 - **Interval.** 90%: the 5th and 95th percentiles of the same estimate over ``draws``
   bootstrap resamples of the transition counts (seeded): each row's counts redrawn
@@ -187,16 +186,6 @@ class Chain:
     unobserved: int  # rows with no data: their prior alone
 
 
-@dataclass(frozen=True)
-class Law:
-    """A fitted chain's factor rows before the floors (what ``homogeneity`` tests a source against)."""
-
-    tails: tuple[str, ...]
-    progs: tuple
-    progress: np.ndarray  # progress x progress'
-    tail: Mapping[str, np.ndarray]  # class(progress') -> tail x tail'
-
-
 def _axes(table: ev.EvidenceTable, *seen: Mapping[Bin, int]) -> tuple[tuple[Bin, ...], tuple, tuple]:
     # The extra bins (beyond the table's) in one order whichever source comes first, so a
     # source's law and its population's lie on the same axes.
@@ -211,21 +200,6 @@ def _tail_top(counts: Counts, tails: Sequence[str]) -> np.ndarray:
     healthy law."""
     n = np.asarray([sum(v for (_, _, b), v in counts.tail.items() if b == t) for t in tails], dtype=float) + JEFFREYS
     return n / n.sum()
-
-
-def law(counts: Counts, table: ev.EvidenceTable, *, axes_of: Sequence[Counts] = (),
-        unobserved: str = "pooled") -> Law:
-    """The factor rows (Dirichlet posterior means, no floors) on the axes of ``counts``
-    and ``axes_of``."""
-    _, tails, progs = _axes(table, counts.bins, *(c.bins for c in axes_of))
-    shrink = unobserved == "pooled"
-    prog_rows, _ = _rows([[counts.progress.get((a, b), 0) for b in progs] for a in progs], shrink=shrink)
-    tail = {}
-    top = _tail_top(counts, tails) if shrink else None
-    for cls in CLASSES:
-        rows, _ = _rows([[counts.tail.get((a, cls, b), 0) for b in tails] for a in tails], shrink=shrink, top=top)
-        tail[cls] = np.asarray(rows)
-    return Law(tails, progs, np.asarray(prog_rows), tail)
 
 
 def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled") -> Chain:
@@ -263,51 +237,75 @@ def fit(counts: Counts, table: ev.EvidenceTable, *, unobserved: str = "pooled") 
 
 @dataclass(frozen=True)
 class Homogeneity:
-    """Whether a source's transitions could come from a population's law: the G statistic
-    over the source's rows with data, its Monte Carlo p-value (rows redrawn from the
-    law, same totals), and the row that departs most."""
+    """Whether two sources' transitions could come from one law: the G statistic of each
+    row's 2 x k table (this source against the other), summed, its Monte Carlo p-value
+    under the permutation null, the same per factor (progress, tail), and the row that
+    departs most."""
 
     g: float
     p: float
     rows: int
     transitions: int
     worst: str
+    by_factor: Mapping[str, tuple[float, float]]  # "progress" / "tail" -> (G, p)
+    draws: int
+
+    @property
+    def p_floor(self) -> float:
+        """The smallest p-value ``draws`` can give: a p at it reads "p <= floor"."""
+        return 1.0 / (self.draws + 1)
 
 
-def homogeneity(counts: Counts, population: Counts, table: ev.EvidenceTable, *, draws: int = 2000,
+def _g_two_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """G of 2 x k tables, source rows ``a`` (..., k) against rows ``b`` (k) or (..., k)."""
+    both = a + b
+    n_a, n_b = a.sum(axis=-1, keepdims=True), b.sum(axis=-1, keepdims=True)
+    n = n_a + n_b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = (np.where(a > 0, a * np.log(a * n / (n_a * both)), 0.0)
+                 + np.where(b > 0, b * np.log(b * n / (n_b * both)), 0.0))
+    return 2.0 * terms.sum(axis=-1)
+
+
+def homogeneity(counts: Counts, other: Counts, table: ev.EvidenceTable, *, draws: int = 2000,
                 seed: int = 0) -> Homogeneity:
-    """G = 2 sum o ln(o / e) with e from the population's fitted rows (each factor: progress
-    given progress, tail given tail and class); the p-value by drawing every row of the
-    source Multinomial(its total, the population's row) ``draws`` times (the chi-square
-    approximation fails with the small expected counts a rare bin has)."""
-    base = law(population, table, axes_of=[counts])
-    cells: list[tuple[str, np.ndarray, np.ndarray]] = []
-    for i, a in enumerate(base.progs):
-        cells.append((f"progress after {a}",
-                      np.asarray([counts.progress.get((a, b), 0) for b in base.progs], dtype=float), base.progress[i]))
+    """A two-sample test, symmetric in the sources: for every row both saw (progress given
+    progress; tail given tail and class), the 2 x k table of next-bin counts, G of its
+    independence; the p-value by redrawing each row's split between the sources at its
+    observed column totals (the multivariate hypergeometric: the permutation null, exact
+    for small counts where the chi-square approximation fails), ``draws`` times. Neither
+    side is taken as the known law, so a small population cannot make a large source
+    look different."""
+    _, tails, progs = _axes(table, counts.bins, other.bins)
+    cells: list[tuple[str, str, np.ndarray, np.ndarray]] = []
+    for a in progs:
+        cells.append(("progress", f"progress after {a}",
+                      np.asarray([counts.progress.get((a, b), 0) for b in progs]),
+                      np.asarray([other.progress.get((a, b), 0) for b in progs])))
     for cls in CLASSES:
-        for i, a in enumerate(base.tails):
-            cells.append((f"tail after {a} ({cls} progress)",
-                          np.asarray([counts.tail.get((a, cls, b), 0) for b in base.tails], dtype=float),
-                          base.tail[cls][i]))
-    cells = [(name, o, e) for name, o, e in cells if o.sum() > 0]
-
-    def g_of(o: np.ndarray, q: np.ndarray) -> np.ndarray:  # o: (..., k)
-        e = o.sum(axis=-1, keepdims=True) * q
-        with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(o > 0, o * np.log(o / e), 0.0)
-        return 2.0 * terms.sum(axis=-1)
-
-    per = [float(g_of(o, q)) for _, o, q in cells]
-    g = float(sum(per))
+        for a in tails:
+            cells.append(("tail", f"tail after {a} ({cls} progress)",
+                          np.asarray([counts.tail.get((a, cls, b), 0) for b in tails]),
+                          np.asarray([other.tail.get((a, cls, b), 0) for b in tails])))
+    cells = [c for c in cells if c[2].sum() > 0 and c[3].sum() > 0]  # a row one side never saw says nothing
     rng = np.random.default_rng(seed)
-    drawn = np.zeros(draws)
-    for (_, o, q) in cells:
-        drawn += g_of(rng.multinomial(int(o.sum()), q, size=draws).astype(float), q)
-    p = float((1 + (drawn >= g - 1e-9).sum()) / (draws + 1))
-    worst = cells[int(np.argmax(per))][0] if cells else ""
-    transitions = int(sum(o.sum() for name, o, _ in cells if name.startswith("progress")))  # each once, not per factor
-    return Homogeneity(g, p, len(cells), transitions, worst)
+    observed, drawn = [], []
+    for _, _, a, b in cells:
+        observed.append(float(_g_two_rows(a.astype(float), b.astype(float))))
+        total = (a + b).astype(np.int64)
+        split = rng.multivariate_hypergeometric(total, int(a.sum()), size=draws).astype(float)
+        drawn.append(_g_two_rows(split, total.astype(float) - split))
+
+    def test(which: list[int]) -> tuple[float, float]:
+        g = float(sum(observed[i] for i in which))
+        null = sum((drawn[i] for i in which), np.zeros(draws))
+        return g, float((1 + (null >= g - 1e-9).sum()) / (draws + 1))
+
+    g, p = test(list(range(len(cells))))
+    by_factor = {f: test([i for i, c in enumerate(cells) if c[0] == f]) for f in ("progress", "tail")}
+    worst = cells[int(np.argmax(observed))][1] if cells else ""
+    transitions = int(sum(a.sum() for f, _, a, _ in cells if f == "progress"))  # each once, not per factor
+    return Homogeneity(g, p, len(cells), transitions, worst, by_factor, draws)
 
 
 def resample(counts: Counts, rng: np.random.Generator) -> Counts:
@@ -464,5 +462,5 @@ def estimate(sequences: Iterable[Sequence[Reading]], *, table: ev.EvidenceTable,
                        delta, k * max(1, max_states // k), draws)
 
 
-__all__ = ["ArlEstimate", "Chain", "Counts", "Homogeneity", "Law", "as_bin", "chain_arl", "count", "estimate", "fit",
-           "homogeneity", "increment", "joint_bins", "law", "progress_class", "resample", "stationary"]
+__all__ = ["ArlEstimate", "Chain", "Counts", "Homogeneity", "as_bin", "chain_arl", "count", "estimate", "fit",
+           "homogeneity", "increment", "joint_bins", "progress_class", "resample", "stationary"]

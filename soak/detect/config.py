@@ -151,9 +151,9 @@ class GenerationFrozenConfig(LearnedThreshold):
     # compile, capture graphs and prefill cold prompts: allow this long.
     startup_grace: Duration = 300.0
     # Silence while no stream is past its first token and /metrics shows nothing a
-    # prefill moves (no KV usage or prompt counter: a proxy's /metrics, no scrape at
-    # all) may be a long prefill the probes cannot see: allow this long. Without it a
-    # 190K-token cold prefill behind such a /metrics was a hang at 15 s.
+    # prefill moves (no KV usage: a proxy's /metrics, an allowlisted scrape, no scrape
+    # at all) may be a long prefill the probes cannot see: allow this long. Without it
+    # a 190K-token cold prefill behind such a /metrics was a hang at 15 s.
     unseen_prefill_grace: Duration = 300.0
 
 

@@ -130,7 +130,7 @@ def generation_frozen(s: SignalTracker, config: DetectorConfig, now: float) -> R
     if prefill_unseen:
         threshold = cfg.unseen_prefill_grace
         basis = (f"no stream is past its first token and /metrics shows nothing a prefill moves "
-                 f"(no KV usage or prompt-token counter): a prefill unseen is allowed {threshold:g}s")
+                 f"(no KV usage): a prefill unseen is allowed {threshold:g}s")
     moved = {k: round(observed_until - t, 3) for k, t in sorted(s.last_change.items())}
     evidence = {
         "signals": {

@@ -48,9 +48,10 @@ SERVER_PROGRESS_KEYS: tuple[str, ...] = (
 )
 GENERATION_KEY = "generation_tokens"
 # What moves while a long prompt is prefilled, before its first token: the KV cache
-# fills chunk by chunk (and the prompt counter may count chunks). A /metrics without
-# them (a proxy's own, a server that is not vLLM) cannot tell a prefill from a stop.
-PREFILL_KEYS: tuple[str, ...] = ("kv_cache_usage_perc", "prompt_tokens")
+# fills chunk by chunk. The prompt counter does not (vLLM and the simulator count a
+# prompt at its first token). A /metrics without it (a proxy's own, a server that is
+# not vLLM, an allowlisted scrape) cannot tell a prefill from a stop.
+PREFILL_KEYS: tuple[str, ...] = ("kv_cache_usage_perc",)
 MAX_FATAL_LINES = 50
 MAX_SHM_LINES = 64
 
