@@ -187,7 +187,7 @@ def per_night_figure(h: History, what: str):
     else:
         ax.set_ylabel("generated tokens/s")
     ax.set_ylim(bottom=0)  # an honest axis: a length or a rate read against nothing
-    if labelled:
+    if ax.get_legend_handles_labels()[0]:  # a build with no figure draws nothing to label
         ax.legend(fontsize=8)
     return fig
 
