@@ -31,6 +31,8 @@ print(f"seed {s} rc {rc} rule {i.get('rule')} detected-true {d.get('detected_min
       f"interval [{None if e is None or t is None else round(e - t, 2)}, {None if l is None or t is None else round(l - t, 2)}] inside {inside}")
 PY
   cp $W/figures.json $OUT/figures-$S.json 2>/dev/null
+  # each run's samples as soon as it ends: a call cut short by its limit still returns them
+  (cd /tmp && tar czf $OUT/samples-w$S.tgz w$S/run/samples.jsonl w$S/side.jsonl 2>/dev/null)
 done
 (cd /tmp && tar czf $OUT/samples.tgz $(for S in ${SEEDS:-0 1 2 3 4}; do echo w$S/run/samples.jsonl w$S/side.jsonl; done) 2>/dev/null)
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
