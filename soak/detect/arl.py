@@ -187,8 +187,8 @@ class Chain:
 
 
 def _axes(table: ev.EvidenceTable, *seen: Mapping[Bin, int]) -> tuple[tuple[Bin, ...], tuple, tuple]:
-    # The extra bins (beyond the table's) in one order whichever source comes first, so a
-    # source's law and its population's lie on the same axes.
+    # The extra bins (beyond the table's) in one order whichever source comes first, so
+    # two sources' counts lie on the same axes (homogeneity).
     bins = joint_bins(table, sorted({b for s in seen for b in s}, key=repr))
     return bins, tuple(dict.fromkeys(t for t, _ in bins)), tuple(dict.fromkeys(p for _, p in bins))
 
