@@ -123,6 +123,15 @@ class IncidentEntry:
         return self.kind == "hang"
 
     @property
+    def onset_earliest_at(self) -> float | None:
+        """The onset interval's earliest end as recorded (None: no interval, or junk)."""
+        return _timestamp(self.raw.get("onset_earliest_at"))
+
+    @property
+    def onset_latest_at(self) -> float | None:
+        return _timestamp(self.raw.get("onset_latest_at"))
+
+    @property
     def detection_latency(self) -> DetectionLatency | None:
         """Detected between min_s and max_s seconds after the onset: from the onset
         keys (an old summary.json has no ``detection_latency_s``), else as recorded."""

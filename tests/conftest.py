@@ -244,3 +244,15 @@ async def sim_app():
     yield factory
     for server in servers:
         await server.close()
+
+
+@pytest.fixture(scope="session")
+def trace_make():
+    """tests/fixtures/traces/make.py, the replay recorder (a script, not a package), loaded once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trace_make", Path(__file__).parent / "fixtures" / "traces" / "make.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["trace_make"] = module  # its dataclasses look themselves up by module name
+    spec.loader.exec_module(module)
+    return module

@@ -16,7 +16,6 @@ from typing import Any
 from soak.csvcell import rows_to_csv
 from soak.durations import format_duration
 from soak.history.model import History, RunRecord
-from soak.jsonl import is_timestamp
 from soak.summary_file import IncidentEntry
 from soak.plain import plain
 from soak.thresholds.evaluate import format_value
@@ -35,16 +34,12 @@ def _utc(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _at(value: Any) -> float | None:
-    return float(value) if is_timestamp(value) else None
-
-
 def _incident_json(i: IncidentEntry) -> dict[str, Any]:
     """An incident as the night's summary.json gave it, the onset interval and the
     detection latency included (read back totally: junk ends are null)."""
     latency = i.detection_latency
     return {"number": i.number, "kind": i.kind, "rule": i.rule, "onset_at": i.onset_at,
-            "onset_earliest_at": _at(i.raw.get("onset_earliest_at")), "onset_latest_at": _at(i.raw.get("onset_latest_at")),
+            "onset_earliest_at": i.onset_earliest_at, "onset_latest_at": i.onset_latest_at,
             "detected_at": i.detected_at, "detection_latency_s": None if latency is None else latency.to_json()}
 
 

@@ -6,8 +6,6 @@ hang 38-158 s in (a 190K-token cold prefill looked like 15 s of silence)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 from hypothesis import HealthCheck, example, given, settings
@@ -64,16 +62,8 @@ def test_with_the_prefill_signals_the_learned_threshold_still_applies():
     assert d.evidence["thresholds"]["threshold_s"] < cfg.generation_frozen.unseen_prefill_grace
 
 
-def _make():
-    spec = importlib.util.spec_from_file_location("trace_make", TRACES / "make.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trace_make"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_a_stop_behind_such_a_page_is_caught_at_the_learned_threshold_while_streams_decode_else_at_the_allowance():
-    make = _make()
+def test_a_stop_behind_such_a_page_is_caught_at_the_learned_threshold_while_streams_decode_else_at_the_allowance(trace_make):
+    make = trace_make
     cfg = DetectorConfig()
     grace = cfg.generation_frozen.unseen_prefill_grace
     for seed in (10, 11):  # a stop while two streams decode; a stop while the one request prefills

@@ -132,20 +132,9 @@ def test_replay_reads_gzip_and_plain_and_names_a_bad_line(tmp_path):
     assert f"{plain}:2" in str(info.value)
 
 
-def _make_module():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("trace_make", TRACES / "make.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trace_make"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_make_still_records_from_the_simulator_engine():
+def test_make_still_records_from_the_simulator_engine(trace_make):
     """The recorder runs against today's simulator: a short healthy run and a deadlock."""
-    make = _make_module()
+    make = trace_make
     healthy = list(make.record(make.Scenario("t_healthy", 60.0, sessions=2, seed=99, context_min=20_000,
                                              context_max=40_000, shared_prefix=2_000)))
     kinds = {s.kind for s in healthy}
@@ -157,10 +146,10 @@ def test_make_still_records_from_the_simulator_engine():
     assert d.rule == "pp_tail_stall" and d.onset_at == pytest.approx(make.T0 + 40.0, abs=1.0)
 
 
-def test_a_deadlock_due_between_turns_strikes_at_the_next_engine_step():
+def test_a_deadlock_due_between_turns_strikes_at_the_next_engine_step(trace_make):
     """A real PP deadlock happens inside a step: one due while the engine idles strikes when
     the next request's first step starts, and that is the onset the bench measures from."""
-    make = _make_module()
+    make = trace_make
     deferred = 0
     for seed in range(3):
         truth: dict = {}
