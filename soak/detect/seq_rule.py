@@ -43,8 +43,9 @@ def pp_tail_sequential(s: SignalTracker, config: DetectorConfig, now: float) -> 
                           evidence={"thresholds": thresholds, "suspect": round(fraction, 3)})
     earliest, latest = ev.onset_interval(state)
     if earliest is None and latest is not None and math.isfinite(s.started_at) and s.started_at <= latest:
-        # The tail never read working since the detector's last reset (after a restart:
-        # the relaunched server is up by then), so the hang began after that reset.
+        # The tail never read working since the detector's last reset (when a server the
+        # harness launched answered ready, first or after a restart), so the hang began
+        # after that reset. An attached server's detector is never reset: a point.
         earliest = s.started_at
     onset = latest if latest is not None else state.since
     tail = ",".join(str(i) for i in s.topology.last_stage)

@@ -306,6 +306,10 @@ class SoakRun:
             response=config.response, can_restart=self.layout.kind is not TargetKind.ATTACHED, stop=self.load_stop,
             clock=self.clock, emit=self.event)
         self.live.watch_thresholds(config.thresholds)
+        if self.layout.kind is not TargetKind.ATTACHED:
+            # The harness started this server and it answered ready: as after a restart,
+            # a hang began after now (pp_tail_stall dates a tail never seen working from here).
+            self.detector.reset(self.clock.now())
         self._watch_task = asyncio.create_task(self._watch(), name="soak-detector")
         # Server counters just before the first request and just after the drain,
         # so summary.json's server-side deltas cover exactly the load applied.

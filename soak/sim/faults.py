@@ -3,7 +3,8 @@
 Each configured fault fires once, at the first of its triggers: ``at``
 (simulated seconds after start-up), ``after_requests`` (when request N+1
 arrives), or a draw from an exponential with mean ``mtbf`` (seeded by the
-config's seed and the fault's position). ``pp_deadlock`` also takes
+config's seed and the fault's position). A ``pp_deadlock`` due while the
+engine idles fires with its next step (the real one happens in a forward pass). ``pp_deadlock`` also takes
 ``wall_mtbf``: the same draw in wall seconds from the first request, the
 harness's time at risk, untouched by ``time_scale`` (a simulated build's hang
 rate for ``soak bisect``). ``POST /sim/fault`` fires one now.
@@ -137,13 +138,22 @@ class FaultController:
 
     async def _fire_when_due(self, armed: _Armed) -> None:
         await self.server.sleep_sim(armed.due_at - self.server.sim_now())
+        await self._in_a_step(armed)
         if not armed.fired:
             self.fire(armed)
 
     async def _fire_after_wall(self, armed: _Armed) -> None:
         await asyncio.sleep(armed.wall_due)  # wall seconds: time_scale compresses the server's work, not this
+        await self._in_a_step(armed)
         if not armed.fired:
             self.fire(armed)
+
+    async def _in_a_step(self, armed: _Armed) -> None:
+        """vLLM's PP deadlock happens inside a forward pass: one due while the engine
+        idles (before the load, between an agent's turns) fires with the next step,
+        so its onset is never a moment no request could have seen."""
+        if isinstance(armed.spec, PpDeadlockFault):
+            await self.server.stepping.wait()
 
     def on_request(self, number: int) -> None:
         if number == 1:  # load has started: the harness's time at risk runs from here

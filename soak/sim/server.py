@@ -86,6 +86,8 @@ class SimServer:
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        # Set while an engine step runs: vLLM's PP deadlock happens inside a forward pass.
+        self.stepping = asyncio.Event()
         self._driver: asyncio.Task | None = None
         self._stats_task: asyncio.Task | None = None
         self.stats = _StatsWindow()
@@ -165,6 +167,7 @@ class SimServer:
             if self.frozen or self.dead or not self.engine.has_work:
                 if not (self.frozen or self.dead):
                     self.set_activity(Activity.IDLE)
+                    self.stepping.clear()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -179,10 +182,12 @@ class SimServer:
             result = self.engine.step(now)
             if result.num_tokens == 0:  # nothing fits now: wait for a request to finish or arrive
                 self.set_activity(Activity.IDLE)
+                self.stepping.clear()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self.set_activity(Activity.PREFILL if result.has_prefill else Activity.DECODE)
+            self.stepping.set()
             self._last_end = result.ends_at
             await self.sleep_sim(result.ends_at - self.sim_now())
             if self.frozen or self.dead:

@@ -71,7 +71,7 @@ READER_LINE_BOUND = 16 << 20
 # Wrong types that leave the content readable: the request still did its work.
 WORK_DESPITE = ("finish_int",)
 METRICS_KINDS = (
-    "normal", "reset", "backwards", "lying", "gzip_bomb", "deflate_bomb", "huge_line", "garbage", "hang",
+    "normal", "no_kv", "reset", "backwards", "lying", "gzip_bomb", "deflate_bomb", "huge_line", "garbage", "hang",
     "trickle", "http_error", "empty", "redirect",
 )
 HEALTH_KINDS = ("ok", "fail", "hang", "flap", "redirect", "never_ready")
@@ -279,12 +279,15 @@ class ChaosServer:
 
     async def _stream(self, request: web.Request, prompt: int, *, tokens: int, delay_s: float = 0.0,
                       usage: dict | None = None, done: bool = True, finish: str = "stop",
-                      bad: bytes | None = None, bad_at: int = -1,
-                      bad_is_token: bool = False) -> tuple[web.StreamResponse, int]:
+                      bad: bytes | None = None, bad_at: int = -1, bad_is_token: bool = False,
+                      first_token_delay_s: float = 0.0) -> tuple[web.StreamResponse, int]:
         """A stream of ``tokens`` well-formed content chunks (each counted in the
         truth once fully written); ``bad`` replaces chunk ``bad_at`` (a token
-        too when ``bad_is_token``)."""
+        too when ``bad_is_token``). ``first_token_delay_s`` is a prefill: vLLM
+        sends the headers at once and its first chunk only with the first token."""
         response = await self._sse(request)
+        if first_token_delay_s:
+            await asyncio.sleep(first_token_delay_s)
         await self._write(response, _chunk(_content("")))
         sent = 0
         for i in range(tokens):
@@ -321,7 +324,8 @@ class ChaosServer:
 
     async def _c_normal(self, request, b, prompt):
         response, sent = await self._stream(request, prompt, tokens=int(b.get("tokens", 8)),
-                                            delay_s=float(b.get("token_delay_s", 0.0)))
+                                            delay_s=float(b.get("token_delay_s", 0.0)),
+                                            first_token_delay_s=float(b.get("first_token_delay_s", 0.0)))
         await response.write_eof()
         self._ok(sent)
         return response
@@ -531,8 +535,10 @@ class ChaosServer:
             prompt = gen * 10
         lab = f'model_name="{MODEL}",engine="0"'
         lines = []
-        for name, value in (("num_requests_running", self.truth.data["in_flight"]), ("num_requests_waiting", 0),
-                            ("kv_cache_usage_perc", 0.1)):
+        gauges = [("num_requests_running", self.truth.data["in_flight"]), ("num_requests_waiting", 0)]
+        if kind != "no_kv":  # a proxy's or an allowlisted page: vLLM's less what a prefill moves
+            gauges.append(("kv_cache_usage_perc", 0.1))
+        for name, value in gauges:
             lines += [f"# TYPE vllm:{name} gauge", f"vllm:{name}{{{lab}}} {value}"]
         for name, value in (("prompt_tokens", prompt), ("generation_tokens", gen),
                             ("prefix_cache_queries", prompt), ("prefix_cache_hits", prompt // 2),

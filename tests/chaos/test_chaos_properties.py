@@ -186,6 +186,7 @@ def _config(scenario: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
         config["detector"] = TIGHT_DETECTOR
     if scenario["target"] == "proxy" and not scenario.get("find_root_by_port", True):
         config["response"]["find_root_by_port"] = False  # no kill target: an incident kills nothing
+    config.update(scenario.get("config") or {})  # a night that needs other sections whole (tests/chaos/test_prefill_wire.py)
     return config
 
 

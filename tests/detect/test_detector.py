@@ -546,7 +546,8 @@ def test_a_hang_between_turns_is_decided_once_a_request_is_in_flight():
 def test_a_hang_from_the_first_reading_after_a_restart_is_dated_after_the_reset_not_a_point():
     """The tail never read working after a restart: no working reading bounds the onset
     from below, but the hang cannot precede the detector's reset (the relaunched server
-    was up by then). The first life has no reset and stays a point estimate."""
+    was up by then). A detector never reset (an attached server, started by somebody
+    else at a time the harness cannot know) stays a point estimate."""
     det = make()
     det.reset(T0 + 5.0)  # the target (re)started at 5 s
     samples = [client(t, 5000) for t in range(6, 30)]  # a request in flight, no token ever

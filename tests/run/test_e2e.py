@@ -180,3 +180,26 @@ def test_a_fatal_log_line_is_judged_when_it_is_read_not_at_the_next_detector_tic
     assert decision["rule"] == "log_signature"
     line_read_at = decision["evidence"]["signals"]["lines"][0]["ts"]
     assert decision["decided_at"] - line_read_at < 2.0
+
+
+def test_a_hang_before_the_tail_ever_worked_is_dated_from_the_launched_server_being_ready(tmp_path, harness) -> None:
+    """The first life's deadlock with the first step: no reading ever saw the tail
+    working, yet the onset is an interval, from the moment the launched server answered
+    ready (the hang cannot precede it) to the first stuck reading, not a point."""
+    config = small_config(duration="40s")
+    # Due 1 simulated second after start (50 ms wall): long before ready, so it fires with the first step.
+    config["target"]["sim"] = {"time_scale": 20, "faults": [{"kind": "pp_deadlock", "at": "1s"}]}
+    config["response"] = {"on_hang": "stop", "evidence": {"py_spy": False, "flight_recorder_wait": "1s"}}
+    run_dir = tmp_path / "run"
+    h = harness(write_config(tmp_path / "first.yaml", config), run_dir)
+    assert h.wait(timeout_s=120) == 1, h.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    [incident] = summary["incidents"]
+    assert incident["rule"] == "pp_tail_stall", incident
+    recorded = events(run_dir)
+    ready = next(e["ts"] for e in recorded if e["type"] == "target_ready")
+    load = next(e["ts"] for e in recorded if e["type"] == "load_started")
+    earliest, latest = incident["onset_earliest_at"], incident["onset_latest_at"]
+    assert earliest is not None and ready <= earliest <= load  # bounded by the ready server, not invented
+    assert earliest < latest <= incident["detected_at"]
+    assert incident["detection_latency_s"]["point"] is False

@@ -158,3 +158,24 @@ def test_crash_kills_engine_and_api_server_exits_nonzero(sim_process):
         time.sleep(0.05)
     assert not sim.alive_pids(), "the engine core and its workers die with the crash"
     assert procs["engine_core"] in sim._known
+
+
+async def test_a_pp_deadlock_due_while_the_engine_idles_fires_with_the_next_step(sim_app):
+    """vLLM's deadlock happens in a forward pass: due before the load (or between an
+    agent's turns), it fires when a request makes the engine step, not when due."""
+    import time
+
+    sim = await sim_app(time_scale=200, log_stats_interval=0, faults=[{"kind": "pp_deadlock", "at": "2s"}])
+    base = sim.base_url
+    async with aiohttp.ClientSession() as s:
+        await asyncio.sleep(0.5)  # 100 simulated seconds: long past due, nothing to step
+        st = await _state(s, base)
+        assert not st["fault"]["fired"] and all(g["util_pct"] == 0 for g in st["gpus"])
+        sent = time.time()
+        with pytest.raises(asyncio.TimeoutError):  # the step the request starts never completes
+            async with s.post(base + "/v1/completions", json={"model": MODEL, "prompt": "x\n", "max_tokens": 50},
+                              timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                await r.read()
+        st = await _state(s, base)
+        assert st["fault"]["fired"] and st["fault"]["onset_at"] >= sent
+        assert [g["util_pct"] for g in st["gpus"]] == [100.0] * 7 + [0.0]

@@ -63,14 +63,17 @@ async def test_fires_after_the_draw_in_wall_seconds_from_the_first_request(sim_a
         async with s.get(sim.base_url + "/sim/state") as r:
             assert not (await r.json())["fault"]["fired"]
         started = time.time()
-        async with s.post(sim.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x\n", "max_tokens": 2}) as r:
-            assert r.status == 200
+        # A long stream: the engine steps through the draw (a deadlock due while it idles waits for a step).
+        body = {"model": MODEL, "prompt": "x\n", "max_tokens": 100_000, "ignore_eos": True, "stream": True}
+        busy = await s.post(sim.base_url + "/v1/completions", json=body)
+        assert busy.status == 200
         while True:
             async with s.get(sim.base_url + "/sim/state") as r:
                 fault = (await r.json())["fault"]
             if fault["fired"] or time.time() - started > due + 10:
                 break
             await asyncio.sleep(0.02)
+        busy.close()
     assert fault["fired"] and fault["kind"] == "pp_deadlock"
     # the same wall delay at time_scale 1 and 200: time_scale compresses the server's work only
     # the upper bound leaves a loaded 2-core CI its timer lag; a scaled or server-start clock misses the lower
