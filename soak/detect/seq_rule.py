@@ -42,11 +42,12 @@ def pp_tail_sequential(s: SignalTracker, config: DetectorConfig, now: float) -> 
         return RuleStatus(NAME, RuleState.CLEAR, elapsed_s=round(state.total, 3), threshold_s=round(bound, 3),
                           evidence={"thresholds": thresholds, "suspect": round(fraction, 3)})
     earliest, latest = ev.onset_interval(state)
-    if earliest is None and latest is not None and math.isfinite(s.started_at) and s.started_at <= latest:
-        # The tail never read working since the detector's last reset (when a server the
-        # harness launched answered ready, first or after a restart), so the hang began
-        # after that reset. An attached server's detector is never reset: a point.
-        earliest = s.started_at
+    if latest is not None and math.isfinite(s.started_at) and s.started_at <= latest:
+        # The hang began after the detector's last reset (when a server the harness
+        # launched answered ready, first or after a restart): a tail never read working
+        # since is dated from it, and a working reading whose span reaches back before
+        # it (warm-up) is cut there. An attached server's detector is never reset.
+        earliest = s.started_at if earliest is None else max(earliest, s.started_at)
     onset = latest if latest is not None else state.since
     tail = ",".join(str(i) for i in s.topology.last_stage)
     parts = "; ".join(f"{_SAY.get(k, k)} {v:+.1f}" for k, v in sorted(state.contributions.items(),

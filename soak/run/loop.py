@@ -285,6 +285,11 @@ class SoakRun:
                 self.event(EventType.LEFTOVERS_KILLED, processes=list(leftovers))
         self.event(EventType.TARGET_READY, base_url=self.target.base_url, root_pid=self.target.root_pid,
                    models=list(self.target.models))
+        if self.layout.kind is not TargetKind.ATTACHED:
+            # The harness started this server and it answered ready: as after a restart
+            # (reset before the probes start), a hang began after now (pp_tail_stall
+            # dates a tail never seen working from here).
+            self.detector.reset(self.clock.now())
         facts = self.facts = await read_target_facts(
             self.layout, base_url=self.target.base_url, models=tuple(self.target.models),
             session=self._probing.session, api_key=self.options.api_key, emit=self.event,
@@ -306,10 +311,6 @@ class SoakRun:
             response=config.response, can_restart=self.layout.kind is not TargetKind.ATTACHED, stop=self.load_stop,
             clock=self.clock, emit=self.event)
         self.live.watch_thresholds(config.thresholds)
-        if self.layout.kind is not TargetKind.ATTACHED:
-            # The harness started this server and it answered ready: as after a restart,
-            # a hang began after now (pp_tail_stall dates a tail never seen working from here).
-            self.detector.reset(self.clock.now())
         self._watch_task = asyncio.create_task(self._watch(), name="soak-detector")
         # Server counters just before the first request and just after the drain,
         # so summary.json's server-side deltas cover exactly the load applied.

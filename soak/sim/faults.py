@@ -3,8 +3,10 @@
 Each configured fault fires once, at the first of its triggers: ``at``
 (simulated seconds after start-up), ``after_requests`` (when request N+1
 arrives), or a draw from an exponential with mean ``mtbf`` (seeded by the
-config's seed and the fault's position). A ``pp_deadlock`` due while the
-engine idles fires with its next step (the real one happens in a forward pass). ``pp_deadlock`` also takes
+config's seed and the fault's position). A ``pp_deadlock`` due by ``at``,
+``mtbf`` or ``wall_mtbf`` while the engine idles fires with its next step
+(the real one happens in a forward pass); ``after_requests`` fires as request
+N+1 arrives, and ``POST /sim/fault`` at once, whatever the engine does. ``pp_deadlock`` also takes
 ``wall_mtbf``: the same draw in wall seconds from the first request, the
 harness's time at risk, untouched by ``time_scale`` (a simulated build's hang
 rate for ``soak bisect``). ``POST /sim/fault`` fires one now.

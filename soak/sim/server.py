@@ -173,6 +173,7 @@ class SimServer:
                 continue
             if self.pause_until is not None:
                 self.set_activity(Activity.PAUSE)
+                self.stepping.set()  # a long step: every stage busy
                 await self.sleep_sim(self.pause_until - self.sim_now())
                 self.pause_until = None
                 if self.on_pause_end is not None:

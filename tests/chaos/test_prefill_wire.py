@@ -54,7 +54,8 @@ def _frozen_threshold(incident: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(first_token_s=st.floats(BOUND_S + SLACK_S, 2.5), tokens=st.integers(1, 16))
+# First tokens past the bound by half a second, and half a second short of the allowance.
+@given(first_token_s=st.floats(BOUND_S + 0.5, ALLOWANCE_S - 0.5), tokens=st.integers(1, 16))
 @example(first_token_s=2.5, tokens=1)
 def test_a_working_server_whose_prefill_metrics_cannot_show_passes(first_token_s, tokens, tmp_path_factory):
     night, summary, incidents = _night(tmp_path_factory.mktemp("slowfirst"), [phase(
@@ -82,9 +83,10 @@ def test_a_hang_before_the_first_token_is_still_called(metrics, tmp_path):
     if metrics == "no_kv":
         # Called at the allowance, no sooner, and the reasons say why it waited.
         assert thresholds["prefill_unseen"] is True and thresholds["threshold_s"] == pytest.approx(ALLOWANCE_S)
-        assert ALLOWANCE_S <= waited <= ALLOWANCE_S + SLACK_S
+        # The newest sample (0.5 s), the next tick (0.5 s), and a loaded box's lag.
+        assert ALLOWANCE_S <= waited <= ALLOWANCE_S + 2 * SLACK_S
         assert any("prefill unseen" in r for r in decision["reasons"]), decision["reasons"]
     else:
         # KV usage on the page: a prefill would move it, so the learned bound holds.
         assert thresholds["prefill_unseen"] is False and GRACE_S <= thresholds["threshold_s"] <= BOUND_S
-        assert waited <= BOUND_S + SLACK_S
+        assert waited <= BOUND_S + 2 * SLACK_S

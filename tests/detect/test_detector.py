@@ -558,3 +558,18 @@ def test_a_hang_from_the_first_reading_after_a_restart_is_dated_after_the_reset_
     interval = d.evidence["onset_interval"]
     assert interval["earliest"] == pytest.approx(T0 + 5.0, abs=1e-3)
     assert interval["latest"] == pytest.approx(T0 + 6.0, abs=1e-3)
+
+
+def test_a_working_reading_whose_span_reaches_back_before_the_reset_is_cut_at_the_reset():
+    """The first reading after the server came up saw the tail working (its span reaches
+    back into warm-up, before the reset); the hang that follows cannot have begun before
+    the reset, so the interval's earliest end is the reset, not the span's start."""
+    det = make()
+    det.reset(T0 + 5.0)
+    samples = [client(t, 5000) for t in range(6, 30)]
+    samples += [gpus(5.5, 100.0)] + [gpus(6.0 + 0.5 * k, 0.0) for k in range(48)]
+    decisions, _ = feed(det, samples, 30, start=5.0)
+    [d] = decisions
+    interval = d.evidence["onset_interval"]
+    assert interval["earliest"] == pytest.approx(T0 + 5.0, abs=1e-3)
+    assert T0 + 5.5 <= interval["latest"] <= T0 + 6.0 + 1e-3
