@@ -3,9 +3,9 @@
 Each configured fault fires once, at the first of its triggers: ``at``
 (simulated seconds after start-up), ``after_requests`` (when request N+1
 arrives), or a draw from an exponential with mean ``mtbf`` (seeded by the
-config's seed and the fault's position). A ``pp_deadlock`` due by ``at``,
-``mtbf`` or ``wall_mtbf`` while the engine idles fires with its next step
-(the real one happens in a forward pass); ``after_requests`` fires as request
+config's seed and the fault's position). A ``pp_deadlock`` or
+``all_idle_deadlock`` due by ``at``, ``mtbf`` or ``wall_mtbf`` while the engine
+idles fires with its next step (the real ones happen in a forward pass); ``after_requests`` fires as request
 N+1 arrives, and ``POST /sim/fault`` at once, whatever the engine does. ``pp_deadlock`` also takes
 ``wall_mtbf``: the same draw in wall seconds from the first request, the
 harness's time at risk, untouched by ``time_scale`` (a simulated build's hang
@@ -151,10 +151,11 @@ class FaultController:
             self.fire(armed)
 
     async def _in_a_step(self, armed: _Armed) -> None:
-        """vLLM's PP deadlock happens inside a forward pass: one due while the engine
-        idles (before the load, between an agent's turns) fires with the next step,
-        so its onset is never a moment no request could have seen."""
-        if isinstance(armed.spec, PpDeadlockFault):
+        """A deadlock happens inside a forward pass: one due while the engine idles
+        (before the load, between an agent's turns) fires with the next step, so its
+        onset is never a moment no request could have seen (as the replay recorder,
+        tests/fixtures/traces/make.py, has it)."""
+        if isinstance(armed.spec, (PpDeadlockFault, AllIdleDeadlockFault)):
             await self.server.stepping.wait()
 
     def on_request(self, number: int) -> None:

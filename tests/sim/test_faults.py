@@ -160,12 +160,13 @@ def test_crash_kills_engine_and_api_server_exits_nonzero(sim_process):
     assert procs["engine_core"] in sim._known
 
 
-async def test_a_pp_deadlock_due_while_the_engine_idles_fires_with_the_next_step(sim_app):
-    """vLLM's deadlock happens in a forward pass: due before the load (or between an
+@pytest.mark.parametrize("kind, gpus", [("pp_deadlock", [100.0] * 7 + [0.0]), ("all_idle_deadlock", [0.0] * 8)])
+async def test_a_deadlock_due_while_the_engine_idles_fires_with_the_next_step(sim_app, kind, gpus):
+    """A deadlock happens in a forward pass: due before the load (or between an
     agent's turns), it fires when a request makes the engine step, not when due."""
     import time
 
-    sim = await sim_app(time_scale=200, log_stats_interval=0, faults=[{"kind": "pp_deadlock", "at": "2s"}])
+    sim = await sim_app(time_scale=200, log_stats_interval=0, faults=[{"kind": kind, "at": "2s"}])
     base = sim.base_url
     async with aiohttp.ClientSession() as s:
         await asyncio.sleep(0.5)  # 100 simulated seconds: long past due, nothing to step
@@ -178,4 +179,4 @@ async def test_a_pp_deadlock_due_while_the_engine_idles_fires_with_the_next_step
                 await r.read()
         st = await _state(s, base)
         assert st["fault"]["fired"] and st["fault"]["onset_at"] >= sent
-        assert [g["util_pct"] for g in st["gpus"]] == [100.0] * 7 + [0.0]
+        assert [g["util_pct"] for g in st["gpus"]] == gpus
