@@ -132,6 +132,11 @@ def owner_alive(owner: str | None, table: ProcTable) -> bool | None:
     return facts is not None and pin.matches(facts.pid, facts.create_time)
 
 
+def _stamp_pid(owner: str | None) -> int | None:
+    pid_text = (owner or "").partition("@")[0]
+    return int(pid_text) if pid_text.isdigit() else None
+
+
 def decide(pid: int, create_time: float | None, table: ProcTable, target: TargetIdentity) -> KillDecision:
     """Whether ``pid`` (seen with ``create_time``; None: not pinned) may be signalled."""
 
@@ -160,6 +165,16 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
             # "not found" cannot tell a dead harness from a live one.
             return no(Reason.NO_PROOF, f"pid {pid} is not in this harness's PID namespace: its owner cannot be seen")
         cgroup_owned = cgroup_owner(facts.cgroup)
+        lineage = set(table.ancestors(pid))
+        for stamp in (cgroup_owned, facts.owner):
+            owner_pid = _stamp_pid(stamp)
+            if owner_pid is not None and owner_pid in lineage:
+                # The kernel's parent chain, not the start time: a wall-clock step (a VM
+                # resumed, NTP at boot) moves every start time psutil reports, and the
+                # stamp would then name a live harness "gone" (seen: one CI night's new
+                # runs killed three live runs' servers as leftovers).
+                return no(Reason.OWNER_ALIVE, f"pid {pid} descends from its harness (pid {owner_pid}), "
+                                              f"which is running")
         if cgroup_owned is not None and owner_alive(cgroup_owned, table) is False:
             # In the cgroup a harness made for its target, named with that harness: gone.
             return yes(Reason.LEFTOVER, f"pid {pid} is in the cgroup of a harness that is gone ({cgroup_owned})")

@@ -218,3 +218,28 @@ def test_a_listener_nobody_can_see_is_never_a_proof():
                                     50: ProcFacts(50, 1, 3.0, cmdline=("python", "x"))},
                       unseen_listeners=frozenset({8000}))
     assert not decide(50, 3.0, table, TargetIdentity(Proof.ATTACHED_URL, port=8000)).allowed
+
+
+@SETTINGS
+@given(step=st.floats(-86400.0, 86400.0).filter(lambda s: abs(s) > 0.05), depth=st.integers(1, 3),
+       in_cgroup=st.booleans())
+def test_a_wall_clock_step_never_makes_a_live_run_s_server_a_leftover(step, depth, in_cgroup):
+    """A clock step (a VM resumed, NTP at boot) moves every start time psutil reports
+    (boot time + ticks), so a live harness no longer matches the stamp its server
+    carries. Its server, still its descendant, is never a leftover; a dead harness's
+    server reparented to init still is."""
+    live, dead = owner_stamp(10, 100.0), owner_stamp(9999, 5.0)
+    cgroup = ("/soak-" + TOKEN + "~" + live) if in_cgroup else None
+    procs = {1: ProcFacts(1, 0, 0.0), 10: ProcFacts(10, 1, 100.0, cmdline=("python", "-m", "soak", "run")),
+             99: ProcFacts(99, 1, 200.0, cmdline=("python", "-m", "soak", "run"))}
+    parent = 10
+    for k in range(depth):  # the sim's root, the engine core, a worker
+        procs[20 + k] = ProcFacts(20 + k, parent, 101.0 + k, cmdline=("vllm",), marker=TOKEN, owner=live, cgroup=cgroup)
+        parent = 20 + k
+    procs[30] = ProcFacts(30, 1, 50.0, cmdline=("vllm",), marker=OTHER, owner=dead)  # a night killed hard
+    stepped = {pid: replace(f, create_time=f.create_time + step) for pid, f in procs.items()}
+    table = ProcTable(me=99, procs=stepped)
+    for pid in range(20, 20 + depth):
+        verdict = decide(pid, stepped[pid].create_time, table, TargetIdentity(Proof.LEFTOVER))
+        assert not verdict.allowed and verdict.reason is Reason.OWNER_ALIVE, verdict
+    assert decide(30, stepped[30].create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
