@@ -119,22 +119,24 @@ def forwards_to(facts: ProcFacts, table: ProcTable) -> tuple[int, ...]:
     return tuple(ports)
 
 
-def owner_alive(owner: str | None, table: ProcTable) -> bool | None:
-    """The harness named by ``OWNER_VARIABLE`` (``PID@CREATE_TIME``) is alive; None: not recorded."""
+def _owner_pin(owner: str | None) -> Pin | None:
+    """The harness an ``OWNER_VARIABLE`` stamp (``PID@CREATE_TIME``) names; None: not recorded."""
     if not owner or "@" not in owner:
         return None
     pid_text, _, time_text = owner.partition("@")
     try:
-        pin = Pin(int(pid_text), float(time_text))
+        return Pin(int(pid_text), float(time_text))
     except ValueError:
+        return None
+
+
+def owner_alive(owner: str | None, table: ProcTable) -> bool | None:
+    """The harness named by ``OWNER_VARIABLE`` (``PID@CREATE_TIME``) is alive; None: not recorded."""
+    pin = _owner_pin(owner)
+    if pin is None:
         return None
     facts = table.procs.get(pin.pid)
     return facts is not None and pin.matches(facts.pid, facts.create_time)
-
-
-def _stamp_pid(owner: str | None) -> int | None:
-    pid_text = (owner or "").partition("@")[0]
-    return int(pid_text) if pid_text.isdigit() else None
 
 
 def decide(pid: int, create_time: float | None, table: ProcTable, target: TargetIdentity) -> KillDecision:
@@ -167,13 +169,13 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
         cgroup_owned = cgroup_owner(facts.cgroup)
         lineage = set(table.ancestors(pid))
         for stamp in (cgroup_owned, facts.owner):
-            owner_pid = _stamp_pid(stamp)
-            if owner_pid is not None and owner_pid in lineage:
+            owner = _owner_pin(stamp)
+            if owner is not None and owner.pid in lineage:
                 # The kernel's parent chain, not the start time: a wall-clock step (a VM
                 # resumed, NTP at boot) moves every start time psutil reports, and the
                 # stamp would then name a live harness "gone" (seen: one CI night's new
                 # runs killed three live runs' servers as leftovers).
-                return no(Reason.OWNER_ALIVE, f"pid {pid} descends from its harness (pid {owner_pid}), "
+                return no(Reason.OWNER_ALIVE, f"pid {pid} descends from its harness (pid {owner.pid}), "
                                               f"which is running")
         if cgroup_owned is not None and owner_alive(cgroup_owned, table) is False:
             # In the cgroup a harness made for its target, named with that harness: gone.
