@@ -140,9 +140,13 @@ class Cusum:
 
 
 def step(state: Cusum, *, at: float, bins: Mapping[str, str], table: EvidenceTable,
-         span_s: float, weight: float = 1.0) -> Cusum:
-    """Fold one fresh reading at ``at`` (its readings average over ``span_s`` before it)."""
-    working = bins.get(TAIL) == WORKING
+         span_s: float, weight: float = 1.0, tail_ran: bool | None = None) -> Cusum:
+    """Fold one fresh reading at ``at`` (its readings average over ``span_s`` before it).
+
+    ``tail_ran``: whether the reading showed the tail itself doing work (None: read it
+    from the bin). A ``working`` bin with a dark tail (an upstream stage dark too, or
+    idle) says nothing of when the tail last ran, so it never moves the earliest onset."""
+    working = bins.get(TAIL) == WORKING and (tail_ran is None or tail_ran)
     if bins.get(PROGRESS) == MOVED:  # tokens flowed after the pattern began: no hang
         return Cusum(last_working_at=state.last_working_at, last_at=at)
     parts = table.increment(bins, weight)

@@ -303,7 +303,8 @@ class SignalTracker:
             if sample.source is not GpuSource.STAGE_CPU:
                 span = cfg.util_sample_period if tail[0].util_samples else cfg.sequential.reading_span
                 crossed |= self._fold_evidence(t, ev.tail_bin(tail_pct, up_pct, low_pct=low_pct, high_pct=high_pct),
-                                               span=span, weight=min(1.0, gap / TABLE.period_s))
+                                               span=span, weight=min(1.0, gap / TABLE.period_s),
+                                               tail_ran=tail_pct > low_pct)
             if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
@@ -320,7 +321,7 @@ class SignalTracker:
                 self.tail_run = None
         return crossed and cfg.sequential.enabled
 
-    def _fold_evidence(self, t: float, tail: str, *, span: float, weight: float) -> bool:
+    def _fold_evidence(self, t: float, tail: str, *, span: float, weight: float, tail_ran: bool) -> bool:
         """One fresh GPU reading's evidence (a stale one never gets here: it adds nothing);
         True when it reaches the bound."""
         if not self.in_flight:
@@ -328,12 +329,13 @@ class SignalTracker:
             # upstream is still the signature (an idle healthy pipeline reads dark
             # everywhere, which clears it); the rule decides once requests come.
             self.evidence = ev.step(self.evidence, at=t, bins={ev.TAIL: tail}, table=TABLE, span_s=span,
-                                    weight=weight)
+                                    weight=weight, tail_ran=tail_ran)
             return False
         known = [x for x in (self.alive_at, self.busy_since) if x is not None]
         age = max(0.0, t - max(known)) if known else 0.0
         bins = {ev.TAIL: tail, ev.PROGRESS: ev.progress_bin(age, moved_during_pattern=False)}
-        self.evidence = ev.step(self.evidence, at=t, bins=bins, table=TABLE, span_s=span, weight=weight)
+        self.evidence = ev.step(self.evidence, at=t, bins=bins, table=TABLE, span_s=span, weight=weight,
+                                tail_ran=tail_ran)
         return self.evidence.total >= ev.bound_for_arl0(self.config.pp_tail_stall.sequential.arl0_hours * 3600.0,
                                                         TABLE.period_s)
 

@@ -6,6 +6,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from soak.config import load_run_config
@@ -573,3 +575,43 @@ def test_a_working_reading_whose_span_reaches_back_before_the_reset_is_cut_at_th
     interval = d.evidence["onset_interval"]
     assert interval["earliest"] == pytest.approx(T0 + 5.0, abs=1e-3)
     assert T0 + 5.5 <= interval["latest"] <= T0 + 6.0 + 1e-3
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.floats(5.0, 12.0), st.lists(st.floats(60.0, 100.0), min_size=30, max_size=30),
+       st.lists(st.floats(0.0, 100.0), min_size=80, max_size=80),
+       st.lists(st.sampled_from([0.0, 5.0, 10.0]), min_size=80, max_size=80), st.data())
+def test_the_true_onset_lies_in_the_interval_whatever_upstream_reads(onset, before, upstream, dark, data):
+    """The onset interval's earliest end is the start of the span of the last reading that
+    showed the tail at work: a reading whose tail was dark because an upstream stage read
+    dark too (on a shared GPU a time-sliced spinning stage can miss a short window) says
+    nothing of when the tail last ran. The tail works (60-100%) until the onset, then reads
+    dark in every reading whose span starts after it; readings that straddle it read
+    anything, and upstream reads anything at all. Whenever the rule decides, the true
+    onset lies in the interval (an H100 run whose upstream dropped out two seconds after
+    the hang had its earliest end after the onset)."""
+    span = DetectorConfig().pp_tail_stall.sequential.reading_span
+    samples = []
+    k = 0
+    t = 0.5
+    while t < 40.0:
+        if t < onset:
+            tail, up = before[k % len(before)], upstream[k % len(upstream)]
+        elif t - span < onset:
+            tail, up = data.draw(st.floats(0.0, 100.0)), upstream[k % len(upstream)]
+        else:
+            tail, up = dark[k % len(dark)], upstream[k % len(upstream)]
+        samples.append(gpus(t, tail, up))
+        t += 0.5
+        k += 1
+    gen_until = math.floor(onset)
+    samples += [server(s, 100.0 + s * 30, kv=0.3 + s * 1e-4) for s in range(0, gen_until)]
+    samples += [server(s, 100.0 + gen_until * 30, kv=0.3 + gen_until * 1e-4) for s in range(gen_until, 40)]
+    samples += [client(s, 5000 + min(s, gen_until) * 300) for s in range(0, 40)]
+    decisions, _ = feed(make(), samples, 40)
+    for d in decisions:
+        if d.rule != "pp_tail_stall":
+            continue
+        interval = d.evidence["onset_interval"]
+        assert interval["earliest"] is not None and interval["earliest"] <= T0 + onset, interval
+        assert interval["latest"] >= T0 + onset - 1e-6, interval
