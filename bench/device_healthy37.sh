@@ -29,5 +29,5 @@ print("verdict", s.get("verdict"), "incidents", len(s.get("incidents") or []))
 n = sum(1 for _ in open(run / "samples.jsonl"))
 print("samples", n)
 PY
-(cd /tmp && tar czf $OUT/detection-i37c-device-healthy-$NAME-$(date -u +%F).tgz $NAME/run/samples.jsonl $NAME/run/summary.json $NAME/cfg.yaml $NAME/soak_run.log 2>/dev/null)
+(cd /tmp && tar czf $OUT/${PREFIX:-detection-i37d}-device-healthy-$NAME-$(date -u +%F).tgz $NAME/run/samples.jsonl $NAME/run/summary.json $NAME/cfg.yaml $NAME/soak_run.log 2>/dev/null)
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv

@@ -45,7 +45,7 @@ def build_gpu_source(
         from soak.probes.process_source import NvmlProcessGpuSource
 
         return NvmlProcessGpuSource(stages=gpu.stages, clock=clock, device_indices=gpu.indices or (0,),
-                                    deadline_s=gpu.deadline, nvml=nvml_provider)
+                                    window_s=gpu.window, deadline_s=gpu.deadline, nvml=nvml_provider)
     if isinstance(gpu, NvmlGpu):
         return NvmlGpuSource(clock=clock, provider=nvml_provider, indices=gpu.indices, deadline_s=gpu.deadline)
     return NvmlGpuSource(clock=clock, provider=nvml_provider)

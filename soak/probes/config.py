@@ -39,6 +39,12 @@ class NvmlGpu(StrictModel):
     # the pipeline size, or None to count the stages seen.
     per_process: bool = False
     stages: Optional[int] = None
+    # per_process only: a stage reads as having run when its process ran a kernel in
+    # the last ``window`` seconds. The tail of a hung pipeline reads dark this long
+    # after its last kernel, so it bounds detection from below; shorter than a few of
+    # the driver's per-process sample periods (1/6 s on H100/H200) and a healthy
+    # stage between kernels would read dark.
+    window: Duration = Field(default=1.0, ge=0.5, le=10.0)
 
 
 class DcgmGpu(StrictModel):

@@ -15,10 +15,12 @@ from the device figure, as measured on an H200 (tests/gpu/device/):
   about 50% each (40/60, 50/50) while the device reads 100%.
 
 So a stage's reading is built on what per-process NVML tells reliably: whether
-the stage ran a kernel at all in the window. ``mode="device_if_ran"`` (the
+the stage ran a kernel at all in the window (``window_s``, 1 s by default: a hung
+tail reads dark that long after its last kernel; shorter, and a stage that
+time-slicing kept off the GPU for a moment reads dark too). ``mode="device_if_ran"`` (the
 default) gives a stage that ran the device's utilization over the window and a
 stage that ran nothing 0%: the tail stall reads upstream 100% / last 0%
-exactly, and a healthy stage is never 0% while the GPU is busy with it.
+exactly, and a healthy stage reads 0% only when it ran nothing for a whole window.
 ``mode="dedicated"`` estimates ``device_util x share x k`` capped at 100 (``k``:
 the stages that ran), what a stage would read on a GPU of its own if the stages'
 work overlaps; on the H200 three spinning stages read 25-100% in successive
@@ -227,7 +229,7 @@ class NvmlProcessGpuSource:
         clock,
         device_indices: Sequence[int] = (0,),
         mode: Mode = "device_if_ran",
-        window_s: float = 2.0,
+        window_s: float = 1.0,
         poll_interval_s: float = 0.1,
         deadline_s: float = 2.0,
         nvml: Any = None,

@@ -104,6 +104,7 @@ class FakeNvml:
     def __init__(self, *, fail_with=None, hang_s=0.0):
         self.procs: list[tuple[int, int]] = []
         self.running: dict[int, float] = {}
+        self.ran_ago_s: dict[int, float] = {}  # pid: how long ago its latest sample was (NVML keeps the latest)
         self.fail_with = fail_with
         self.hang_s = hang_s
         self.polls = 0
@@ -135,7 +136,8 @@ class FakeNvml:
         if not self.running:
             raise _NVMLError(self.NVML_ERROR_NOT_FOUND)
         now = int(time.time() * 1e6)
-        return [types.SimpleNamespace(pid=p, timeStamp=now, smUtil=u) for p, u in self.running.items()]
+        return [types.SimpleNamespace(pid=p, timeStamp=now - int(self.ran_ago_s.get(p, 0.0) * 1e6), smUtil=u)
+                for p, u in self.running.items()]
 
     def nvmlDeviceGetSamples(self, h, kind, last_ts):
         now = int(time.time() * 1e6)
@@ -240,3 +242,38 @@ def test_probes_config_selects_the_per_process_source():
     plain = build_gpu_source(ProbesConfig.model_validate({"gpu": {"kind": "nvml"}}), base_url="http://127.0.0.1:1",
                              session=None, clock=ManualClock(), is_simulator=True, nvml_provider=FakeNvml())
     assert not isinstance(plain, NvmlProcessGpuSource)
+
+
+@pytest.mark.parametrize("window, tail_reads_dark", [(None, True), ("2s", False), ("0.5s", True)])
+async def test_the_configured_window_is_how_long_a_stage_s_last_kernel_keeps_it_reading_working(
+        window, tail_reads_dark):
+    # The tail's latest NVML sample is 1.5 s old, upstream's fresh: the default 1-s window
+    # already reads the tail dark (what bounds detection on a shared GPU), a 2-s window
+    # still reads it as having run.
+    from soak.probes.build import build_gpu_source
+    from soak.probes.config import ProbesConfig
+
+    nvml = FakeNvml()
+    nvml.procs = [(10, 2048), (11, 2048), (12, 2048)]
+    nvml.running = {10: 50.0, 11: 50.0, 12: 30.0}
+    nvml.ran_ago_s = {12: 1.5}
+    gpu = {"kind": "nvml", "per_process": True, "stages": 3, **({"window": window} if window else {})}
+    source = build_gpu_source(ProbesConfig.model_validate({"gpu": gpu}), base_url="http://127.0.0.1:1",
+                              session=None, clock=ManualClock(), is_simulator=False, nvml_provider=nvml)
+    titles = {10: ["VLLM::Worker_PP0"], 11: ["VLLM::Worker_PP1"], 12: ["VLLM::Worker_PP2"]}
+    source._cmdline_of = lambda pid: titles.get(pid, [])
+    try:
+        sample = await _read_until(source, lambda s: s.gpus and s.gpus[0].util_pct > 0, "upstream running")
+        assert sample.gpus[1].util_pct > 0
+        assert (sample.gpus[2].util_pct == 0.0) is tail_reads_dark
+    finally:
+        source.close()
+
+
+def test_a_window_shorter_than_the_driver_s_samples_is_refused():
+    from pydantic import ValidationError
+
+    from soak.probes.config import ProbesConfig
+
+    with pytest.raises(ValidationError, match="window"):
+        ProbesConfig.model_validate({"gpu": {"kind": "nvml", "per_process": True, "window": "0.1s"}})
