@@ -130,10 +130,21 @@ def _owner_pin(owner: str | None) -> Pin | None:
         return None
 
 
+# Start times since boot stay far below this (31 years of uptime); wall-clock ones
+# (psutil's, where there is no procfs, and stamps of harnesses before soak pinned by
+# ticks since boot) are far above it.
+_WALL_CLOCK_START = 1e9
+
+
 def owner_alive(owner: str | None, table: ProcTable) -> bool | None:
-    """The harness named by ``OWNER_VARIABLE`` (``PID@CREATE_TIME``) is alive; None: not recorded."""
+    """The harness named by ``OWNER_VARIABLE`` (``PID@CREATE_TIME``) is alive; None: not
+    recorded, or recorded on another clock than this table's (an older harness's
+    wall-clock stamp), which cannot tell a live harness from a dead one."""
     pin = _owner_pin(owner)
     if pin is None:
+        return None
+    mine = table.procs.get(table.me)
+    if mine is not None and (pin.create_time >= _WALL_CLOCK_START) != (mine.create_time >= _WALL_CLOCK_START):
         return None
     facts = table.procs.get(pin.pid)
     return facts is not None and pin.matches(facts.pid, facts.create_time)

@@ -1,6 +1,6 @@
 """What /proc says about processes, as plain records: pure, no reads here.
 
-One identity (``Pin``: a PID and its start time), one facts record
+One identity (``Pin``: a PID and its start time, seconds since boot), one facts record
 (``ProcFacts``), one snapshot of the box (``ProcTable``) with the walks every
 user of it needs (ancestors, true parent, descendants, listeners). The reading
 is ``soak.proc.read``; the decision whether a PID may be signalled is
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Mapping
 
-# psutil derives create_time from the boot time and /proc/PID/stat; the same
-# process always reads within this of itself.
+# A start time is seconds since boot (soak.proc.read: /proc/PID/stat's clock ticks,
+# which no wall-clock step moves); the same process always reads within this of itself.
 SAME_START_S = 0.05
 # The ownership marker every process of a launched target inherits in its environment.
 MARKER_VARIABLE = "SOAK_TARGET_ID"
@@ -89,7 +89,7 @@ class Member:
         return {
             "pid": self.pid,
             "ppid": self.ppid,
-            "create_time": self.create_time,
+            "started_since_boot_s": self.create_time,
             "name": self.name,
             "cmdline": list(self.cmdline),
             "pgid": self.pgid,

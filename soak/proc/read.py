@@ -8,6 +8,13 @@ lists every process.
 - ``tcp_sockets`` / ``listeners`` are the one scan of listening sockets.
 - The per-process reads (``facts_of``, ``pin_of``, ``running``) touch one PID's
   files, never the whole of /proc.
+
+Every start time here (``ProcFacts.create_time``, a ``Pin``, an owner stamp) is
+seconds since boot, from /proc/PID/stat's ``starttime``: psutil's figure adds the
+boot time, which the kernel moves with the wall clock, so one clock step made a
+live run's harness read as gone and a target's own processes as reused PIDs.
+Where there is no procfs (macOS) it is psutil's wall-clock figure; either way
+one box gives one kind, so pins compare like with like.
 """
 
 from __future__ import annotations
@@ -19,6 +26,36 @@ import psutil
 
 from soak.proc.cgroup import cgroup_of
 from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable
+
+
+_PROCFS = os.path.exists("/proc/self/stat")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def start_since_boot(stat: str, *, ticks_per_s: int) -> float:
+    """Field 22 (``starttime``, clock ticks since boot) of a /proc/PID/stat line, in
+    seconds. The command name (field 2) may hold spaces and parentheses, so fields
+    are counted from its last ``)``. ValueError on anything else."""
+    head, sep, rest = stat.rpartition(")")
+    fields = rest.split()
+    if not sep or not head or len(fields) < 20 or ticks_per_s <= 0:
+        raise ValueError(f"not a /proc/PID/stat line: {stat[:80]!r}")
+    ticks = int(fields[19])  # fields[0] is field 3 (state)
+    if ticks < 0:
+        raise ValueError(f"negative starttime {ticks}")
+    return ticks / ticks_per_s
+
+
+def started(proc: psutil.Process) -> float:
+    """When ``proc`` started, as every pin reads it (see the module's docstring);
+    psutil.NoSuchProcess when it is gone."""
+    if not _PROCFS:
+        return proc.create_time()
+    try:
+        with open(f"/proc/{proc.pid}/stat", encoding="utf-8", errors="replace") as f:
+            return start_since_boot(f.read(), ticks_per_s=_TICKS_PER_S)
+    except (OSError, ValueError) as exc:
+        raise psutil.NoSuchProcess(proc.pid) from exc
 
 
 class ProcReader(Protocol):
@@ -101,19 +138,21 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
     """The box now: one pass over /proc. The default ``ProcReader`` (full)."""
     if not full:
         procs = {}
-        for proc in psutil.process_iter(["ppid", "create_time", "status"], ad_value=None):
+        for proc in psutil.process_iter(["ppid", "status"], ad_value=None):
             info = proc.info
-            if info.get("create_time") is None or info.get("ppid") is None:
+            start = _started_or_none(proc)
+            if start is None or info.get("ppid") is None:
                 continue
-            procs[proc.pid] = ProcFacts(pid=proc.pid, ppid=info["ppid"], create_time=info["create_time"],
+            procs[proc.pid] = ProcFacts(pid=proc.pid, ppid=info["ppid"], create_time=start,
                                         zombie=info.get("status") == psutil.STATUS_ZOMBIE)
         return ProcTable(me=os.getpid(), procs=procs)
     listens, dials, unseen = _sockets_by_pid()
     procs = {}
-    attrs = ["pid", "ppid", "create_time", "name", "cmdline", "status"] + (["environ"] if with_env else [])
+    attrs = ["pid", "ppid", "name", "cmdline", "status"] + (["environ"] if with_env else [])
     for proc in psutil.process_iter(attrs, ad_value=None):
         info = proc.info
-        if info.get("create_time") is None or info.get("ppid") is None:
+        start = _started_or_none(proc)
+        if start is None or info.get("ppid") is None:
             continue
         pid = info["pid"]
         env = info.get("environ") or {}
@@ -122,7 +161,7 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
         except OSError:
             pid_ns = None
         procs[pid] = ProcFacts(
-            pid=pid, ppid=info["ppid"], create_time=info["create_time"], cmdline=_trimmed(info.get("cmdline")),
+            pid=pid, ppid=info["ppid"], create_time=start, cmdline=_trimmed(info.get("cmdline")),
             name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
             owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
             dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=pid_ns,
@@ -131,13 +170,20 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
     return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen))
 
 
+def _started_or_none(proc: psutil.Process) -> float | None:
+    try:
+        return started(proc)
+    except psutil.Error:
+        return None
+
+
 def facts_of(pid: int) -> ProcFacts | None:
     """One process's ppid, start time, name, command line, group and session (its
     own files only); None when it is gone or unreadable."""
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            create_time = proc.create_time()
+            create_time = started(proc)
             ppid = proc.ppid()
             name = proc.name()
             try:
@@ -154,7 +200,7 @@ def live_process(pin: Pin) -> psutil.Process | None:
     """The live process ``pin`` names, or None (gone, a zombie, or the PID reused)."""
     try:
         proc = psutil.Process(pin.pid)
-        if not pin.matches(pin.pid, proc.create_time()) or proc.status() == psutil.STATUS_ZOMBIE:
+        if not pin.matches(pin.pid, started(proc)) or proc.status() == psutil.STATUS_ZOMBIE:
             return None
         return proc
     except psutil.Error:
@@ -168,7 +214,7 @@ def running(pin: Pin) -> bool:
 def pin_of(pid: int) -> Pin | None:
     """``pid`` pinned by its start time now; None when there is no such process."""
     try:
-        return Pin(pid, psutil.Process(pid).create_time())
+        return Pin(pid, started(psutil.Process(pid)))
     except psutil.Error:
         return None
 

@@ -402,5 +402,5 @@ def _harness_stamp() -> str:
 
 
 def _leftover_notes(result: KillResult) -> list[dict]:
-    return [{"pid": info.pid, "cmdline": " ".join(info.cmdline)[:200], "create_time": info.create_time}
+    return [{"pid": info.pid, "cmdline": " ".join(info.cmdline)[:200], "started_since_boot_s": info.create_time}
             for info in result.killed] + [{"note": note} for note in result.notes]

@@ -243,3 +243,16 @@ def test_a_wall_clock_step_never_makes_a_live_run_s_server_a_leftover(step, dept
         verdict = decide(pid, stepped[pid].create_time, table, TargetIdentity(Proof.LEFTOVER))
         assert not verdict.allowed and verdict.reason is Reason.OWNER_ALIVE, verdict
     assert decide(30, stepped[30].create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
+
+
+@given(stamp_start=st.floats(1e9, 4e9), me_start=st.floats(0.0, 1e8), owner_pid=st.integers(2, 10**6))
+def test_an_owner_stamp_on_another_clock_is_never_proof_that_its_harness_is_gone(stamp_start, me_start, owner_pid):
+    """Pins are seconds since boot; a harness from before that wrote its wall-clock start
+    time. Compared with a since-boot figure, that stamp names no live process whether its
+    harness runs or not: the process is left alone, not killed as a leftover."""
+    table = ProcTable(me=99, procs={
+        1: ProcFacts(1, 0, 0.0), 99: ProcFacts(99, 1, me_start),
+        50: ProcFacts(50, 1, me_start, cmdline=("vllm", "serve"), marker="run-x",
+                      owner=owner_stamp(owner_pid, stamp_start))})
+    verdict = decide(50, me_start, table, TargetIdentity(Proof.LEFTOVER))
+    assert not verdict.allowed and verdict.reason is Reason.NO_PROOF, verdict

@@ -235,6 +235,7 @@ def _next_night(tmp_path: Path, target: dict, port: int) -> subprocess.Completed
 
 def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(tmp_path, procs):
     from soak.proc.facts import OWNER_VARIABLE, owner_stamp
+    from soak.proc.read import pin_of
     from soak.respond.flight import ownership_variable
 
     port = free_port()
@@ -251,10 +252,10 @@ def test_a_leftover_of_a_killed_harness_is_cleaned_and_reported_by_the_next_run(
     assert pid_alive(leftover["root"]) or _parallel(), "the leftover must outlive its harness for this test"
 
     # A marked process of a harness that is still alive (this test) is another run's: left alone.
-    me = psutil.Process()
+    me = pin_of(os.getpid())
     alive_run = procs([sys.executable, "-c", "import time; time.sleep(120)"],
                       env={**os.environ, ownership_variable: "other-run-0000000000000000",
-                           OWNER_VARIABLE: owner_stamp(me.pid, me.create_time())})
+                           OWNER_VARIABLE: owner_stamp(me.pid, me.create_time)})
 
     result = _next_night(tmp_path, target, port)
 

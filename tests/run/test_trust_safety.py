@@ -219,13 +219,14 @@ def test_a_root_pid_reused_since_the_check_is_never_killed(tmp_path, procs):
     from soak.records import Decision, IncidentKind
     from soak.respond.config import ResponseConfig
     from soak.proc.facts import Pin
+    from soak.proc.read import pin_of
     from soak.respond.responder import Responder
 
     decoy = procs(["sleep", "120"])
     wait_for(lambda: pid_alive(decoy.pid), 5, "the decoy")
     # The process checked at start had this PID but another start time: it died and
     # the kernel gave its number to the decoy.
-    stale = Pin(decoy.pid, psutil.Process(decoy.pid).create_time() - 100.0)
+    stale = Pin(decoy.pid, pin_of(decoy.pid).create_time - 100.0)
     config = ResponseConfig.model_validate({"gpu_release_timeout": "1s", "kill_timeout": "2s",
                                             "find_root_by_port": False,
                                             "evidence": {"py_spy": False, "flight_recorder": False}})
