@@ -140,13 +140,16 @@ class Cusum:
 
 
 def step(state: Cusum, *, at: float, bins: Mapping[str, str], table: EvidenceTable,
-         span_s: float, weight: float = 1.0, tail_ran: bool | None = None) -> Cusum:
+         span_s: float, weight: float = 1.0, rules_out_hang: bool | None = None) -> Cusum:
     """Fold one fresh reading at ``at`` (its readings average over ``span_s`` before it).
 
-    ``tail_ran``: whether the reading showed the tail itself doing work (None: read it
-    from the bin). A ``working`` bin with a dark tail (an upstream stage dark too, or
-    idle) says nothing of when the tail last ran, so it never moves the earliest onset."""
-    working = bins.get(TAIL) == WORKING and (tail_ran is None or tail_ran)
+    ``rules_out_hang``: whether the reading shows the pipeline not hung over its span:
+    the tail at work, or nothing upstream busy (a hung pipeline's upstream spins);
+    None: read it from the bin. Only such a reading moves the earliest onset: a
+    ``working`` bin with the tail dark beside an upstream stage dark and another busy
+    (on a shared GPU, a spinning stage time-sliced off for the whole window) says
+    nothing of when the tail last ran."""
+    working = bins.get(TAIL) == WORKING and (rules_out_hang is None or rules_out_hang)
     if bins.get(PROGRESS) == MOVED:  # tokens flowed after the pattern began: no hang
         return Cusum(last_working_at=state.last_working_at, last_at=at)
     parts = table.increment(bins, weight)

@@ -299,12 +299,13 @@ class SignalTracker:
             gap, self._last_gpu_point = t - self._last_gpu_point, t
             tail_pct = max(s[len(s) - n + k] for s in series_tail)
             up_pct = min(s[len(s) - n + k] for s in series_up)
+            busiest_up = max(s[len(s) - n + k] for s in series_up)
             low_pct, high_pct, _ = cfg.marks(sample.source)
             if sample.source is not GpuSource.STAGE_CPU:
                 span = cfg.util_sample_period if tail[0].util_samples else cfg.sequential.reading_span
                 crossed |= self._fold_evidence(t, ev.tail_bin(tail_pct, up_pct, low_pct=low_pct, high_pct=high_pct),
                                                span=span, weight=min(1.0, gap / TABLE.period_s),
-                                               tail_ran=tail_pct > low_pct)
+                                               rules_out_hang=tail_pct > low_pct or busiest_up <= low_pct)
             if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)
@@ -321,7 +322,7 @@ class SignalTracker:
                 self.tail_run = None
         return crossed and cfg.sequential.enabled
 
-    def _fold_evidence(self, t: float, tail: str, *, span: float, weight: float, tail_ran: bool) -> bool:
+    def _fold_evidence(self, t: float, tail: str, *, span: float, weight: float, rules_out_hang: bool) -> bool:
         """One fresh GPU reading's evidence (a stale one never gets here: it adds nothing);
         True when it reaches the bound."""
         if not self.in_flight:
@@ -329,13 +330,13 @@ class SignalTracker:
             # upstream is still the signature (an idle healthy pipeline reads dark
             # everywhere, which clears it); the rule decides once requests come.
             self.evidence = ev.step(self.evidence, at=t, bins={ev.TAIL: tail}, table=TABLE, span_s=span,
-                                    weight=weight, tail_ran=tail_ran)
+                                    weight=weight, rules_out_hang=rules_out_hang)
             return False
         known = [x for x in (self.alive_at, self.busy_since) if x is not None]
         age = max(0.0, t - max(known)) if known else 0.0
         bins = {ev.TAIL: tail, ev.PROGRESS: ev.progress_bin(age, moved_during_pattern=False)}
         self.evidence = ev.step(self.evidence, at=t, bins=bins, table=TABLE, span_s=span, weight=weight,
-                                tail_ran=tail_ran)
+                                rules_out_hang=rules_out_hang)
         return self.evidence.total >= ev.bound_for_arl0(self.config.pp_tail_stall.sequential.arl0_hours * 3600.0,
                                                         TABLE.period_s)
 

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -577,31 +577,41 @@ def test_a_working_reading_whose_span_reaches_back_before_the_reset_is_cut_at_th
     assert T0 + 5.5 <= interval["latest"] <= T0 + 6.0 + 1e-3
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.floats(5.0, 12.0), st.lists(st.floats(60.0, 100.0), min_size=30, max_size=30),
-       st.lists(st.floats(0.0, 100.0), min_size=80, max_size=80),
-       st.lists(st.sampled_from([0.0, 5.0, 10.0]), min_size=80, max_size=80), st.data())
-def test_the_true_onset_lies_in_the_interval_whatever_upstream_reads(onset, before, upstream, dark, data):
+def _stages(t, tail, upstream):
+    return GpuSample(T0 + t, GpuSource.SIM, tuple(GpuReading(i, tail if i == 7 else upstream[i]) for i in range(8)))
+
+
+_UPSTREAM = st.lists(st.floats(0.0, 100.0), min_size=7, max_size=7)
+_SPINNING = st.lists(st.floats(90.0, 100.0), min_size=7, max_size=7)
+_DROPPING = st.lists(st.sampled_from([0.0, 99.5]), min_size=7, max_size=7)  # some spinning stages missed
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.large_base_example, HealthCheck.data_too_large, HealthCheck.too_slow])
+@given(st.floats(5.0, 12.0), st.lists(st.floats(60.0, 100.0), min_size=30, max_size=30), st.data())
+def test_the_true_onset_lies_in_the_interval_whatever_upstream_reads(onset, before, data):
     """The onset interval's earliest end is the start of the span of the last reading that
-    showed the tail at work: a reading whose tail was dark because an upstream stage read
-    dark too (on a shared GPU a time-sliced spinning stage can miss a short window) says
-    nothing of when the tail last ran. The tail works (60-100%) until the onset, then reads
-    dark in every reading whose span starts after it; readings that straddle it read
-    anything, and upstream reads anything at all. Whenever the rule decides, the true
-    onset lies in the interval (an H100 run whose upstream dropped out two seconds after
-    the hang had its earliest end after the onset)."""
-    span = DetectorConfig().pp_tail_stall.sequential.reading_span
+    ruled the hang out: the tail at work, or nothing upstream busy (a hung pipeline's
+    upstream spins). A reading with the tail dark, one upstream stage dark and another busy
+    (on a shared GPU a time-sliced spinning stage can miss a short window) says nothing of
+    when the tail last ran. The tail works (60-100%) until the onset, then reads dark in
+    every reading whose span starts after it, beside an upstream of which at least one
+    stage is busy and the rest read anything; readings that straddle the onset read
+    anything. Whenever the rule decides, the true onset lies in the interval (an H100 run
+    whose upstream dropped a stage 2.4 s after the hang had its earliest end after it)."""
+    cfg = DetectorConfig().pp_tail_stall
+    span, low = cfg.sequential.reading_span, cfg.marks(GpuSource.SIM)[0]
     samples = []
     k = 0
     t = 0.5
     while t < 40.0:
         if t < onset:
-            tail, up = before[k % len(before)], upstream[k % len(upstream)]
+            samples.append(_stages(t, before[k % len(before)], data.draw(_UPSTREAM)))
         elif t - span < onset:
-            tail, up = data.draw(st.floats(0.0, 100.0)), upstream[k % len(upstream)]
+            samples.append(_stages(t, data.draw(st.floats(0.0, 100.0)), data.draw(_UPSTREAM)))
         else:
-            tail, up = dark[k % len(dark)], upstream[k % len(upstream)]
-        samples.append(gpus(t, tail, up))
+            upstream = data.draw(st.one_of(_SPINNING, _DROPPING.filter(lambda up: max(up) > low)))
+            samples.append(_stages(t, data.draw(st.floats(0.0, low)), upstream))
         t += 0.5
         k += 1
     gen_until = math.floor(onset)
@@ -615,3 +625,21 @@ def test_the_true_onset_lies_in_the_interval_whatever_upstream_reads(onset, befo
         interval = d.evidence["onset_interval"]
         assert interval["earliest"] is not None and interval["earliest"] <= T0 + onset, interval
         assert interval["latest"] >= T0 + onset - 1e-6, interval
+
+
+def test_an_idle_pipeline_reading_bounds_the_onset_as_a_working_tail_does():
+    """Everything dark (between turns) rules the hang out too: the interval starts at the
+    last such reading's span, not at the last reading that showed the tail busy."""
+    det = make()
+    samples = healthy_run(5.0)  # the tail busy until 5 s
+    samples += [gpus(5.5 + 0.5 * k, 0.0, 0.0) for k in range(20)]  # idle from 5.5 s to 15 s
+    samples += [gpus(15.5 + 0.5 * k, 0.0) for k in range(30)]  # the hang: upstream spins from 15.5 s
+    samples += [client(t, 5000 + 5 * 300, in_flight=0, streaming=0) for t in range(6, 15)]
+    samples += [client(t, 5000 + 5 * 300) for t in range(15, 30)]
+    samples += [server(t, 100.0 + 5 * 30, running=0 if t < 15 else 4) for t in range(6, 30)]
+    decisions, _ = feed(det, samples, 30)
+    [d] = decisions
+    interval = d.evidence["onset_interval"]
+    assert interval["earliest"] == pytest.approx(T0 + 15.0 - DetectorConfig().pp_tail_stall.sequential.reading_span,
+                                                 abs=1e-3)
+    assert interval["latest"] == pytest.approx(T0 + 15.5, abs=1e-3)
