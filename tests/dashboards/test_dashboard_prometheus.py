@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -26,8 +25,6 @@ import pytest
 import yaml
 
 from soak.export.lint import (
-    PROMETHEUS_CONFIG_PATH,
-    RULES_PATH,
     dashboard_expressions,
     load_dashboard,
     load_rules,

@@ -19,7 +19,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from prom_helpers import free_port
 from soak.export.lint import NIGHTS_DASHBOARD_PATH, dashboard_expressions, load_dashboard

@@ -4,7 +4,6 @@ SIGKILLed mid-run, SIGTERM to the harness, and an incident."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import signal
 import subprocess

@@ -2,7 +2,6 @@
 
 import asyncio
 import io
-import json
 
 import aiohttp
 import pytest
@@ -143,8 +142,6 @@ async def test_unknown_fault_kind_names_the_known_ones(sim_app):
 
 def test_crash_kills_engine_and_api_server_exits_nonzero(sim_process):
     import time
-    import urllib.error
-    import urllib.request
 
     sim = sim_process("--fault", "crash:at=20,exit_delay=10", time_scale=20)
     procs = sim.state()["processes"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from soak.errors import ConfigError
 from soak.thresholds.evaluate import (
     Outcome, ThresholdConfigError, WindowBook, compile_thresholds, evaluate_run, evaluate_windows, thresholds_entry,
 )
