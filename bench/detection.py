@@ -432,7 +432,7 @@ def compare_healthy(make, hours: float, *, configs: tuple[str, ...] = ("before",
         print(f"  {name}: {sim.hours * 60:.0f} simulated min so far, alarms so far {sim.alarms}", flush=True)
     gpu = HealthySource("GPU device runs (NVML per process, H100/H200)",
                         note="healthy runs whole; deadlock runs' readings before the true fault onset (side.jsonl), "
-                             "else before the incident's earliest onset (inside which the true onset lay in 5/5 runs)")
+                             "else before the incident's earliest onset (the replay below checks that it holds the true onset)")
     for name, samples, healthy, onset in _device_runs():
         def until(result, onset=onset, healthy=healthy):
             if healthy:
@@ -460,6 +460,8 @@ def arl0_estimate(maxima: list[float], hours: float, bound: float) -> str:
     if not maxima:
         return (f"no CUSUM excursion above 0 in {hours:.1f} busy hours: nothing to extrapolate; "
                 f"the replay alone shows ARL0 >= {hours / 3:.1f} h (95%, no crossing in {hours:.1f} h)")
+    if hours <= 0:
+        return f"{len(maxima)} excursions in no busy time: no rate to extrapolate"
     ranked = sorted(maxima)
     u = ranked[max(0, len(ranked) - max(5, len(ranked) // 10))]  # the top decile, at least 5 maxima
     excess = [m - u for m in maxima if m >= u]

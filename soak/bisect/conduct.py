@@ -43,7 +43,8 @@ def _pick(now: Step, in_flight: dict[int, int]) -> int:
     slots spread over builds rather than repeat the best one blind)."""
     assert now.choice is not None
     gains = now.choice.gain_bits
-    ranked = sorted(range(len(gains)), key=lambda j: (-gains[j], j != now.choice.build, j))
+    # gains equal to 12 digits are a tie, as in posterior.choose: float noise ranks nothing
+    ranked = sorted(range(len(gains)), key=lambda j: (-round(gains[j], 12), j != now.choice.build, j))
     for j in ranked:
         if not in_flight.get(j):
             return j

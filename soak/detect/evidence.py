@@ -144,8 +144,9 @@ def step(state: Cusum, *, at: float, bins: Mapping[str, str], table: EvidenceTab
     """Fold one fresh reading at ``at`` (its readings average over ``span_s`` before it).
 
     ``rules_out_hang``: whether the reading shows the pipeline not hung over its span:
-    the tail at work, or nothing upstream busy (a hung pipeline's upstream spins);
-    None: read it from the bin. Only such a reading moves the earliest onset: a
+    the tail at work, or nothing upstream busy with nothing in flight (a hung
+    pipeline's upstream spins; with requests in flight every upstream stage of a
+    small pipeline can miss a short window on a shared GPU); None: read it from the bin. Only such a reading moves the earliest onset: a
     ``working`` bin with the tail dark beside an upstream stage dark and another busy
     (on a shared GPU, a spinning stage time-sliced off for the whole window) says
     nothing of when the tail last ran."""

@@ -305,7 +305,8 @@ class SignalTracker:
                 span = cfg.util_sample_period if tail[0].util_samples else cfg.sequential.reading_span
                 crossed |= self._fold_evidence(t, ev.tail_bin(tail_pct, up_pct, low_pct=low_pct, high_pct=high_pct),
                                                span=span, weight=min(1.0, gap / TABLE.period_s),
-                                               rules_out_hang=tail_pct > low_pct or busiest_up <= low_pct)
+                                               rules_out_hang=tail_pct > low_pct
+                                               or (busiest_up <= low_pct and not self.in_flight))
             if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)

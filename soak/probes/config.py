@@ -43,8 +43,10 @@ class NvmlGpu(StrictModel):
     # the last ``window`` seconds. The tail of a hung pipeline reads dark this long
     # after its last kernel, so it bounds detection from below; shorter than a few of
     # the driver's per-process sample periods (1/6 s on H100/H200) and a healthy
-    # stage between kernels would read dark.
-    window: Duration = Field(default=1.0, ge=0.5, le=10.0)
+    # stage between kernels would read dark. At most the detector's
+    # ``pp_tail_stall.sequential.reading_span`` (2 s): the onset interval takes a
+    # reading to cover that long, no longer.
+    window: Duration = Field(default=1.0, ge=0.5, le=2.0)
 
 
 class DcgmGpu(StrictModel):

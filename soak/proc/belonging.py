@@ -36,7 +36,7 @@ from typing import Iterable
 
 from soak.metric_names import parse_process_title
 from soak.proc.cgroup import cgroup_owner
-from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable, owner_stamp
+from soak.proc.facts import BOOT_CLOCK_TAG, MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable, owner_stamp
 
 _VLLM_ARG = re.compile(r"(^|[/.])vllm($|[/.])|^vllm\b", re.IGNORECASE)
 
@@ -119,32 +119,26 @@ def forwards_to(facts: ProcFacts, table: ProcTable) -> tuple[int, ...]:
     return tuple(ports)
 
 
-def _owner_pin(owner: str | None) -> Pin | None:
-    """The harness an ``OWNER_VARIABLE`` stamp (``PID@CREATE_TIME``) names; None: not recorded."""
+def _owner_pin(owner: str | None, table: ProcTable) -> Pin | None:
+    """The harness an ``OWNER_VARIABLE`` stamp (``PID@START``) names, on ``table``'s clock;
+    None: not recorded, or stamped on another clock (an older harness's wall-clock
+    stamp), which cannot tell a live harness from a dead one."""
     if not owner or "@" not in owner:
         return None
     pid_text, _, time_text = owner.partition("@")
+    if time_text.startswith(BOOT_CLOCK_TAG) != table.boot_clock:
+        return None
     try:
-        return Pin(int(pid_text), float(time_text))
+        return Pin(int(pid_text), float(time_text.removeprefix(BOOT_CLOCK_TAG)))
     except ValueError:
         return None
 
 
-# Start times since boot stay far below this (31 years of uptime); wall-clock ones
-# (psutil's, where there is no procfs, and stamps of harnesses before soak pinned by
-# ticks since boot) are far above it.
-_WALL_CLOCK_START = 1e9
-
-
 def owner_alive(owner: str | None, table: ProcTable) -> bool | None:
-    """The harness named by ``OWNER_VARIABLE`` (``PID@CREATE_TIME``) is alive; None: not
-    recorded, or recorded on another clock than this table's (an older harness's
-    wall-clock stamp), which cannot tell a live harness from a dead one."""
-    pin = _owner_pin(owner)
+    """The harness named by ``OWNER_VARIABLE`` (``PID@START``) is alive; None: not
+    recorded, or recorded on another clock than ``table``'s."""
+    pin = _owner_pin(owner, table)
     if pin is None:
-        return None
-    mine = table.procs.get(table.me)
-    if mine is not None and (pin.create_time >= _WALL_CLOCK_START) != (mine.create_time >= _WALL_CLOCK_START):
         return None
     facts = table.procs.get(pin.pid)
     return facts is not None and pin.matches(facts.pid, facts.create_time)
@@ -177,10 +171,15 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
             # Its owner's PID is another namespace's (a harness in a container): from here
             # "not found" cannot tell a dead harness from a live one.
             return no(Reason.NO_PROOF, f"pid {pid} is not in this harness's PID namespace: its owner cannot be seen")
+        if facts.time_ns != (mine.time_ns if mine is not None else None):
+            # Start ticks since boot carry each time namespace's boot-time offset: its
+            # owner's stamp was taken on another clock than this reader's.
+            return no(Reason.NO_PROOF, f"pid {pid} is not in this harness's time namespace: its owner's stamp "
+                                       f"does not compare")
         cgroup_owned = cgroup_owner(facts.cgroup)
         lineage = set(table.ancestors(pid))
         for stamp in (cgroup_owned, facts.owner):
-            owner = _owner_pin(stamp)
+            owner = _owner_pin(stamp, table)
             if owner is not None and owner.pid in lineage:
                 # The kernel's parent chain, not the start time: a wall-clock step (a VM
                 # resumed, NTP at boot) moves every start time psutil reports, and the

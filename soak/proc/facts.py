@@ -56,6 +56,9 @@ class ProcFacts:
     # Its PID namespace (the link /proc/PID/ns/pid names; None: not readable). An owner
     # stamp ``PID@START`` means that PID only inside the namespace it was written in.
     pid_ns: str | None = None
+    # Its time namespace (/proc/PID/ns/time): start ticks since boot read from another
+    # one carry that namespace's boot-time offset, so its stamps do not compare here.
+    time_ns: str | None = None
     pgid: int | None = None
     zombie: bool = False
 
@@ -107,6 +110,8 @@ class ProcTable:
     procs: Mapping[int, ProcFacts]
     # Ports whose listener this user cannot see (another user's process).
     unseen_listeners: frozenset[int] = frozenset()
+    # Start times are seconds since boot (procfs); False: psutil's wall-clock figure.
+    boot_clock: bool = True
 
     @cached_property
     def _children(self) -> Mapping[int, tuple[ProcFacts, ...]]:
@@ -174,9 +179,18 @@ class ProcTable:
         return tuple(f for f in self.procs.values() if port in f.listens)
 
 
-def owner_stamp(pid: int, create_time: float) -> str:
-    return f"{pid}@{create_time:.3f}"
+# An owner stamp's start time on the boot clock reads ``PID@b<seconds>``: a harness
+# from before soak pinned by ticks since boot wrote ``PID@<wall seconds>`` and reads
+# every stamp as wall seconds, so the tag makes a new stamp unreadable to it (it
+# leaves the process alone) rather than "a harness that is gone" (it would kill a
+# live run's server).
+BOOT_CLOCK_TAG = "b"
 
 
-__all__ = ["MARKER_VARIABLE", "Member", "OWNER_VARIABLE", "Pin", "ProcFacts", "ProcTable", "SAME_START_S",
+def owner_stamp(pid: int, create_time: float, *, boot_clock: bool = True) -> str:
+    """``PID@START`` of a harness, START tagged with the clock it is on (see BOOT_CLOCK_TAG)."""
+    return f"{pid}@{BOOT_CLOCK_TAG if boot_clock else ''}{create_time:.3f}"
+
+
+__all__ = ["BOOT_CLOCK_TAG", "MARKER_VARIABLE", "Member", "OWNER_VARIABLE", "Pin", "ProcFacts", "ProcTable", "SAME_START_S",
            "owner_stamp"]

@@ -28,7 +28,8 @@ from soak.proc.cgroup import cgroup_of
 from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable
 
 
-_PROCFS = os.path.exists("/proc/self/stat")
+# Start times read here are on the boot clock (procfs), else psutil's wall clock.
+BOOT_CLOCK = os.path.exists("/proc/self/stat")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -49,7 +50,7 @@ def start_since_boot(stat: str, *, ticks_per_s: int) -> float:
 def started(proc: psutil.Process) -> float:
     """When ``proc`` started, as every pin reads it (see the module's docstring);
     psutil.NoSuchProcess when it is gone."""
-    if not _PROCFS:
+    if not BOOT_CLOCK:
         return proc.create_time()
     try:
         with open(f"/proc/{proc.pid}/stat", encoding="utf-8", errors="replace") as f:
@@ -145,7 +146,7 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
                 continue
             procs[proc.pid] = ProcFacts(pid=proc.pid, ppid=info["ppid"], create_time=start,
                                         zombie=info.get("status") == psutil.STATUS_ZOMBIE)
-        return ProcTable(me=os.getpid(), procs=procs)
+        return ProcTable(me=os.getpid(), procs=procs, boot_clock=BOOT_CLOCK)
     listens, dials, unseen = _sockets_by_pid()
     procs = {}
     attrs = ["pid", "ppid", "name", "cmdline", "status"] + (["environ"] if with_env else [])
@@ -156,18 +157,22 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
             continue
         pid = info["pid"]
         env = info.get("environ") or {}
-        try:
-            pid_ns = os.readlink(f"/proc/{pid}/ns/pid")
-        except OSError:
-            pid_ns = None
+        pid_ns, time_ns = _namespace(pid, "pid"), _namespace(pid, "time")
         procs[pid] = ProcFacts(
             pid=pid, ppid=info["ppid"], create_time=start, cmdline=_trimmed(info.get("cmdline")),
             name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
             owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
-            dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=pid_ns,
+            dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=pid_ns, time_ns=time_ns,
             zombie=info.get("status") == psutil.STATUS_ZOMBIE,
         )
-    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen))
+    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen), boot_clock=BOOT_CLOCK)
+
+
+def _namespace(pid: int, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:  # gone, not ours to read, or a kernel without that namespace (time: before 5.6)
+        return None
 
 
 def _started_or_none(proc: psutil.Process) -> float | None:

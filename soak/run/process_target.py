@@ -26,7 +26,7 @@ from soak.proc.cgroup import create as make_cgroup
 from soak.proc.cgroup import remove_empty_leftovers
 from soak.proc.facts import MARKER_VARIABLE, OWNER_VARIABLE, Pin, owner_stamp
 from soak.proc.kill import KillResult, clean_leftovers, group_stragglers, kill_processes, signal_if_allowed
-from soak.proc.read import pin_of, read_table, running
+from soak.proc.read import BOOT_CLOCK, pin_of, read_table, running
 from soak.proc.tree import ProcessTree
 from soak.run.readiness import SERVER_LOG, wait_ready
 
@@ -398,7 +398,7 @@ def _runnable(program: str, path: str | None, cwd: Path | None) -> bool:
 def _harness_stamp() -> str:
     me = pin_of(os.getpid())
     # Unreadable (a /proc without us): no stamp, and a later run never takes our server for a leftover.
-    return owner_stamp(me.pid, me.create_time) if me is not None else ""
+    return owner_stamp(me.pid, me.create_time, boot_clock=BOOT_CLOCK) if me is not None else ""
 
 
 def _leftover_notes(result: KillResult) -> list[dict]:

@@ -4,6 +4,7 @@ resumed from finished segments, stopped by the budget or the segment bound."""
 
 from __future__ import annotations
 
+import heapq
 import random
 from pathlib import Path
 
@@ -21,24 +22,29 @@ ROOT = Path("/bisect")
 
 class FakeExecutor:
     """Simulated builds: exponential times to hang, a segment stopped at its first
-    hang. With several queued, the last submitted finishes first (out of order)."""
+    hang, on a simulated clock. With several in flight, each finishes when its time
+    runs out, so they finish out of order (a hang before a clean segment submitted
+    earlier) and every one finishes (a queue that let the newest go first starved the
+    oldest for ever, and which build it starved hung on float noise in the gains)."""
 
     def __init__(self, mtbf_s: list[float], *, slots: int = 1, seed: int = 0) -> None:
         self.slots = slots
         self._rng = random.Random(seed)
         self._mtbf = mtbf_s
-        self._queue: list[SegmentResult] = []
+        self._now = 0.0
+        self._queue: list[tuple[float, int, SegmentResult]] = []  # (finishes at, submitted as, result)
         self.submitted: list[tuple[int, Path]] = []
 
     async def submit(self, build: Build, *, segment_s: float, run_dir: Path) -> None:
         self.submitted.append((build.index, run_dir))
         t = self._rng.expovariate(1 / self._mtbf[build.index])
         hung = t < segment_s
-        self._queue.append(SegmentResult(build.index, run_dir, min(t, segment_s), int(hung),
-                                         "hang" if hung else "time"))
+        heapq.heappush(self._queue, (self._now + min(t, segment_s), len(self.submitted), SegmentResult(
+            build.index, run_dir, min(t, segment_s), int(hung), "hang" if hung else "time")))
 
     async def next_done(self) -> SegmentResult:
-        return self._queue.pop()
+        self._now, _, result = heapq.heappop(self._queue)
+        return result
 
     async def aclose(self) -> None:
         self._queue.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -175,7 +176,7 @@ def test_leftover_cleanup_takes_only_marked_processes_of_dead_harnesses(world):
             assert stamp is not None, (facts, verdict)
             owner_pid = int(stamp.split("@")[0])
             owner = table.procs.get(owner_pid)
-            assert owner is None or abs(owner.create_time - float(stamp.split("@")[1])) > 0.05
+            assert owner is None or abs(owner.create_time - float(stamp.split("@")[1].removeprefix("b"))) > 0.05
             assert pid != table.me and pid not in table.ancestors(table.me)
             assert facts.pid_ns == table.procs[table.me].pid_ns  # its owner's PID means the same here
         elif pid != table.me and pid not in table.ancestors(table.me) and pid > 1:
@@ -245,14 +246,34 @@ def test_a_wall_clock_step_never_makes_a_live_run_s_server_a_leftover(step, dept
     assert decide(30, stepped[30].create_time, table, TargetIdentity(Proof.LEFTOVER)).allowed
 
 
-@given(stamp_start=st.floats(1e9, 4e9), me_start=st.floats(0.0, 1e8), owner_pid=st.integers(2, 10**6))
-def test_an_owner_stamp_on_another_clock_is_never_proof_that_its_harness_is_gone(stamp_start, me_start, owner_pid):
-    """Pins are seconds since boot; a harness from before that wrote its wall-clock start
-    time. Compared with a since-boot figure, that stamp names no live process whether its
-    harness runs or not: the process is left alone, not killed as a leftover."""
+@given(stamp_start=st.floats(0.0, 4e9), me_start=st.floats(0.0, 1e8), owner_pid=st.integers(2, 10**6),
+       table_on_boot_clock=st.booleans())
+def test_an_owner_stamp_on_another_clock_is_never_proof_that_its_harness_is_gone(
+        stamp_start, me_start, owner_pid, table_on_boot_clock):
+    """Pins are seconds since boot; a harness from before that (or on a box without
+    procfs) wrote its wall-clock start time. Read against a table on the other clock, a
+    stamp names no live process whether its harness runs or not: the process is left
+    alone, not killed as a leftover. And an old harness, which reads every stamp as wall
+    seconds, cannot read a new one at all (the clock tag): it leaves it alone too."""
+    stamp = owner_stamp(owner_pid, stamp_start, boot_clock=not table_on_boot_clock)
     table = ProcTable(me=99, procs={
         1: ProcFacts(1, 0, 0.0), 99: ProcFacts(99, 1, me_start),
-        50: ProcFacts(50, 1, me_start, cmdline=("vllm", "serve"), marker="run-x",
-                      owner=owner_stamp(owner_pid, stamp_start))})
+        owner_pid: ProcFacts(owner_pid, 1, stamp_start + 1000.0),
+        50: ProcFacts(50, 1, me_start, cmdline=("vllm", "serve"), marker="run-x", owner=stamp)},
+        boot_clock=table_on_boot_clock)
     verdict = decide(50, me_start, table, TargetIdentity(Proof.LEFTOVER))
     assert not verdict.allowed and verdict.reason is Reason.NO_PROOF, verdict
+    with pytest.raises(ValueError):  # how a harness before the tag parsed a stamp's time
+        float(owner_stamp(owner_pid, stamp_start).partition("@")[2])
+
+
+@given(ns=st.sampled_from(["time:[4026531834]", "time:[4026532777]", None]))
+def test_a_leftover_is_proven_only_in_the_harness_s_own_time_namespace(ns):
+    """Start ticks since boot carry each time namespace's boot-time offset: a stamp taken
+    in another one does not compare with this reader's figures."""
+    here = "time:[4026531834]"
+    table = ProcTable(me=99, procs={
+        1: ProcFacts(1, 0, 0.0, time_ns=here), 99: ProcFacts(99, 1, 2.0, time_ns=here),
+        50: ProcFacts(50, 1, 3.0, cmdline=("vllm", "serve"), marker="run-x", owner=owner_stamp(7, 1.0), time_ns=ns)})
+    verdict = decide(50, 3.0, table, TargetIdentity(Proof.LEFTOVER))
+    assert verdict.allowed is (ns == here), verdict
