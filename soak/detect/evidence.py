@@ -143,13 +143,11 @@ def step(state: Cusum, *, at: float, bins: Mapping[str, str], table: EvidenceTab
          span_s: float, weight: float = 1.0, rules_out_hang: bool | None = None) -> Cusum:
     """Fold one fresh reading at ``at`` (its readings average over ``span_s`` before it).
 
-    ``rules_out_hang``: whether the reading shows the pipeline not hung over its span:
-    the tail at work, or nothing upstream busy with nothing in flight (a hung
-    pipeline's upstream spins; with requests in flight every upstream stage of a
-    small pipeline can miss a short window on a shared GPU); None: read it from the bin. Only such a reading moves the earliest onset: a
-    ``working`` bin with the tail dark beside an upstream stage dark and another busy
-    (on a shared GPU, a spinning stage time-sliced off for the whole window) says
-    nothing of when the tail last ran."""
+    ``rules_out_hang``: whether the reading shows the pipeline not hung over its span
+    (None: read it from the bin). Only such a reading moves the earliest onset: a
+    ``working`` bin with the tail dark beside dark upstream stages (on a shared GPU a
+    spinning stage time-sliced off for the whole window) says nothing of when the
+    tail last ran. signals.SignalTracker decides it."""
     working = bins.get(TAIL) == WORKING and (rules_out_hang is None or rules_out_hang)
     if bins.get(PROGRESS) == MOVED:  # tokens flowed after the pattern began: no hang
         return Cusum(last_working_at=state.last_working_at, last_at=at)

@@ -303,10 +303,13 @@ class SignalTracker:
             low_pct, high_pct, _ = cfg.marks(sample.source)
             if sample.source is not GpuSource.STAGE_CPU:
                 span = cfg.util_sample_period if tail[0].util_samples else cfg.sequential.reading_span
+                # Not hung over this reading's span: the tail at work, or an idle pipeline (a
+                # hung one's upstream spins; with requests in flight every upstream stage of
+                # a small pipeline can miss a short window on a shared GPU).
+                rules_out_hang = tail_pct > low_pct or (busiest_up <= low_pct and not self.in_flight)
                 crossed |= self._fold_evidence(t, ev.tail_bin(tail_pct, up_pct, low_pct=low_pct, high_pct=high_pct),
                                                span=span, weight=min(1.0, gap / TABLE.period_s),
-                                               rules_out_hang=tail_pct > low_pct
-                                               or (busiest_up <= low_pct and not self.in_flight))
+                                               rules_out_hang=rules_out_hang)
             if tail_pct <= low_pct and up_pct >= high_pct:
                 if self.tail_run is None:
                     self.tail_run = TailRun(t, t, 0, tail_pct, up_pct)

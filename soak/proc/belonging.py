@@ -181,10 +181,10 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
         for stamp in (cgroup_owned, facts.owner):
             owner = _owner_pin(stamp, table)
             if owner is not None and owner.pid in lineage:
-                # The kernel's parent chain, not the start time: a wall-clock step (a VM
-                # resumed, NTP at boot) moves every start time psutil reports, and the
-                # stamp would then name a live harness "gone" (seen: one CI night's new
-                # runs killed three live runs' servers as leftovers).
+                # The kernel's parent chain proves it without any start time (a wall-clock
+                # step once moved every start time psutil reports, and one CI night's new
+                # runs killed three live runs' servers as leftovers; pins are now ticks
+                # since boot, and this stays as proof that needs no clock at all).
                 return no(Reason.OWNER_ALIVE, f"pid {pid} descends from its harness (pid {owner.pid}), "
                                               f"which is running")
         if cgroup_owned is not None and owner_alive(cgroup_owned, table) is False:

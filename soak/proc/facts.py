@@ -192,5 +192,5 @@ def owner_stamp(pid: int, create_time: float, *, boot_clock: bool = True) -> str
     return f"{pid}@{BOOT_CLOCK_TAG if boot_clock else ''}{create_time:.3f}"
 
 
-__all__ = ["BOOT_CLOCK_TAG", "MARKER_VARIABLE", "Member", "OWNER_VARIABLE", "Pin", "ProcFacts", "ProcTable", "SAME_START_S",
-           "owner_stamp"]
+__all__ = ["BOOT_CLOCK_TAG", "MARKER_VARIABLE", "Member", "OWNER_VARIABLE", "Pin", "ProcFacts", "ProcTable",
+           "SAME_START_S", "owner_stamp"]
