@@ -9,6 +9,13 @@ lists every process.
 - The per-process reads (``facts_of``, ``pin_of``, ``running``) touch one PID's
   files, never the whole of /proc.
 
+A process's facts come from one life of it. The light pass reads each PID's
+/proc/PID/stat once (ppid, state, start: one file, one read). The full pass and
+``facts_of`` read several files, so they read the start before and after the rest
+and leave out a PID whose start moved between (it died and the PID was reused
+mid-read; the next pass sees the new process whole): else a dead process of the
+target's environment marker or command line could be pinned to the new one's start.
+
 Every start time here (``ProcFacts.create_time``, a ``Pin``, an owner stamp) is
 seconds since boot, from /proc/PID/stat's ``starttime``: psutil's figure adds the
 boot time, which the kernel moves with the wall clock, so one clock step made a
@@ -20,6 +27,8 @@ one box gives one kind, so pins compare like with like.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psutil
@@ -33,18 +42,52 @@ BOOT_CLOCK = os.path.exists("/proc/self/stat")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def start_since_boot(stat: str, *, ticks_per_s: int) -> float:
-    """Field 22 (``starttime``, clock ticks since boot) of a /proc/PID/stat line, in
-    seconds. The command name (field 2) may hold spaces and parentheses, so fields
-    are counted from its last ``)``. ValueError on anything else."""
-    head, sep, rest = stat.rpartition(")")
+@dataclass(frozen=True)
+class Stat:
+    """The fields of one /proc/PID/stat line that a pin and a tree walk need."""
+
+    state: str  # R, S, D, Z, ...
+    ppid: int
+    start_ticks: int  # starttime: clock ticks since boot
+
+    def started_s(self, ticks_per_s: int = _TICKS_PER_S) -> float:
+        return self.start_ticks / ticks_per_s
+
+
+def parse_stat(line: str) -> Stat:
+    """Fields 3 (state), 4 (ppid) and 22 (starttime) of a /proc/PID/stat line. The
+    command name (field 2) may hold spaces and parentheses, so fields are counted
+    from its last ``)``. ValueError on anything else."""
+    head, sep, rest = line.rpartition(")")
     fields = rest.split()
-    if not sep or not head or len(fields) < 20 or ticks_per_s <= 0:
-        raise ValueError(f"not a /proc/PID/stat line: {stat[:80]!r}")
-    ticks = int(fields[19])  # fields[0] is field 3 (state)
-    if ticks < 0:
-        raise ValueError(f"negative starttime {ticks}")
-    return ticks / ticks_per_s
+    if not sep or not head or len(fields) < 20:
+        raise ValueError(f"not a /proc/PID/stat line: {line[:80]!r}")
+    state, ppid, ticks = fields[0], int(fields[1]), int(fields[19])  # fields[0] is field 3
+    if ticks < 0 or ppid < 0:
+        raise ValueError(f"negative ppid or starttime in {line[:80]!r}")
+    return Stat(state=state, ppid=ppid, start_ticks=ticks)
+
+
+def start_since_boot(stat: str, *, ticks_per_s: int) -> float:
+    """Field 22 (``starttime``) of a /proc/PID/stat line, in seconds since boot."""
+    if ticks_per_s <= 0:
+        raise ValueError(f"ticks per second {ticks_per_s}")
+    return parse_stat(stat).started_s(ticks_per_s)
+
+
+def read_stat(pid: int) -> Stat | None:
+    """``pid``'s /proc/PID/stat now, or None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return parse_stat(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def one_life(before: Stat | None, after: Stat | None) -> bool:
+    """Whether what was read between two reads of a PID's stat is one process's:
+    both read, and the same start (a reused PID starts later)."""
+    return before is not None and after is not None and before.start_ticks == after.start_ticks
 
 
 def started(proc: psutil.Process) -> float:
@@ -52,11 +95,10 @@ def started(proc: psutil.Process) -> float:
     psutil.NoSuchProcess when it is gone."""
     if not BOOT_CLOCK:
         return proc.create_time()
-    try:
-        with open(f"/proc/{proc.pid}/stat", encoding="utf-8", errors="replace") as f:
-            return start_since_boot(f.read(), ticks_per_s=_TICKS_PER_S)
-    except (OSError, ValueError) as exc:
-        raise psutil.NoSuchProcess(proc.pid) from exc
+    stat = read_stat(proc.pid)
+    if stat is None:
+        raise psutil.NoSuchProcess(proc.pid)
+    return stat.started_s()
 
 
 class ProcReader(Protocol):
@@ -135,10 +177,53 @@ def _trimmed(cmdline: Any) -> tuple[str, ...]:
     return args[:16]
 
 
-def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
-    """The box now: one pass over /proc. The default ``ProcReader`` (full)."""
+def read_table(*, full: bool = True, with_env: bool = True,
+               stat_of: Callable[[int], Stat | None] = read_stat) -> ProcTable:
+    """The box now: one pass over /proc. The default ``ProcReader`` (full).
+    ``stat_of`` reads a PID's stat (injected where a test plays a PID's reuse)."""
+    if not BOOT_CLOCK:
+        return _read_table_psutil(full=full, with_env=with_env)
     if not full:
         procs = {}
+        for pid in psutil.pids():
+            stat = stat_of(pid)
+            if stat is not None:
+                procs[pid] = ProcFacts(pid=pid, ppid=stat.ppid, create_time=stat.started_s(),
+                                       zombie=stat.state == "Z")
+        return ProcTable(me=os.getpid(), procs=procs, boot_clock=True)
+    listens, dials, unseen = _sockets_by_pid()
+    procs = {}
+    attrs = ["name", "cmdline"] + (["environ"] if with_env else [])
+    for pid in psutil.pids():
+        before = stat_of(pid)
+        if before is None:
+            continue
+        try:
+            info = psutil.Process(pid).as_dict(attrs, ad_value=None)
+        except psutil.Error:
+            continue
+        facts = _full_facts(pid, before, info, listens, dials)
+        if one_life(before, stat_of(pid)):
+            procs[pid] = facts
+    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen), boot_clock=True)
+
+
+def _full_facts(pid: int, stat: Stat, info: dict, listens: dict[int, set[int]],
+                dials: dict[int, set[int]]) -> ProcFacts:
+    env = info.get("environ") or {}
+    return ProcFacts(
+        pid=pid, ppid=stat.ppid, create_time=stat.started_s(), cmdline=_trimmed(info.get("cmdline")),
+        name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
+        owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
+        dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=_namespace(pid, "pid"),
+        time_ns=_namespace(pid, "time"), zombie=stat.state == "Z",
+    )
+
+
+def _read_table_psutil(*, full: bool, with_env: bool) -> ProcTable:
+    """Without procfs (macOS, a developer's laptop): psutil's view, its wall-clock starts."""
+    procs = {}
+    if not full:
         for proc in psutil.process_iter(["ppid", "status"], ad_value=None):
             info = proc.info
             start = _started_or_none(proc)
@@ -146,9 +231,8 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
                 continue
             procs[proc.pid] = ProcFacts(pid=proc.pid, ppid=info["ppid"], create_time=start,
                                         zombie=info.get("status") == psutil.STATUS_ZOMBIE)
-        return ProcTable(me=os.getpid(), procs=procs, boot_clock=BOOT_CLOCK)
+        return ProcTable(me=os.getpid(), procs=procs, boot_clock=False)
     listens, dials, unseen = _sockets_by_pid()
-    procs = {}
     attrs = ["pid", "ppid", "name", "cmdline", "status"] + (["environ"] if with_env else [])
     for proc in psutil.process_iter(attrs, ad_value=None):
         info = proc.info
@@ -157,15 +241,14 @@ def read_table(*, full: bool = True, with_env: bool = True) -> ProcTable:
             continue
         pid = info["pid"]
         env = info.get("environ") or {}
-        pid_ns, time_ns = _namespace(pid, "pid"), _namespace(pid, "time")
         procs[pid] = ProcFacts(
             pid=pid, ppid=info["ppid"], create_time=start, cmdline=_trimmed(info.get("cmdline")),
             name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
             owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
-            dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=pid_ns, time_ns=time_ns,
-            zombie=info.get("status") == psutil.STATUS_ZOMBIE,
+            dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=_namespace(pid, "pid"),
+            time_ns=_namespace(pid, "time"), zombie=info.get("status") == psutil.STATUS_ZOMBIE,
         )
-    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen), boot_clock=BOOT_CLOCK)
+    return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen), boot_clock=False)
 
 
 def _namespace(pid: int, kind: str) -> str | None:
@@ -182,14 +265,16 @@ def _started_or_none(proc: psutil.Process) -> float | None:
         return None
 
 
-def facts_of(pid: int) -> ProcFacts | None:
+def facts_of(pid: int, *, stat_of: Callable[[int], Stat | None] = read_stat) -> ProcFacts | None:
     """One process's ppid, start time, name, command line, group and session (its
-    own files only); None when it is gone or unreadable."""
+    own files only); None when it is gone or unreadable, or its PID was reused while
+    it was read."""
+    before = stat_of(pid) if BOOT_CLOCK else None
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            create_time = started(proc)
-            ppid = proc.ppid()
+            create_time = before.started_s() if before else started(proc)
+            ppid = before.ppid if before else proc.ppid()
             name = proc.name()
             try:
                 cmdline = _trimmed(proc.cmdline())
@@ -197,8 +282,11 @@ def facts_of(pid: int) -> ProcFacts | None:
                 cmdline = ()
     except psutil.Error:
         return None
-    return ProcFacts(pid=pid, ppid=ppid, create_time=create_time, cmdline=cmdline, name=name,
-                     sid=_safe(os.getsid, pid), pgid=_safe(os.getpgid, pid))
+    facts = ProcFacts(pid=pid, ppid=ppid, create_time=create_time, cmdline=cmdline, name=name,
+                      sid=_safe(os.getsid, pid), pgid=_safe(os.getpgid, pid))
+    if BOOT_CLOCK and not one_life(before, stat_of(pid)):
+        return None
+    return facts
 
 
 def live_process(pin: Pin) -> psutil.Process | None:
