@@ -41,6 +41,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from soak.fsio import write_atomic
 
 REDACTED = "***"
+# Where a writer shortened a text (``clip``); ``...`` too, as others write it.
+CUT = "…"
+CUT_MARKS = (CUT, "...")
 
 # The last word of a name decides: exact words, and words ending in these.
 _EXACT = {
@@ -63,20 +66,51 @@ _DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+")
 
 
 def secret_name(name: str) -> bool:
-    """``--api-key``, ``hf_token``, ``PGPASSWORD``, ``X-Auth``: the last word is a secret word."""
+    """``--api-key``, ``hf_token``, ``PGPASSWORD``, ``X-Auth``: the last word is a secret word.
+
+    Qualifiers at the end are not that word: a number or a word with digits in
+    it (``HF_TOKEN_2``, ``API_KEY_V2``; ``DB_PASSWORD2`` is ``password`` and 2),
+    an environment or rotation word (``API_KEY_PROD``, ``DB_PASSWORD_OLD``,
+    ``TOKEN_BACKUP``): they are dropped before the last word decides. The short
+    spellings ``pass``, ``pwd``, ``pw`` are secret words after another word
+    (``DB_PASS``, ``MYSQL_PWD``, ``--db-pass``), not alone (the shell's ``PWD`` is
+    a directory). A name that starts with ``secret``/``password`` is one too
+    (``SECRET_VALUE``, ``PASSWORD_PROD``) unless its last word names a fact about
+    it (``secret_file``, ``password_min_length``)."""
     # camelCase is words too: ``accessKey``, ``clientSecret`` (``HFToken`` stays one word, ending in token).
     name = _CAMEL.sub(r"\1_\2", name.strip().lstrip("-"))
     words = [w for w in _WORD_SPLIT.split(name.lower()) if w]
+    while len(words) > 1 and (words[-1] in _QUALIFIERS or (
+            any(c.isdigit() for c in words[-1]) and not _secret_word(words[-1].rstrip("0123456789"), words[:-1]))):
+        words.pop()
     if not words:
         return False
-    last = words[-1]
-    if last in ("env", "file", "path", "dir", "len", "length", "id", "type", "mode", "name", "count", "size"):
+    last = words[-1].rstrip("0123456789") or words[-1]
+    if last in _NOT_SECRET_LAST:
         return False
     # A token *count* or a token *position*, not a credential: chars_per_token,
     # max_token, first_token, prompt_token.
     if last in ("token", "tokens", "key", "keys") and len(words) > 1 and words[-2] in _NOT_CREDENTIAL_BEFORE:
         return False
-    return last in _EXACT or last.endswith(_ENDINGS)
+    return _secret_word(last, words[:-1]) or (len(words) > 1 and words[0] in _SECRET_FIRST)
+
+
+def _secret_word(word: str, before: Sequence[str]) -> bool:
+    return word in _EXACT or word.endswith(_ENDINGS) or (bool(before) and word in _SHORT)
+
+
+# What a name's last word says about a secret without being one: ``KEY_PATH``, ``api_key_env``, ``token_count``.
+_NOT_SECRET_LAST = {"env", "file", "path", "dir", "len", "length", "id", "type", "mode", "name", "count", "size",
+                    "url", "host", "port", "user", "username", "min", "max", "policy", "rotation", "expiry",
+                    "expires", "ttl", "header", "prefix", "format", "through"}
+# Words after the secret word that qualify it (which one), not name something else.
+_QUALIFIERS = {"prod", "production", "dev", "devel", "development", "staging", "stage", "test", "testing", "qa",
+               "uat", "old", "new", "primary", "secondary", "backup", "bak", "alt", "live", "local", "current",
+               "legacy", "default", "main", "rw", "ro"}
+# Short spellings that are a secret word only after another word (``DB_PASS``, ``MYSQL_PWD``).
+_SHORT = {"pass", "pwd", "pw"}
+# A first word that makes the name a secret's (``SECRET_VALUE``), unless the last word is a fact about it.
+_SECRET_FIRST = {"secret", "secrets", "password", "passwd", "passphrase"}
 
 
 _NOT_CREDENTIAL_BEFORE = {
@@ -91,7 +125,9 @@ _NOT_CREDENTIAL_BEFORE = {
 # ``HF_TOKEN=T``. The regex looks for the word only (a literal alternation, cheap on
 # long JSON lines); the whole name is then read backwards and ``secret_name`` decides.
 _SHAPE = re.compile(
-    r"""(?:key|keys|token|secrets?|password|passwd|passphrase|auth|authorization|credentials?|pat|cookie)"""
+    r"""(?:key|keys|token|secrets?|password|passwd|passphrase|auth|authorization|credentials?|pat|cookie|pass|pwd|pw)"""
+    # the rest of the name: a qualifier (``HF_TOKEN_2``, ``API_KEY_PROD``) or the rest after a first word (``SECRET_VALUE``)
+    r"""[a-z0-9_.-]*"""
     # A quote may come JSON-escaped (``token=\\"V\\"``: a metric label inside a JSON line).
     r"""(?P<sep>\\?["']\s*,\s*\\?["']|\\?["']?\s*:\s*\[?\s*\\?["']?|\\?["']?\s*=\s*\[?\s*\\?["']?|=|[ \t]+)"""
     r"""(?P<value>[^\s"',\]\}\\]+)"""
@@ -238,6 +274,7 @@ class Redactor:
         for value in self._values:
             if value in text:
                 text = text.replace(value, REDACTED)
+        text = self._heads(text)
         if "://" in text:
             text = _URL.sub(self._url, text)
         if "Bearer" in text:
@@ -245,6 +282,32 @@ class Redactor:
         if "uthorization" in text or "UTHORIZATION" in text:
             text = _AUTH_HEADER.sub(self._auth_header, text)
         return self._shapes(text)
+
+    def _heads(self, text: str) -> str:
+        """The head of a known secret (``MIN_SECRET_LEN`` characters or more) where
+        the text is cut: right before a cut mark or at its end. A line shortened by
+        a writer never shows part of a learned value."""
+        values = self._values
+        if not values:
+            return text
+        ends = [len(text)]
+        for mark in CUT_MARKS:
+            at = text.find(mark)
+            while at >= 0:
+                ends.append(at)
+                at = text.find(mark, at + len(mark))
+        out, done = [], len(text)
+        for end in sorted(set(ends), reverse=True):
+            if end > done:
+                continue
+            cut = _head_length(text, end, values)
+            if cut:
+                out += [text[end:done], REDACTED]
+                done = end - cut
+        if not out:
+            return text
+        out.append(text[:done])
+        return "".join(reversed(out))
 
     def _url(self, match: re.Match) -> str:
         found = url_secrets(match.group(0))
@@ -386,6 +449,40 @@ class Redactor:
             if path.is_file() and not path.is_symlink() and self.scrub_file(path):
                 done.append(path)
         return done
+
+
+def _head_length(text: str, end: int, values: Sequence[str]) -> int:
+    """The length of the longest head (``MIN_SECRET_LEN`` characters or more, not
+    the whole value) of one of ``values`` that ``text[:end]`` ends with; 0 if none.
+    A URL's scheme alone is no head of it (``https`` ends many lines)."""
+    best = 0
+    for value in values:
+        least = MIN_SECRET_LEN
+        if "://" in value:
+            least = max(least, value.index("://") + 4)
+        if len(value) <= least:
+            continue
+        lead = value[:least]
+        at = text.find(lead, max(end - len(value) + 1, 0), end)
+        while at >= 0:
+            if end - at > best and text.startswith(value[:end - at], at):
+                best = end - at
+                break  # the first place is the longest head
+            at = text.find(lead, at + 1, end)
+    return best
+
+
+def clip(text: str, limit: int, redactor: Redactor | None = None) -> str:
+    """``text`` (a command line, a log line, an error body) redacted whole, then
+    cut to ``limit`` characters with ``CUT`` at the end where it was cut. Every
+    place that shortens outside text for a file or a stream cuts with this:
+    cutting first would split ``user:password@`` or a known secret so that no rule
+    finds it. ``redactor``: the run's (its known values too); else the shapes and
+    URLs only."""
+    text = (redactor if redactor is not None else Redactor()).text(text)
+    if len(text) <= limit:
+        return text
+    return text[:max(limit - len(CUT), 0)] + CUT
 
 
 def argv_secrets(args: Sequence[str]) -> list[str]:

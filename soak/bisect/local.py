@@ -8,9 +8,10 @@ A segment's config is the build's run config (``config.segment_config``) with
 seeds of its own, derived from the bisect's seed and the segment's directory
 name: every segment is a fresh draw (a simulated build's onset too), and a
 resumed bisect draws the same seeds for the same segments. The build's env goes
-to the child through its environment, never into a file, and so do the secrets
-of a launched build's command (``seal``): the file, which a Slurm job reads on
-another node later, holds a placeholder for each.
+to the child through its environment, never into a file, and so does every
+secret of its config (``seal``: the command's, a credential URL anywhere): the
+file, which a Slurm job reads on another node later, holds a placeholder for
+each, resolved from the environment when the segment starts (soak.bisect.unseal).
 
 The child gets SIGTERM if the bisect dies (PR_SET_PDEATHSIG): a SIGKILLed
 bisect leaves a segment that ends itself like an interrupted ``soak run``
@@ -31,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from soak.bisect.executor import Build, SegmentResult
+from soak.bisect.unseal import RUN
 from soak.errors import ConfigError, SoakError
 
 RUNNING = ".running"  # DIR/.running: "PID START RUN_DIR" of the segment in flight (RUN_DIR resolved)
@@ -63,51 +65,89 @@ def seeded(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
 
 
 def seal(config: Mapping[str, Any], *, python: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """A launched target's command with every secret (a secret-looking flag's
-    value, ``--api-key K`` or ``--hf-token=K``; a URL's userinfo or credential
-    query parameter) replaced by a placeholder that ``soak.bisect.unseal`` fills
-    from the environment, and that environment. By position, as soak.redact
-    finds them, so a short secret never rewrites another argument."""
+    """The segment config with every secret in it replaced by a placeholder
+    (``{SOAK_BISECT_<n>_SECRET}``, soak.bisect.unseal) and the environment that
+    fills them. The redactor decides, over the whole config, not a parser of the
+    command: every string it would change (a URL with credentials anywhere,
+    ``pushgateway.url`` too; ``HF_TOKEN=T`` in a command; a value it learned from
+    the command or ``target.env``), every value of a secret-named key, and, by
+    position as ``redact_argv`` finds them, the values of a command's secret
+    flags (``--api-key K``, short ones too). ``NAME=VALUE`` keeps its name in the
+    file. A launched command with a placeholder runs through ``python -m
+    soak.bisect.unseal``; the rest is resolved as the segment's run reads it."""
     import shlex
 
-    from soak.bisect.unseal import PREFIX
-    from soak.redact import holds_credential_url, secret_name, url_secrets
+    from soak.bisect.unseal import variable
+    from soak.redact import REDACTED, Redactor, redact_argv, secret_name
 
     out = copy.deepcopy(dict(config))
-    target = out.get("target")
-    if not isinstance(target, dict) or target.get("kind") != "launched" or not target.get("command"):
-        return out, {}
-    command = target["command"]
-    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    target = out.get("target") if isinstance(out.get("target"), dict) else None
+    command = target.get("command") if target is not None and target.get("kind") == "launched" else None
+    argv = None
+    if command:
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    target_env = target.get("env") if target is not None and isinstance(target.get("env"), dict) else None
+    redactor = Redactor.for_run(environ={}, command=argv or (),
+                                env={str(k): str(v) for k, v in target_env.items()} if target_env else None)
+    # every shape and secret-named key's value learned first: a value seen once is hidden everywhere
+    _strings(out, redactor.text, redactor.learn)
     env: dict[str, str] = {}
 
     def hide(value: str) -> str:
-        name = next((k for k, v in env.items() if v == value), None) or f"{PREFIX}{len(env)}"
+        name = next((k for k, v in env.items() if v == value), None) or variable(len(env))
         env[name] = value
         return "{" + name + "}"
 
-    sealed, hide_next = [], False
-    for arg in argv:
-        if hide_next:
-            hide_next = False
-            if not arg.startswith("-"):
-                sealed.append(hide(arg))
-                continue
-        flag, eq, value = arg.partition("=")
-        if arg.startswith("-") and secret_name(flag):
-            if eq:
-                sealed.append(f"{flag}={hide(value)}" if value else arg)
-            else:
-                sealed.append(arg)
-                hide_next = True
-            continue
-        if holds_credential_url(arg):
-            for part in sorted(set(url_secrets(arg)), key=len, reverse=True):
-                arg = arg.replace(part, hide(part))
-        sealed.append(arg)
-    if env:
-        target["command"] = [python, "-m", "soak.bisect.unseal", *sealed]
+    def seal_string(text: str, *, always: bool = False, whole: bool = False) -> str:
+        if not text or (not always and redactor.text(text) == text):
+            return text
+        name, eq, value = text.partition("=")
+        if not whole and eq and value and name and all(c in _NAME_CHARS for c in name) and redactor.text(name + eq) == name + eq:
+            return name + eq + hide(value)  # HF_TOKEN=T, --hf-token=T: the name stays readable
+        return hide(text)
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, str):
+            return seal_string(obj)
+        if isinstance(obj, dict):
+            return {k: (seal_string(v, always=True) if isinstance(v, str) and isinstance(k, str) and secret_name(k)
+                        else walk(v)) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        return obj
+
+    sealed_command = None
+    if argv is not None:
+        by_position = redact_argv(argv)
+        # a flag's value after it (``--api-key K``) is hidden whole, whatever it looks like
+        sealed_command = [seal_string(arg, always=shown != arg and REDACTED in shown, whole=shown == REDACTED)
+                          for arg, shown in zip(argv, by_position)]
+        target["command"] = []  # its place kept; sealed by position above
+    out = walk(out)
+    if sealed_command is not None:
+        commanded = any("{" + name + "}" in arg for arg in sealed_command for name in env)
+        out["target"]["command"] = [python, "-m", "soak.bisect.unseal", *sealed_command] if commanded else command
     return out, env
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def _strings(obj: Any, see: Callable[[str], Any], secret: Callable[[str], Any]) -> None:
+    """``see`` every string in ``obj``; ``secret`` every string value of a secret-named key."""
+    from soak.redact import secret_name
+
+    if isinstance(obj, str):
+        see(obj)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _strings(k, see, secret)
+            if isinstance(k, str) and isinstance(v, str) and secret_name(k):
+                secret(v)
+            _strings(v, see, secret)
+    elif isinstance(obj, list):
+        for v in obj:
+            _strings(v, see, secret)
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
@@ -165,6 +205,7 @@ class LocalExecutor:
         sealed = [seal(c, python=python) for c in segment_configs]
         self.configs = [c for c, _ in sealed]
         self.envs = [{**e, **s} for e, (_, s) in zip(envs, sealed)]
+        self.sealed = [bool(s) for _, s in sealed]
         self.environ = dict(os.environ if environ is None else environ)
         self.grace_s, self.slack_s = grace_s, slack_s
         self._proc: asyncio.subprocess.Process | None = None
@@ -177,7 +218,9 @@ class LocalExecutor:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{run_dir.name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        argv = [self.python, "-m", "soak", "run", str(path), "--out", str(run_dir), "--view", "plain"]
+        # a sealed config's placeholders are resolved from the environment as the run reads it
+        runner = ["soak.bisect.unseal", RUN] if self.sealed[build.index] else ["soak", "run"]
+        argv = [self.python, "-m", *runner, str(path), "--out", str(run_dir), "--view", "plain"]
         exporter = config.get("exporter")
         if not (isinstance(exporter, dict) and "port" in exporter):
             argv += ["--exporter-port", "0"]  # segments never fight over the harness's default port

@@ -11,6 +11,7 @@ from soak.detect.seq_rule import pp_tail_sequential
 from soak.detect.signals import SignalTracker
 from soak.detect.stage_rule import stage_cpu_stall
 from soak.records import IncidentKind, RuleState, RuleStatus
+from soak.redact import clip
 from soak.samples import GpuSource
 
 Rule = Callable[[SignalTracker, DetectorConfig, float], RuleStatus]
@@ -228,7 +229,7 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
             "since": onset,
             "thresholds": {"fatal": True},
         }
-        reasons = (f"fatal log signature {first.signature}: {first.line.strip()[:300]}",)
+        reasons = (f"fatal log signature {first.signature}: {clip(first.line.strip(), 300)}",)
         return RuleStatus(name, RuleState.FIRED, kind, onset, _round(now - onset), 0.0, reasons, evidence)
     waits = s.shm_waits_since_progress
     # Before a server life's first token the workers may still compile (vLLM logs the
@@ -239,7 +240,7 @@ def log_signature(s: SignalTracker, config: DetectorConfig, now: float) -> RuleS
     if last is not None and now - last.ts < cfg.suspect_for:
         return RuleStatus(
             name, RuleState.PENDING, IncidentKind.HANG, None, _round(now - last.ts), None,
-            (f"warning log signature {last.signature}: {last.line.strip()[:300]}",),
+            (f"warning log signature {last.signature}: {clip(last.line.strip(), 300)}",),
             {"signals": {"line": last.line, "signature": last.signature, "ts": last.ts},
              "thresholds": {"suspect_for_s": cfg.suspect_for}},
         )
@@ -271,7 +272,7 @@ def _shm_broadcast_hang(s: SignalTracker, config: DetectorConfig, waits: list, n
              f"(generation counter, KV usage, client tokens all flat)",
         f"requests running: {s.running if s.running is not None else 'unknown'}; "
         f"client in flight: {s.client.in_flight if s.client else 'unknown'}",
-        f"latest line: {latest.line.strip()[:300]}",
+        f"latest line: {clip(latest.line.strip(), 300)}",
     )
     evidence = {
         "signals": {

@@ -37,6 +37,7 @@ from typing import Iterable
 from soak.metric_names import parse_process_title
 from soak.proc.cgroup import cgroup_owner
 from soak.proc.facts import BOOT_CLOCK_TAG, MARKER_VARIABLE, OWNER_VARIABLE, Pin, ProcFacts, ProcTable, owner_stamp
+from soak.redact import clip
 
 _VLLM_ARG = re.compile(r"(^|[/.])vllm($|[/.])|^vllm\b", re.IGNORECASE)
 
@@ -221,7 +222,7 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
             if ports:
                 where = ", ".join(f"127.0.0.1:{p}" for p in ports)
                 return no(Reason.FORWARDER, f"port {target.port} is served by pid {listener.pid} "
-                                            f"({' '.join(listener.cmdline)[:120] or listener.name}), "
+                                            f"({clip(' '.join(listener.cmdline), 120) or clip(listener.name, 120)}), "
                                             f"which forwards to {where}: not the server")
         if target.port in table.unseen_listeners:
             return no(Reason.NO_PROOF, f"port {target.port} has a listener this user cannot see")
@@ -251,7 +252,7 @@ def decide(pid: int, create_time: float | None, table: ProcTable, target: Target
             if (target.root is not None and target.root.pid == pid) or target.proof is Proof.ATTACHED_URL:
                 return yes(Reason.ROOT, f"pid {pid} is the target's root")
             return yes(Reason.MEMBER, f"pid {pid} is a recorded member of the target")
-    return no(Reason.NO_PROOF, f"pid {pid} ({' '.join(facts.cmdline)[:120] or facts.name}) is not proven the target's")
+    return no(Reason.NO_PROOF, f"pid {pid} ({clip(' '.join(facts.cmdline), 120) or clip(facts.name, 120)}) is not proven the target's")
 
 
 __all__ = [

@@ -330,7 +330,10 @@ def describe(pid: int | None) -> str:
     facts = facts_of(pid)
     if facts is None:
         return f"pid {pid} (gone)"
-    text = " ".join(a for a in facts.cmdline if a)[:160] or facts.name
+    from soak.redact import clip
+
+    # redacted whole, then cut: a cut first could split ``user:password@`` or a secret past every rule
+    text = clip(" ".join(a for a in facts.cmdline if a), 160) or clip(facts.name, 160)
     return f"pid {pid} ({text})"
 
 

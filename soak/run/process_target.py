@@ -402,5 +402,8 @@ def _harness_stamp() -> str:
 
 
 def _leftover_notes(result: KillResult) -> list[dict]:
-    return [{"pid": info.pid, "cmdline": " ".join(info.cmdline)[:200], "started_since_boot_s": info.create_time}
+    from soak.redact import clip
+
+    # redacted whole, then cut (soak.redact.clip): a cut first could split a secret past every rule
+    return [{"pid": info.pid, "cmdline": clip(" ".join(info.cmdline), 200), "started_since_boot_s": info.create_time}
             for info in result.killed] + [{"note": note} for note in result.notes]
