@@ -99,8 +99,10 @@ def no_success(config: CriteriaConfig, tally: RequestTally, *, final: bool) -> C
 
 def _what_happened(tally: RequestTally) -> str:
     cut = sum(tally.cut.values())
+    # Those that finished ok with nothing are among the failed (no_output): said once.
+    others = tally.failed - tally.ok_without_tokens
     parts = [f"{tally.ok_without_tokens} finished ok with no generated tokens" if tally.ok_without_tokens else "",
-             f"{tally.failed} failed" if tally.failed else "",
+             f"{others} failed" if others > 0 else "",
              f"{cut} cut by the harness still in flight" if cut else ""]
     said = ", ".join(p for p in parts if p)
     return said or "none finished"

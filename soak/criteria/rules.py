@@ -10,10 +10,16 @@ a fresh tally from requests.jsonl at the end, so the verdict a nightly reads
 and the one ``soak report`` recomputes are the same function of the same
 records. No clock, no I/O.
 
-Which records count: outcome ``ok`` is a success; ``aborted`` (cut by the
-harness: the drain ran out, an incident's kill, Ctrl-C) counts neither way and
-is kept apart by cause; every other outcome (HTTP status, reset, refused,
-malformed stream, an error object, any timeout) is a failure.
+Which records count: outcome ``ok`` with generated tokens (``generated_tokens``)
+is a success; ``aborted`` (cut by the harness: the drain ran out, an incident's
+kill, Ctrl-C) counts neither way and is kept apart by cause; every other outcome
+(HTTP status, reset, refused, malformed stream, an error object, any timeout) is
+a failure, and so is an ``ok`` that generated nothing (an empty or
+whitespace-only answer, a usage count with no content): it is tallied as the
+failed outcome ``no_output`` (``NO_OUTPUT``), for the error rate and the
+failure stretches alike, while requests.jsonl keeps the ``ok`` the client saw.
+A server answering nothing then fails; a rare legitimate empty completion
+costs only its share of the error-rate budget.
 
 Work (``work_evidence``): a success is not yet work. What counts as work is
 decided here and nowhere else (``generated_tokens``): a request that ended
@@ -42,6 +48,9 @@ from soak.criteria.config import CriteriaConfig, WorkEvidenceCriterion
 from soak.samples import CutCause
 
 _CUT_CAUSES = frozenset(cause.value for cause in CutCause)
+# The tally's name for a request that ended ``ok`` with no generated tokens: a
+# failure (see the module's docstring), never an outcome the client records.
+NO_OUTPUT = "no_output"
 
 
 class CriterionState(str, Enum):
@@ -358,15 +367,16 @@ class RequestTally:
         if self._pending:
             self._restarts_until(ended)
         if outcome == "ok":
-            self.ok += 1
-            self._current = None
             if tokens > 0:
+                self.ok += 1
+                self._current = None
                 # An end before its life's start (an unreadable time, a skewed clock) counts at the start.
                 origin = self.life_started
                 self._worked(ended if origin is None or ended >= origin else origin, tokens)
-            else:
-                self.ok_without_tokens += 1
-            return
+                return
+            # Answered with nothing: not a success (the module's docstring).
+            self.ok_without_tokens += 1
+            outcome = NO_OUTPUT
         self.failed += 1
         key = str(outcome)
         self.failed_by_outcome[key] = self.failed_by_outcome.get(key, 0) + 1

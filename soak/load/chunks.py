@@ -18,6 +18,16 @@ What is refused and what is tolerated (a demanding reading of vLLM and OpenAI):
   not a string. The count falls back to what the client saw itself.
 - ``null`` anywhere stands for "absent", as OpenAI's own chunks use it.
 
+What is generated content (the one definition; ``measure``): a non-empty
+content string (``content``, ``reasoning_content``, ``reasoning``, ``text``) or
+a tool call carrying a non-empty function name or arguments. An empty tool-call
+delta (``[{}]``, an id or a type alone) is not. Whitespace counts per chunk (it
+is legitimate between words, and moves the stall clock), but each chunk also
+says whether any of its text is not whitespace (``substantive``): a request
+whose whole output is whitespace produced nothing, decided by the client at
+the request's end. ``text_bytes`` (UTF-8 bytes of that text) bounds the token
+count a server may claim for it (``counted_tokens``).
+
 ``ContentTemplate`` is the cheap path for the common chunk (issue 16): after a
 content chunk has been read in full, later chunks that are byte-identical to it
 except for a plain content string (no quote, backslash or control character)
@@ -32,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from soak.errors import MalformedStream, StreamErrorObject
+from soak.redact import clip
 
 # A token count past this is not a count any server produced.
 MAX_COUNT = 2**31 - 1
@@ -55,6 +66,51 @@ class Chunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     anomalies: tuple[str, ...] = ()
+    text_bytes: int = 0  # UTF-8 bytes of the generated text in this chunk (names and arguments included)
+    substantive: bool = False  # some of that text is not whitespace
+
+
+def measure(text: str) -> tuple[int, bool]:
+    """One piece of generated text: its UTF-8 bytes, and whether it is more than
+    whitespace. The ASCII case (nearly every chunk) without an encode."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return size, bool(text) and not text.isspace()
+
+
+def counted_tokens(claimed: int | None, *, chunks: int, text_bytes: int, events: int,
+                   max_tokens: int | None) -> tuple[int, str | None]:
+    """The output tokens a request is counted for, and why the server's claim was
+    refused (None when it was not).
+
+    ``claimed``: ``usage.completion_tokens`` (None: none sent); ``chunks``: the
+    content chunks the client saw (a lower bound: speculative decoding puts
+    several tokens in one); ``text_bytes``: UTF-8 bytes of generated text
+    received; ``events``: data events received; ``max_tokens``: the request's
+    (None or < 1: not set).
+
+    The bound: every tokenizer vLLM serves is byte-level (BPE, or SentencePiece
+    with byte fallback), so a token that decodes to text decodes to at least one
+    byte of it. Tokens that decode to none (EOS, special tokens, a tool-call
+    marker the server strips) are a few per request: one per event covers them
+    (the finish chunk, the usage chunk and the role chunk alone give three); text
+    a tool-call parser holds back comes out later as the call's name and
+    arguments. No server generates past the request's ``max_tokens``. A claim
+    above the bound is not a count: the client's own count, capped the same way,
+    stands instead, an undercount at worst, never an inflation."""
+    ceiling = text_bytes + events
+    if max_tokens is not None and max_tokens >= 1:
+        ceiling = min(ceiling, max_tokens)
+    if claimed is None:
+        if chunks > ceiling:
+            return ceiling, f"{chunks} content chunks, more than the request's max_tokens {ceiling}"
+        return chunks, None
+    if claimed > ceiling:
+        why = (f"usage.completion_tokens {claimed} refused: {text_bytes} byte(s) of generated text in {events} "
+               f"event(s) hold at most {text_bytes + events} token(s)")
+        if max_tokens is not None and max_tokens >= 1:
+            why += f", and max_tokens is {max_tokens}"
+        return min(chunks, ceiling), why
+    return claimed, None
 
 
 def preview(text: str) -> str:
@@ -105,12 +161,35 @@ def _error_message(err: Any) -> str:
             message = err
     else:
         message = err
-    text = message if isinstance(message, str) else json.dumps(message, default=str)[:400]
-    return text[:200]
+    text = message if isinstance(message, str) else json.dumps(message, default=str)[:4000]
+    return clip(text, 200)
 
 
-def _has_content(choice: dict[str, Any], data: str) -> bool:
-    found = False
+def _call_text(call: Any) -> list[str]:
+    """The generated text of one tool-call delta: its function's name and
+    arguments when they are strings. An id, a type or an index alone is none."""
+    if not isinstance(call, dict):
+        return []
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return []
+    return [v for v in (function.get("name"), function.get("arguments")) if isinstance(v, str) and v]
+
+
+def _has_content(choice: dict[str, Any], data: str) -> tuple[bool, int, bool]:
+    """Whether this choice carries generated content, its text's bytes, and
+    whether any of that text is not whitespace (see ``measure``)."""
+    found = substantive = False
+    size = 0
+
+    def add(text: str) -> None:
+        nonlocal found, substantive, size
+        if text:
+            found = True
+            more, solid = measure(text)
+            size += more
+            substantive = substantive or solid
+
     delta = choice.get("delta")
     if delta is not None:
         if not isinstance(delta, dict):
@@ -121,18 +200,21 @@ def _has_content(choice: dict[str, Any], data: str) -> bool:
                 continue
             if not isinstance(value, str):
                 raise MalformedStream(f"choices[].delta.{name} is not a string: {preview(data)}")
-            found = found or bool(value)
+            add(value)
         calls = delta.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
                 raise MalformedStream(f"choices[].delta.tool_calls is not a list: {preview(data)}")
-            found = found or bool(calls)
+            # A tool call is output only by what it says: a name or arguments.
+            for call in calls:
+                for text in _call_text(call):
+                    add(text)
     text = choice.get("text")
     if text is not None:
         if not isinstance(text, str):
             raise MalformedStream(f"choices[].text is not a string: {preview(data)}")
-        found = found or bool(text)
-    return found
+        add(text)
+    return found, size, substantive
 
 
 def interpret(data: str) -> Chunk:
@@ -147,7 +229,8 @@ def interpret(data: str) -> Chunk:
     if err is not None:
         raise StreamErrorObject(f"server error in stream: {_error_message(err)}")
     anomalies: list[str] = []
-    content = 0
+    content = size = 0
+    substantive = False
     finish: str | None = None
     choices = obj.get("choices")
     if choices is not None:
@@ -156,8 +239,11 @@ def interpret(data: str) -> Chunk:
         for choice in choices:
             if not isinstance(choice, dict):
                 raise MalformedStream(f"a choice is not an object: {preview(data)}")
-            if _has_content(choice, data):
+            found, more, solid = _has_content(choice, data)
+            if found:
                 content += 1
+                size += more
+                substantive = substantive or solid
             reason = choice.get("finish_reason")
             if isinstance(reason, str):
                 if reason:
@@ -165,16 +251,18 @@ def interpret(data: str) -> Chunk:
             elif reason is not None:
                 anomalies.append(f"finish_reason is not a string: {type(reason).__name__}")
     usage = _usage(obj.get("usage"), anomalies)
-    return Chunk(content=content, finish_reason=finish, usage=usage, anomalies=tuple(anomalies))
+    return Chunk(content=content, finish_reason=finish, usage=usage, anomalies=tuple(anomalies), text_bytes=size,
+                 substantive=substantive)
 
 
 class ContentTemplate:
     """The raw text around the content string of the stream's plain content chunk.
 
-    ``learn(data, chunk)`` after a full read; ``matches(data)`` then says, with
-    string operations only, whether ``data`` is that chunk with another plain,
-    non-empty content string: then it is one content choice, no finish reason
-    and no usage, exactly as the full read would have said.
+    ``learn(data, chunk)`` after a full read; ``content_of(data)`` then returns,
+    with string operations only, the content string when ``data`` is that chunk
+    with another plain, non-empty content string (None otherwise): then it is one
+    content choice, no finish reason and no usage, with that text (``measure``),
+    exactly as the full read would have said. ``matches(data)``: whether it is.
     """
 
     __slots__ = ("_prefix", "_suffix", "_min_len")
@@ -210,11 +298,14 @@ class ContentTemplate:
             self._min_len = len(self._prefix) + len(self._suffix) + 1
             return
 
-    def matches(self, data: str) -> bool:
+    def content_of(self, data: str) -> str | None:
         prefix = self._prefix
         if prefix is None or len(data) < self._min_len:
-            return False
+            return None
         if not (data.startswith(prefix) and data.endswith(self._suffix)):
-            return False
+            return None
         middle = data[len(prefix) : len(data) - len(self._suffix)]
-        return '"' not in middle and "\\" not in middle and middle.isprintable()
+        return middle if '"' not in middle and "\\" not in middle and middle.isprintable() else None
+
+    def matches(self, data: str) -> bool:
+        return self.content_of(data) is not None

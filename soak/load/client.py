@@ -30,11 +30,12 @@ from soak.errors import (
     RequestTimeout,
     TransportError,
 )
-from soak.load.chunks import ContentTemplate, Usage, interpret, preview
+from soak.load.chunks import ContentTemplate, Usage, counted_tokens, interpret, measure, preview
 from soak.load.config import TimeoutsConfig
 from soak.load.progress import ProgressTracker, StreamCut, StreamProgress, timeout_phase
 from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
 from soak.percentiles import percentile
+from soak.redact import clip
 from soak.samples import CutCause, RequestRecord
 
 _ERROR_BODY_LIMIT = 2048
@@ -56,13 +57,19 @@ class _Stream:
     """What one response taught us; filled in as chunks arrive."""
 
     __slots__ = ("first_at", "last_at", "gaps", "chunks", "usage", "finish_reason", "done", "status",
-                 "anomalies", "anomaly_notes", "template")
+                 "anomalies", "anomaly_notes", "template", "events", "text_bytes", "substantive", "max_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None) -> None:
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.gaps: list[float] = []
         self.chunks = 0
+        # What bounds the token count a server may claim (chunks.counted_tokens),
+        # and whether any generated text was more than whitespace (chunks.measure).
+        self.events = 0
+        self.text_bytes = 0
+        self.substantive = False
+        self.max_tokens = max_tokens if type(max_tokens) is int and max_tokens >= 1 else None
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.done = False
@@ -194,7 +201,7 @@ class StreamingClient:
         task = asyncio.current_task()
         assert task is not None
         self._tasks[stream_id] = task
-        state = _Stream()
+        state = _Stream(getattr(request, "max_tokens", None))
         error: TransportError | None = None
         cut_by: CutCause | None = None
         try:
@@ -227,7 +234,7 @@ class StreamingClient:
         except Exception as exc:
             # Whatever the server's bytes make a library (or us) trip on is this
             # request's outcome, never the soak's end.
-            error = MalformedStream(f"the response could not be read: {type(exc).__name__}: {exc}"[:300])
+            error = MalformedStream(clip(f"the response could not be read: {type(exc).__name__}: {exc}", 300))
         finally:
             self._tasks.pop(stream_id, None)
             self._tracker.close(stream_id)
@@ -272,16 +279,22 @@ class StreamingClient:
             return
         if state.done:
             raise MalformedStream(f"data after [DONE]: {preview(data)}")
+        state.events += 1
         template = state.template
         chunk = None
-        if template.matches(data):
+        text = template.content_of(data)
+        if text is not None:
             content = 1  # the learned chunk's shape with another plain string: no parse needed
+            size, solid = measure(text)
         else:
             chunk = interpret(data)
-            content = chunk.content
+            content, size, solid = chunk.content, chunk.text_bytes, chunk.substantive
             if content and not template.learned:
                 template.learn(data, chunk)
         if content:
+            state.text_bytes += size
+            if solid:
+                state.substantive = True
             if state.first_at is None:
                 state.first_at = now
             else:
@@ -303,10 +316,14 @@ class StreamingClient:
             state.usage = usage
             # A content chunk carries one token, or several under speculative
             # decoding: chunks are only a lower bound until the usage chunk
-            # gives the exact count (or every chunk does, with continuous_usage_stats).
+            # gives the exact count (or every chunk does, with continuous_usage_stats),
+            # within what the text so far can hold (chunks.counted_tokens).
             completion = usage.completion_tokens
-            if completion is not None and completion > progress.tokens:
-                progress.tokens = completion
+            if completion is not None:
+                completion, _ = counted_tokens(completion, chunks=state.chunks, text_bytes=state.text_bytes,
+                                               events=state.events, max_tokens=state.max_tokens)
+                if completion > progress.tokens:
+                    progress.tokens = completion
 
     def _record(
         self,
@@ -332,9 +349,24 @@ class StreamingClient:
             if cached is not None:
                 shown["prompt_tokens_details"] = {"cached_tokens": cached}
             cached = self.usage_cached_tokens(shown)
-        output_tokens = usage.completion_tokens
-        if output_tokens is None:
-            output_tokens = state.chunks
+        # The server's count, unless what arrived cannot hold it (chunks.counted_tokens);
+        # a refused claim is an anomaly on the record, the claim named.
+        output_tokens, refused = counted_tokens(usage.completion_tokens, chunks=state.chunks,
+                                                text_bytes=state.text_bytes, events=state.events,
+                                                max_tokens=state.max_tokens)
+        notes = list(state.anomaly_notes)
+        anomalies = state.anomalies
+        if refused is not None:
+            anomalies += 1
+            notes.append(refused)
+        if not state.substantive and output_tokens > 0:
+            # Whitespace alone (or nothing) is no output, whatever was claimed for it:
+            # the request generated nothing (criteria.rules counts it as no_output).
+            anomalies += 1
+            notes.append(f"{output_tokens} token(s) counted for generated text that is only whitespace"
+                         if state.text_bytes else
+                         f"usage.completion_tokens {output_tokens} refused: no generated text arrived")
+            output_tokens = 0
         ttft = state.first_at - t0 if state.first_at is not None else None
         itl_mean = itl_p50 = itl_p99 = itl_max = None
         if state.gaps:
@@ -373,8 +405,8 @@ class StreamingClient:
             warmup=warmup,
             finish_reason=state.finish_reason,
             cut_by=cut_by,
-            anomalies=state.anomalies,
-            anomaly_notes=tuple(state.anomaly_notes),
+            anomalies=anomalies,
+            anomaly_notes=tuple(notes),
             started_mono=round(t0 - origin, 6),
             ended_mono=round(t0 + elapsed - origin, 6),
         )
@@ -385,10 +417,10 @@ def _error_message(body: bytes) -> str:
     try:
         obj = loads_json(text)  # bounded nesting: an error body of "[[[[" is text, not a RecursionError
     except ValueError:
-        return text[:200]
+        return clip(text, 200)
     if isinstance(obj, dict):
         err = obj.get("error", obj)
         if isinstance(err, dict):
-            return str(err.get("message", err))[:200]
-        return str(obj.get("message", err))[:200]
-    return text[:200]
+            return clip(str(err.get("message", err)), 200)
+        return clip(str(obj.get("message", err)), 200)
+    return clip(text, 200)

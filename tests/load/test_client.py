@@ -185,8 +185,10 @@ async def test_outer_cancellation_propagates(server_url, make_client) -> None:
 
 async def test_progress_counts_the_servers_tokens_not_chunks(server_url, make_client) -> None:
     client = await make_client(server_url)
-    record = await client.send(turn("spec"), request_id="r1")
-    assert record.outcome == "ok" and record.output_tokens == 17
+    # max_tokens 32: a server never generates past the request's max_tokens (chunks.counted_tokens).
+    record = await client.send(Turn(path="/spec/v1/chat/completions", body=b'{"stream": true}', max_tokens=32),
+                               request_id="r1")
+    assert record.outcome == "ok" and record.output_tokens == 17 and not record.anomalies, record.anomaly_notes
     snapshot = client._tracker.snapshot(0.0)
     assert snapshot.tokens_total == 17 and snapshot.requests_done == 1
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soak.errors import MalformedStream, StreamErrorObject
-from soak.load.chunks import MAX_COUNT, Chunk, ContentTemplate, interpret
+from soak.load.chunks import MAX_COUNT, Chunk, ContentTemplate, interpret, measure
 from soak.load.sse import SSEDecoder, SSEEvent
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -242,8 +242,11 @@ def test_a_template_match_reads_exactly_as_the_full_parse(first: str, later: str
         data.replace('"content"', '"reasoning"'), data[:-1], data + " ", later,
     ]
     for candidate in candidates:
-        if template.matches(candidate):
-            assert interpret(candidate) == Chunk(content=1), candidate
+        text = template.content_of(candidate)
+        assert template.matches(candidate) == (text is not None)
+        if text is not None:
+            size, solid = measure(text)
+            assert interpret(candidate) == Chunk(content=1, text_bytes=size, substantive=solid), candidate
 
 
 def test_the_template_is_learned_from_plain_content_and_skips_the_parse() -> None:

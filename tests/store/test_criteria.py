@@ -13,7 +13,9 @@ from soak.store.summary import MetricsCoverage
 
 
 def rec(ended: float, outcome: str = "ok", cut_by: str | None = None, error: str | None = None) -> dict:
-    return {"outcome": outcome, "ended_at": ended, "cut_by": cut_by, "error": error}
+    # An ok record generated tokens (content arrived: ttft_s set): an ok with nothing is no_output, a failure.
+    work = {"ttft_s": 0.1, "output_tokens": 5} if outcome == "ok" else {}
+    return {"outcome": outcome, "ended_at": ended, "cut_by": cut_by, "error": error, **work}
 
 
 def tally_of(records, **config) -> tuple[CriteriaConfig, RequestTally]:

@@ -89,7 +89,7 @@ def _recorded_run(run_dir: Path, ops, *, warmup_s: float = 0.0, cut_off: bool = 
         clock.advance(advance)
         requests.append(RequestRecord(
             request_id=f"r{i}", session=None, turn=None, started_at=started_wall, ended_at=started_wall + advance,
-            outcome="ok", prompt_tokens=10, output_tokens=5, started_mono=started_mono,
+            outcome="ok", prompt_tokens=10, output_tokens=5, ttft_s=advance / 2, started_mono=started_mono,
             ended_mono=clock.monotonic()).to_json())
         clock.step_wall(step)
         if step:
