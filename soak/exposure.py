@@ -22,8 +22,9 @@ Pure: a run's events and its summary in, intervals out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from soak.criteria.rules import generated_tokens, record_time
 from soak.events import EventType
 from soak.summary_file import RunSummary
 
@@ -41,36 +42,90 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
-    """(time of an event, label of a time): on the monotonic line when the run
-    recorded ``mono`` (run-relative seconds; CONTRACTS.md "Time is monotonic"),
-    else on ``ts`` as a run recorded before ``mono`` existed."""
+def _anchor(events: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(ts, mono) of one event that carries both: ``run_started``'s, else the
+    first such event's. Every event's ``mono`` is the same run-relative line, so
+    any of them places a label on it; None: the run recorded no ``mono`` at all."""
+    first: tuple[float, float] | None = None
     for e in events:
+        ts, mono = _num(e.get("ts")), _num(e.get("mono"))
+        if ts is None or mono is None:
+            continue
         if e.get("type") == EventType.RUN_STARTED:
-            ts, mono = _num(e.get("ts")), _num(e.get("mono"))
-            if ts is not None and mono is not None:
-                def when(event: Mapping[str, Any], label: float | None = None) -> float | None:
-                    m, t = _num(event.get("mono")), _num(event.get("ts"))
-                    if label is not None:  # a label the event carries (an onset): as far before it as its ts
-                        base = m if m is not None else (None if t is None else mono + (t - ts))
-                        return None if base is None or t is None else base - (t - label)
-                    return m if m is not None else (None if t is None else mono + (t - ts))
+            return ts, mono
+        if first is None:
+            first = ts, mono
+    return first
 
-                return when, lambda m: None if m is None else ts + (m - mono)
-            break
+
+def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any, float | None]:
+    """(time of an event, label of a time, wall minus monotonic or None): on the
+    monotonic line when the run recorded ``mono`` on any event with a ``ts``
+    (run-relative seconds; CONTRACTS.md "Time is monotonic"; an event's own
+    ``mono`` always wins over its label), else on ``ts`` as a run recorded before
+    ``mono`` existed."""
+    anchor = _anchor(events)
+    if anchor is not None:
+        ts, mono = anchor
+
+        def when(event: Mapping[str, Any], label: float | None = None) -> float | None:
+            m, t = _num(event.get("mono")), _num(event.get("ts"))
+            if label is not None:  # a label the event carries (an onset): as far before it as its ts
+                base = m if m is not None else (None if t is None else mono + (t - ts))
+                return None if base is None or t is None else base - (t - label)
+            return m if m is not None else (None if t is None else mono + (t - ts))
+
+        return when, lambda m: None if m is None else ts + (m - mono), ts - mono
 
     def when_wall(event: Mapping[str, Any], label: float | None = None) -> float | None:
         return label if label is not None else _num(event.get("ts"))
 
-    return when_wall, lambda t: t
+    return when_wall, lambda t: t, None
 
 
-def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any]) -> tuple[Interval, ...]:
+def _work_of_summary(summary: RunSummary) -> int | None:
+    """The requests with generated tokens the judge counted (``work_evidence``'s
+    evidence), None where the summary does not say."""
+    if summary.criteria is None:
+        return None
+    for row in summary.criteria.results:
+        if row.get("name") == "work_evidence" and isinstance(row.get("evidence"), Mapping):
+            n = row["evidence"].get("requests_with_tokens")
+            return n if type(n) is int else None
+    return None
+
+
+def _evidenced(seg_start: float, stop: float, work: Sequence[float]) -> float:
+    """How much of a censored interval [seg_start, stop] the target was seen
+    working: up to its last productive end, or to ``stop`` where the tail after
+    that end is no longer than the longest wait the life showed for work (from
+    its start to the first productive end, or between two): the cadence the
+    server kept, so a steady night keeps its whole span. No work: 0."""
+    ends = [w for w in work if seg_start < w <= stop]
+    if not ends:
+        return 0.0
+    ends.sort()
+    longest = ends[0] - seg_start
+    for a, b in zip(ends, ends[1:]):
+        longest = max(longest, b - a)
+    last = ends[-1]
+    return stop - seg_start if stop - last <= longest else last - seg_start
+
+
+def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any],
+                 records: Iterable[Mapping[str, Any]] | None = None) -> tuple[Interval, ...]:
     """The run's time-at-risk intervals, from its events (see the module docstring).
     Lengths are monotonic differences; ``Interval.start`` is a label. ``summary``:
-    the typed record, or summary.json as parsed (read through it)."""
+    the typed record, or summary.json as parsed (read through it). ``records``: the
+    run's request records (requests.jsonl): time counts at risk only while the
+    target was evidenced working (``generated_tokens``, the one definition of
+    work), so each censored interval ends at its life's last productive request
+    (``_evidenced``) and a life with no work has none; an interval ended by a
+    hang stays whole (the hang is the event). None: the records are not at hand;
+    a summary whose judge counted no request with generated tokens then has no
+    censored time at risk either."""
     summary = RunSummary.of(summary)
-    when, label = _timeline(events)
+    when, label, offset = _timeline(events)
     load_started = load_stopped = None
     restarts: list[float] = []
     incidents: list[tuple[float, str]] = []
@@ -89,14 +144,27 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
             detected = _num(e.get("detected_at"))
             mark = onset if onset is not None else detected
             at = when(e, mark) if mark is not None else t
-            incidents.append((at if at is not None else t, str(e.get("kind") or "incident")))
-    # The summary's figures are labels: back onto the time line by the run_started event.
+            # An onset is never after the record of its decision.
+            incidents.append((t if at is None else min(at, t), str(e.get("kind") or "incident")))
+    work: list[float] | None = None
+    if records is not None:
+        work = []
+        for record in records:
+            if isinstance(record, Mapping) and generated_tokens(record) > 0:
+                at = record_time(record, offset=offset)
+                if at is not None:
+                    work.append(at)
+    elif _work_of_summary(summary) == 0:
+        work = []
+    # The summary's figures are labels: back onto the time line by the run's anchor.
     anchor = {"ts": None, "type": "summary"}
+    loaded = summary.duration_s
     if load_started is None:
         started = summary.started_at
-        loaded = summary.duration_s
         if not events and started is not None and loaded is not None and loaded > 0:
             # No events to place anything by: the summary's monotonic seconds of load, not a wall difference.
+            if work is not None and not work:
+                return ()
             reason = "cut off" if summary.cut_off else "end of load"
             return (Interval(started, loaded, False, reason),)
         load_started = None if started is None else when({**anchor, "ts": started})
@@ -109,9 +177,12 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
         ended = summary.ended_at
         end = None if ended is None else when({**anchor, "ts": ended})
         end_reason = "cut off" if cut_off else "end of load"
+    if end is not None:
+        # An onset past the night's end lengthens nothing: the night is at risk up to its end.
+        incidents = [(min(at, max(end, load_started)), kind) for at, kind in incidents]
     incidents.sort()
     restarts.sort()
-    out: list[Interval] = []
+    spans: list[tuple[float, float, bool, str]] = []  # (start on the time line, length, hang, ended by)
     seg_start: float | None = load_started
     for onset, kind in incidents:
         if seg_start is None:
@@ -119,14 +190,29 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
             # first was being handled): it belongs to no interval at risk.
             continue
         stop = max(seg_start, onset)
-        out.append(Interval(label(seg_start), stop - seg_start, kind == "hang", kind))
+        spans.append((seg_start, stop - seg_start, kind == "hang", kind))
         nxt = [r for r in restarts if r >= onset]
         seg_start = nxt[0] if nxt else None
         if nxt:
             restarts.remove(nxt[0])
     if seg_start is not None and end is not None and end > seg_start:
-        out.append(Interval(label(seg_start), end - seg_start, False, end_reason))
-    return tuple(out)
+        spans.append((seg_start, end - seg_start, False, end_reason))
+    if work is not None:
+        # Censored time counts only while the target was seen working; a hang's interval stays whole.
+        spans = [(begin, length if hang else _evidenced(begin, begin + length, work), hang, why)
+                 for begin, length, hang, why in spans]
+        spans = [s for s in spans if s[2] or s[1] > 0]
+    if loaded is not None and loaded > 0:
+        # Never longer than the monotonic load the summary measured: a wall label on an
+        # event without ``mono`` cannot stretch a night (the judge's ``run_span``).
+        left, capped = loaded, []
+        for begin, length, hang, why in spans:
+            take = min(length, max(0.0, left))
+            left -= take
+            if take > 0 or hang or length <= 0:
+                capped.append((begin, take, hang, why))
+        spans = capped
+    return tuple(Interval(label(begin), length, hang, why) for begin, length, hang, why in spans)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ was cut off) and computes everything in soak.history.model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from soak.errors import ConfigError
+from soak.redact import clip
 from soak.history.model import (
     BuildStats, Cost, History, RunRecord, build_stats, fixed_verdict, mean_cost, quantile_cost, rate_test, run_record,
 )
@@ -49,6 +50,15 @@ def report_of(path: Path, reports: Path | None) -> str | None:
     return None
 
 
+def _requests(path: Path) -> Iterator[dict[str, Any]]:
+    """The run's request records, for the evidence of work its time at risk needs
+    (``soak.exposure.intervals_of``); damaged lines are skipped (the load already counted them)."""
+    from soak.store.rundir import RunDir
+    from soak.store.summary import REQUEST_TYPES
+
+    return RunDir(path).requests(fields=REQUEST_TYPES)
+
+
 def read_night(path: Path, *, window_s: float, reports: Path | None = None
                ) -> tuple[RunRecord, list[float], dict[str, list[float]]]:
     """One run's record, throughput windows and latencies; a run that cannot be
@@ -59,13 +69,13 @@ def read_night(path: Path, *, window_s: float, reports: Path | None = None
     try:
         data = load_run(path)
         record = run_record(path=str(path), summary=data.summary, events=data.events, config=data.config,
-                            report=report_of(path, reports))
+                            report=report_of(path, reports), records=_requests(path))
         windows = window_throughput(data, window_s)
         latencies = {key: data.requests.ok_values(key).tolist() for key in ("ttft_s", "tpot_s")}
     except ConfigError:
         raise
     except (MemoryError, RecursionError, Exception) as exc:  # a damage no reader foresaw: this night only
-        raise ConfigError(f"cannot read the run: {type(exc).__name__}: {exc}"[:300], path=path) from exc
+        raise ConfigError(clip(f"cannot read the run: {type(exc).__name__}: {exc}", 300), path=path) from exc
     return record, windows, latencies
 
 

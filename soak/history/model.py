@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -68,7 +68,10 @@ class RunRecord:
 
 
 def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, Any]],
-               config: Mapping[str, Any], report: str | None = None) -> RunRecord:
+               config: Mapping[str, Any], report: str | None = None,
+               records: Iterable[Mapping[str, Any]] | None = None) -> RunRecord:
+    """``records``: the run's requests (requests.jsonl), for ``intervals_of``'s
+    evidence of work: a night whose server did no work has no time at risk."""
     from soak.history.build import build_identity, build_key
 
     build = summary.build_entry
@@ -80,7 +83,7 @@ def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, 
         path=path, run_id=summary.run_id, name=config.get("name"),
         started_at=summary.started_at, build=key, vllm_version=build.vllm_version,
         launch_digest=build.launch_digest, label=label, verdict=summary.verdict.value if summary.verdict is not None else "None",
-        cut_off=bool(summary.cut_off), intervals=intervals_of(events, summary),
+        cut_off=bool(summary.cut_off), intervals=intervals_of(events, summary, records),
         incidents=summary.incidents,
         figures={name: run_value(name, summary) for name in RUN_FIGURES},
         thresholds_passed=summary.thresholds.passed if summary.thresholds is not None else None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from soak.criteria.rules import generated_tokens
 from soak.events import EventType
 from soak.exposure import Interval, intervals_of
 from soak.prove.sprt import Decision, Plan, ProofState, pending, walk
@@ -78,6 +79,18 @@ class ProofTracker:
         self._events: list[dict[str, Any]] = []
         self._stopped = False
         self.decided: Decision | None = None  # the first line crossed, kept
+        # The productive requests (soak.exposure.intervals_of's evidence of work), once
+        # the run feeds its requests (``on_request``); None: fed none, read as before.
+        self._work: list[dict[str, Any]] | None = None
+
+    def on_request(self, record: Mapping[str, Any] | Any) -> None:
+        """A finished request: time counts at risk only while the target is seen
+        working, as at the end of the run and in ``soak history``."""
+        if self._work is None:
+            self._work = []
+        if generated_tokens(record) > 0:
+            get = record.get if isinstance(record, Mapping) else lambda k: getattr(record, k, None)
+            self._work.append({k: get(k) for k in ("outcome", "ttft_s", "output_tokens", "ended_at", "ended_mono")})
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
         if type not in RISK_EVENTS:
@@ -90,7 +103,7 @@ class ProofTracker:
         if self.decided is not None:
             return self.decided
         events = self._events if self._stopped else [*self._events, {"type": EventType.LOAD_STOPPED.value, "ts": now}]
-        intervals = intervals_of(events, {})
+        intervals = intervals_of(events, {}, self._work)
         decision, _, total = proof_of(self.plan, intervals)
         if decision.state is ProofState.UNDECIDED:
             return decision
