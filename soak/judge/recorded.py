@@ -28,7 +28,7 @@ from soak.counters import CounterDelta
 from soak.store.rundir import RunDir
 from soak.store.summary import (
     EVENT_TYPES, INCIDENT_FIELDS, REQUEST_TYPES, SERVER_KEYS, MetricsCoverage, RequestDigest, disk_incidents,
-    fold_requests, merge_incidents, recorded_cut_short, server_counter_deltas,
+    fold_requests, merge_incidents, recorded_cut_short, server_counter_deltas, server_values,
 )
 from soak.store.store import CONFIG
 from soak.thresholds.evaluate import Threshold, ThresholdConfigError, compile_thresholds
@@ -282,8 +282,10 @@ def _read_samples(run: RunDir, *, stats: dict[str, int], stale_after_s: float, k
     def seen(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
         for sample in records:
             coverage.add(sample)
-            if keep_series and sample.get("ok") and isinstance(sample.get("ts"), (int, float)):
-                series.append((sample["ts"], sample.get("values") or {}))
+            values = server_values(sample) if keep_series else None
+            ts = sample.get("ts")
+            if values is not None and isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts):
+                series.append((ts, values))
             yield sample
 
     # Only server samples are parsed; the rest (most of a long run's lines) are counted unparsed.

@@ -20,13 +20,13 @@ from soak.bounds import LIMITS, InputRejected, read_file
 from soak.events import EventType
 from soak.exposure import at_risk
 from soak.fsio import write_atomic
-from soak.jsonl import read_json
+from soak.jsonl import is_timestamp, read_json
 from soak.percentiles import percentiles
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog, why
 from soak.report.html import render_html
 from soak.report.junit import build_junit, incident_line
-from soak.report.rundir import Incident, RequestColumns, RunData, load_run
+from soak.report.rundir import Incident, RequestColumns, RunData, load_run, typed_incident
 from soak.report.series import stage_columns
 from soak.report.zoom import downtimes, incident_zooms
 from soak.samples import GpuSource
@@ -149,11 +149,15 @@ def _incident_view(incident: Incident, run: RunData) -> IncidentView:
             text = ""
         lines = watchdog.parse_lines(text.splitlines())
     if not lines:  # the log probe's matches around the incident
-        onset = incident.record.get("onset_at") or 0
-        detected = incident.record.get("detected_at") or float("inf")
+        record = typed_incident(incident.record)  # a field of the wrong type reads as absent
+        onset = record.get("onset_at") or 0
+        detected = record.get("detected_at") or float("inf")
         for s in run.log_lines:
-            if onset - 120 <= s["ts"] <= detected + 60:
-                parsed = watchdog.parse_line(str(s.get("line", "")), ts=s["ts"])
+            ts = s.get("ts")
+            if not is_timestamp(ts):
+                continue
+            if onset - 120 <= ts <= detected + 60:
+                parsed = watchdog.parse_line(str(s.get("line", "")), ts=ts)
                 if parsed:
                     lines.append(parsed)
     fr = None
@@ -260,9 +264,9 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         found = by_number.pop(i.number, None) if i.number is not None else None
         if found is not None:
             view = _incident_view(found, run)
-            view.record = {**found.record, **i.raw}
+            view.record = typed_incident({**found.record, **i.raw})
         else:
-            view = IncidentView(record=dict(i.raw), watchdog=[], flight_recorder=None, files=[],
+            view = IncidentView(record=typed_incident(i.raw), watchdog=[], flight_recorder=None, files=[],
                                 path="" if i.evidence is None else i.evidence)
         views.append(view)
     for leftover in by_number.values():  # evidence on disk the summary does not list (a cut-off run)
@@ -272,6 +276,8 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
         for view in views:
             view.zoom = zooms.get(view.record.get("number"), "")
     notes = [f"{name}: {n} unreadable line{'s' if n > 1 else ''} skipped" for name, n in run.bad_lines.items()]
+    notes += [f"{name}: {n} field{'s' if n > 1 else ''} of the wrong type read as absent"
+              for name, n in run.wrong_type_fields.items()]
     # a GPU source slower than the detector's window, an uncovered vLLM version, /metrics gone quiet;
     # not while the harness itself had the server down
     notes += why.server_warnings(summary, run.events)
@@ -326,11 +332,7 @@ def ended_because(run_dir: Path, summary: RunSummary) -> str | None:
     reason = summary.stop_reason
     if reason:
         parts.append(f"The run ended: {reason}")
-    fault = Path(run_dir) / "harness_error.txt"
-    try:
-        first = fault.read_text(encoding="utf-8", errors="replace").splitlines()[:1]
-    except OSError:
-        first = []
+    first = _first_line(Path(run_dir) / "harness_error.txt")
     if first and (not reason or first[0].split(": ", 1)[-1] not in str(reason)):
         parts.append(f"{first[0]} (traceback in harness_error.txt)")
     elif first:
@@ -338,13 +340,19 @@ def ended_because(run_dir: Path, summary: RunSummary) -> str | None:
     return "; ".join(parts) or None
 
 
+def _first_line(path: Path) -> list[str]:
+    """The first line of a text file the run wrote, read bounded (soak.bounds.read_file); none where it
+    is missing, unreadable or past the bound."""
+    try:
+        data = read_file(path, limit=LIMITS.yaml_bytes)
+    except (OSError, InputRejected):
+        return []
+    return data.decode("utf-8", "replace").splitlines()[:1]
+
+
 def harness_fault(run_dir: Path) -> str | None:
     """The harness's own error (harness_error.txt's first line): a warning, unlike the stop reason."""
-    fault = Path(run_dir) / "harness_error.txt"
-    try:
-        first = fault.read_text(encoding="utf-8", errors="replace").splitlines()[:1]
-    except OSError:
-        first = []
+    first = _first_line(Path(run_dir) / "harness_error.txt")
     return f"The harness failed: {first[0]} (traceback in harness_error.txt)" if first else None
 
 

@@ -22,7 +22,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from soak.errors import ConfigError, SoakError
-from soak.jsonl import parse_line, read_json
+from soak.jsonl import (FieldCheck, is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, parse_line,
+                        read_json, typed_fields)
 from soak.judge import rejudge
 from soak.store.rundir import MARKERS_TEXT, RunDir
 from soak.store.segments import line_head
@@ -42,6 +43,70 @@ TIMELINE_KINDS = frozenset({"gpu", "server", "client"})
 # soak.store.summary.SERVER_KEYS, a different question.
 PLOTTED_SERVER_SERIES = ("generation_tokens", "prefix_cache_hits", "prefix_cache_queries", "kv_cache_usage_perc",
                          "num_requests_running")
+
+
+# The GPU columns a sample may name: an index (or a stage) past this is a field
+# of the wrong type, read as absent and counted, never a column (the heatmap's
+# allocation is rows x columns: one hostile index must not size it).
+MAX_GPUS = 256
+
+
+def _gpu_index(value: Any) -> bool:
+    return type(value) is int and 0 <= value < MAX_GPUS
+
+
+# The fields of each sample kind the report reads, with their types: a field of
+# another type (a damaged or hostile line) reads as absent and is counted
+# (soak.jsonl.typed_fields), so one bad line never loses the run.
+SAMPLE_TYPES: dict[str, Mapping[str, FieldCheck]] = {
+    "gpu": {"gpus": is_list, "source": is_str},
+    "server": {"ok": is_bool, "values": is_dict},
+    "client": {"tokens_total": is_number, "in_flight": is_number},
+    "log": {"line": is_str},
+}
+GPU_READING_TYPES: Mapping[str, FieldCheck] = {"index": _gpu_index, "util_pct": is_number}
+SERVER_VALUE_TYPES: Mapping[str, FieldCheck] = {k: is_number for k in PLOTTED_SERVER_SERIES}
+
+
+def _strs(value: Any) -> bool:
+    return is_list(value) and all(is_str(x) for x in value)
+
+
+def _ints(value: Any) -> bool:
+    return is_list(value) and all(is_int(x) for x in value)
+
+
+# incident.json's fields as the report reads them (normalized: the responder's
+# record and decision flattened): of another type, absent and counted.
+INCIDENT_TYPES: Mapping[str, FieldCheck] = {
+    "number": is_int, "status": is_str, "kind": is_str, "rule": is_str, "summary": is_str, "evidence": is_str,
+    "diagnosis": is_str, "onset_at": is_timestamp, "detected_at": is_timestamp, "onset_earliest_at": is_timestamp,
+    "onset_latest_at": is_timestamp, "decided_at": is_timestamp, "killed_pids": _ints, "gpus_released": is_bool,
+    "gpu_free_s": is_number, "reasons": _strs, "notes": _strs, "steps": is_dict, "decision_evidence": is_dict,
+    "evidence_signals": is_dict, "detection_latency_s": is_dict,
+}
+
+
+def typed_incident(record: Mapping[str, Any], stats: dict[str, int] | None = None) -> dict[str, Any]:
+    """An incident record with every field of the wrong type left out (counted in
+    ``stats['wrong_type_fields']``); the evidence's signals keep only values the
+    page can show (a ``*_at`` signal that is no timestamp is left out too)."""
+    out = dict(typed_fields(dict(record), INCIDENT_TYPES, stats))
+    for key in ("decision_evidence", "evidence_signals"):
+        evidence = out.get(key)
+        if not isinstance(evidence, dict):
+            continue
+        signals = evidence.get("signals", evidence)
+        if not isinstance(signals, dict):
+            continue
+        wrong = [k for k, v in signals.items() if isinstance(k, str) and k.endswith("_at")
+                 and isinstance(v, (int, float)) and not is_timestamp(v)]
+        if wrong:
+            if stats is not None:
+                stats["wrong_type_fields"] = stats.get("wrong_type_fields", 0) + len(wrong)
+            kept = {k: v for k, v in signals.items() if k not in wrong}
+            out[key] = {**evidence, "signals": kept} if "signals" in evidence else kept
+    return out
 
 
 # The figures of a request the report reads; the rest of a record stays on disk.
@@ -131,6 +196,8 @@ class RunData:
     log_lines: list[dict[str, Any]]
     incidents: list[Incident]
     bad_lines: dict[str, int] = field(default_factory=dict)
+    # fields of the wrong type, read as absent, by file ("samples.jsonl", "incidents/N/incident.json")
+    wrong_type_fields: dict[str, int] = field(default_factory=dict)
     gpu_source: GpuSource | None = None  # STAGE_CPU: the rows are stages' CPU, not GPUs
 
     @property
@@ -237,7 +304,7 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         kind, ts = line_head(raw)
         if kind is not None and kind not in TIMELINE_KINDS and kind != "log":
             continue  # health, process: not plotted
-        if gap and kind in TIMELINE_KINDS and ts is not None:
+        if gap and kind in TIMELINE_KINDS and ts is not None and math.isfinite(ts):
             if ts < last_kept.get(kind, float("-inf")) + gap:
                 continue
             last_kept[kind] = ts
@@ -245,36 +312,56 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         if not isinstance(s, dict):
             continue
         kind, ts = s.get("kind"), s.get("ts")
-        if not isinstance(ts, (int, float)):
+        if not is_str(kind) or kind not in SAMPLE_TYPES:
             continue
+        if not is_timestamp(ts):
+            if ts is not None:  # a reading with no time to place it at: the line is passed over, the field counted
+                _count(sample_stats, "wrong_type_fields")
+            continue
+        s = typed_fields(s, SAMPLE_TYPES[kind], sample_stats)
         if kind == "gpu":
             if s.get("error") or not s.get("gpus"):
                 continue
-            gpu_ts.append(ts)
+            readings = s["gpus"]
             if s.get("source") == GpuSource.STAGE_CPU.value:
                 # stage CPU: one reading per stage, in stage order; a row is a stage
                 gpu_source = GpuSource.STAGE_CPU
-                gpu_rows.append({stage: g.get("util_pct", np.nan) for stage, g in enumerate(s["gpus"])})
-                continue
-            gpu_rows.append({g["index"]: g.get("util_pct", np.nan) for g in s["gpus"] if "index" in g})
+                row = {stage: _util(g, sample_stats) for stage, g in enumerate(readings[:MAX_GPUS])}
+                _count(sample_stats, "wrong_type_fields", max(0, len(readings) - MAX_GPUS))
+            else:
+                row = {}
+                for g in readings:
+                    if not isinstance(g, dict):
+                        _count(sample_stats, "wrong_type_fields")
+                        continue
+                    g = typed_fields(g, GPU_READING_TYPES, sample_stats)
+                    if g.get("index") is not None:
+                        row[g["index"]] = _util(g, sample_stats)
+            gpu_ts.append(ts)
+            gpu_rows.append(row)
         elif kind == "server":
-            if not s.get("ok"):
+            if s.get("ok") is not True:
                 continue
-            values = s.get("values") or {}
+            values = typed_fields(s.get("values") or {}, SERVER_VALUE_TYPES, sample_stats)
             server_ts.append(ts)
             for k, col in server_cols.items():
                 v = values.get(k)
-                col.append(float(v) if isinstance(v, (int, float)) else np.nan)
+                col.append(float(v) if v is not None else np.nan)
         elif kind == "client":
             client_ts.append(ts)
-            client_tokens.append(float(s.get("tokens_total", np.nan)))
-            client_in_flight.append(float(s.get("in_flight", np.nan)))
+            tokens, in_flight = s.get("tokens_total"), s.get("in_flight")
+            client_tokens.append(float(tokens) if tokens is not None else np.nan)
+            client_in_flight.append(float(in_flight) if in_flight is not None else np.nan)
         elif kind == "log":
             log_lines.append(s)
     unreadable = sample_stats.get("bad_lines", 0) + sample_stats.get("torn_lines", 0) + sample_stats.get("bad_segments", 0)
     if unreadable:
         bad["samples.jsonl"] = unreadable  # the open segment and any rolled ones
+    wrong_types: dict[str, int] = {}
+    if sample_stats.get("wrong_type_fields"):
+        wrong_types["samples.jsonl"] = sample_stats["wrong_type_fields"]
 
+    # columns: GPU indices as read, each under MAX_GPUS (so the array is at most rows x MAX_GPUS)
     gpu_count = 1 + max((max(r) for r in gpu_rows if r), default=-1)
     util = np.full((len(gpu_rows), gpu_count), np.nan)
     for i, row in enumerate(gpu_rows):
@@ -288,17 +375,40 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         requests=requests, gpu_ts=np.asarray(gpu_ts), gpu_util=util, server_ts=np.asarray(server_ts),
         server={k: np.asarray(v) for k, v in server_cols.items()}, client_ts=np.asarray(client_ts),
         client_tokens=np.asarray(client_tokens), client_in_flight=np.asarray(client_in_flight),
-        log_lines=log_lines, incidents=_incidents(run), bad_lines=bad, gpu_source=gpu_source,
+        log_lines=log_lines, incidents=_incidents(run, wrong_types), bad_lines=bad, gpu_source=gpu_source,
+        wrong_type_fields=wrong_types,
     )
 
 
-def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:
+def _util(reading: Any, stats: dict[str, int]) -> float:
+    """A GPU (or stage) reading's ``util_pct``; NaN where it is missing or of the wrong type (counted)."""
+    if not isinstance(reading, dict):
+        _count(stats, "wrong_type_fields")
+        return np.nan
+    value = reading.get("util_pct")
+    if value is None:
+        return np.nan
+    if not is_number(value):
+        _count(stats, "wrong_type_fields")
+        return np.nan
+    return float(value)
+
+
+def _count(stats: dict[str, int], key: str, n: int = 1) -> None:
+    if n:
+        stats[key] = stats.get(key, 0) + n
+
+
+def normalize_incident(obj: Mapping[str, Any], stats: dict[str, int] | None = None) -> dict[str, Any]:
     """incident.json as the responder writes it (``{number, status, decision, target,
     steps, record}``) or a flat IncidentRecord, as one flat dict: the record's fields,
-    plus ``decision_evidence`` (signals and thresholds in force) and ``steps``."""
+    plus ``decision_evidence`` (signals and thresholds in force) and ``steps``.
+    Fields of the wrong type (``INCIDENT_TYPES``) read as absent, counted in
+    ``stats['wrong_type_fields']``."""
     out: dict[str, Any] = {k: v for k, v in obj.items() if k not in ("record", "decision")}
     decision = obj.get("decision")
     if isinstance(decision, Mapping):
+        decision = typed_fields(dict(decision), {**INCIDENT_TYPES, "evidence": is_dict}, stats)
         for key in ("kind", "rule", "onset_at", "reasons"):
             if key in decision:
                 out.setdefault(key, decision[key])
@@ -308,19 +418,24 @@ def normalize_incident(obj: Mapping[str, Any]) -> dict[str, Any]:
             out["decision_evidence"] = decision["evidence"]
     record = obj.get("record")
     if isinstance(record, Mapping):
+        record = typed_fields(dict(record), INCIDENT_TYPES, stats)
         out.update({k: v for k, v in record.items() if k != "extra"})
-    return out
+    return typed_incident(out, stats)
 
 
-def _incidents(run: RunDir) -> list[Incident]:
-    """incidents/N, by number: the folders summary.json's incidents come from too."""
+def _incidents(run: RunDir, wrong_types: dict[str, int] | None = None) -> list[Incident]:
+    """incidents/N, by number: the folders summary.json's incidents come from too.
+    Fields of the wrong type are counted in ``wrong_types`` by file."""
     out: list[Incident] = []
     for child in run.incident_dirs():
         record = read_json(child / "incident.json")
         number = int(child.name)
-        record = normalize_incident(record) if isinstance(record, Mapping) else {
+        stats: dict[str, int] = {}
+        record = normalize_incident(record, stats) if isinstance(record, Mapping) else {
             "number": number, "evidence": f"incidents/{child.name}"}
         record.setdefault("evidence", f"incidents/{child.name}")
+        if stats.get("wrong_type_fields") and wrong_types is not None:
+            wrong_types[f"incidents/{child.name}/incident.json"] = stats["wrong_type_fields"]
         files = sorted(str(p.relative_to(child)) for p in child.rglob("*") if p.is_file())
         out.append(Incident(number=number, path=child, record=record, files=files))
     return out

@@ -27,6 +27,7 @@ from soak.events import EventType
 from soak.jsonl import is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, read_json, read_records, typed_fields
 from soak.counters import CounterDelta
 from soak.records import detection_latency
+from soak.redact import clip
 from soak.samples import server_accepted
 from soak.store.rundir import RunDir
 from soak.store.store import EVENTS
@@ -56,16 +57,28 @@ def _number(value: Any) -> float | None:
         and math.isfinite(value) else None
 
 
+def server_values(sample: Mapping[str, Any]) -> dict[str, float] | None:
+    """A server sample's counters when the scrape succeeded (``ok`` is true, the
+    boolean): its finite numeric values only; None for a failed or damaged one
+    (a sample line is outside input: ``values`` may be anything)."""
+    values = sample.get("values")
+    if sample.get("ok") is not True or not isinstance(values, Mapping):
+        return None
+    return {str(k): v for k, v in ((k, _number(v)) for k, v in values.items()) if v is not None}
+
+
 def server_counter_deltas(samples: Iterable[dict[str, Any]], keys: Iterable[str]) -> dict[str, CounterDelta]:
     deltas = {key: CounterDelta() for key in keys}
     for sample in samples:
-        if sample.get("kind") != "server" or not sample.get("ok"):
+        if sample.get("kind") != "server":
             continue
-        values = sample.get("values") or {}
+        values = server_values(sample)
+        if values is None:
+            continue
         for key, delta in deltas.items():
             value = values.get(key)
-            if isinstance(value, (int, float)):
-                delta.add(float(value))
+            if value is not None:
+                delta.add(value)
     return deltas
 
 
@@ -263,12 +276,12 @@ class MetricsCoverage:
         ts = sample.get("ts")
         if not isinstance(ts, (int, float)):
             return
-        values = sample.get("values") or {}
-        fresh = bool(sample.get("ok")) and any(isinstance(values.get(k), (int, float)) for k in SERVER_KEYS)
+        values = server_values(sample)
+        fresh = values is not None and any(k in values for k in SERVER_KEYS)
         if not fresh:
             self.failed += 1
-            error = sample.get("error") or ("scrape lacks every server counter" if sample.get("ok") else "failed")
-            self.last_error = str(error)[:200]
+            error = sample.get("error") or ("scrape lacks every server counter" if sample.get("ok") is True else "failed")
+            self.last_error = clip(str(error), 200)
             if self._open is None:
                 self._open = {"from": self.last_fresh, "first_failure": ts, "to": None, "error": self.last_error}
             return
@@ -339,6 +352,15 @@ class MetricsCoverage:
         }
 
 
+# incident.json's record: the event's fields, and those only the record carries
+INCIDENT_RECORD_TYPES = {**EVENT_TYPES, "diagnosis": is_str, "onset_earliest_at": is_timestamp,
+                         "onset_latest_at": is_timestamp}
+
+
+def _status(value: Any) -> str:
+    return value[:40] if isinstance(value, str) else "unknown"
+
+
 def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
     """The responder's ``incidents/N/incident.json`` as summary entries: the final
     record once the response finished, else what the decision said (a response
@@ -350,7 +372,7 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"number": number, "evidence": f"incidents/{child.name}"}
         if isinstance(obj, dict):
             record = obj.get("record")
-            record = typed_fields(record, EVENT_TYPES) if isinstance(record, dict) else record
+            record = typed_fields(record, INCIDENT_RECORD_TYPES) if isinstance(record, dict) else record
             decision = obj.get("decision") if isinstance(obj.get("decision"), dict) else {}
             decision = typed_fields(decision, {**EVENT_TYPES, "decided_at": is_timestamp})
             if isinstance(record, dict):
@@ -361,7 +383,7 @@ def disk_incidents(run_dir: Path) -> list[dict[str, Any]]:
                     "kind": decision.get("kind"), "rule": decision.get("rule"),
                     "onset_at": decision.get("onset_at"), "detected_at": decision.get("decided_at"),
                     "killed_pids": [], "gpus_released": False, "gpu_free_s": None,
-                    "summary": f"response not finished (status {obj.get('status', 'unknown')})",
+                    "summary": f"response not finished (status {_status(obj.get('status'))})",
                 })
         else:
             entry.update({"kind": None, "rule": None, "summary": "incident.json missing or unreadable"})
