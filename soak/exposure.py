@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from soak.criteria.rules import generated_tokens, record_time
+from soak.work import generated_tokens, record_time
 from soak.events import EventType
 from soak.summary_file import RunSummary
 

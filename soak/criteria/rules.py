@@ -22,8 +22,8 @@ A server answering nothing then fails; a rare legitimate empty completion
 costs only its share of the error-rate budget.
 
 Work (``work_evidence``): a success is not yet work. What counts as work is
-decided here and nowhere else (``generated_tokens``): a request that ended
-``ok`` having streamed content (its ``ttft_s`` is set) and reporting
+decided in one place (``soak.work.generated_tokens``, which the time at risk
+shares): a request that ended ``ok`` having streamed content (its ``ttft_s`` is set) and reporting
 ``output_tokens`` > 0. Bytes, SSE comments, a usage count with no content, and
 requests still streaming when the harness cut them are not. The tally keeps
 where that work fell in time against the load's span (``LoadSpan``): the first
@@ -42,10 +42,13 @@ import copy
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from soak.criteria.config import CriteriaConfig, WorkEvidenceCriterion
 from soak.samples import CutCause
+from soak.work import finite_number as _number
+from soak.work import generated_tokens, record_time
+from soak.work import getter as _getter
 
 _CUT_CAUSES = frozenset(cause.value for cause in CutCause)
 # The tally's name for a request that ended ``ok`` with no generated tokens: a
@@ -58,14 +61,6 @@ class CriterionState(str, Enum):
     PASS = "pass"
     AT_RISK = "at_risk"  # over its threshold now; judged at the end (the rate can recover)
     FAIL = "fail"
-
-
-def _getter(record: Mapping[str, Any] | Any) -> Callable[..., Any]:
-    # A plain dict first: a typing/abc isinstance check costs a microsecond, and
-    # the end of a 24-hour run folds a few hundred thousand records.
-    if type(record) is dict or isinstance(record, Mapping):
-        return record.get
-    return lambda key, default=None: getattr(record, key, default)
 
 
 def cut_cause(record: Mapping[str, Any] | Any) -> CutCause | None:
@@ -83,50 +78,6 @@ def cut_cause(record: Mapping[str, Any] | Any) -> CutCause | None:
     if "interrupt" in text or "sigint" in text or "sigterm" in text:
         return CutCause.INTERRUPT
     return CutCause.DRAIN
-
-
-def _number(value: Any) -> float | None:
-    """A finite number as a float; None for anything else (bool, NaN, inf, text).
-    Exact-type checks first: the end of a 24-hour run reads a few hundred thousand."""
-    kind = type(value)
-    if kind is float:
-        return value if value - value == 0.0 else None  # NaN and inf are not
-    if kind is int:
-        return float(value)
-    if kind is bool or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def record_time(record: Mapping[str, Any] | Any, *, offset: float | None = None) -> float | None:
-    """When a request ended, on the clock its run's span is read on: ``ended_mono``
-    (seconds on the run's monotonic clock) when the run recorded monotonic times
-    (``offset``, wall minus monotonic at the load's start, is known) and the record
-    has one; else ``ended_at`` (unix seconds), moved onto the monotonic clock by
-    ``offset`` when there is one. None: the record says nothing usable."""
-    get = record.get if type(record) is dict else _getter(record)
-    if offset is not None:
-        mono = _number(get("ended_mono"))
-        if mono is not None:
-            return mono
-    wall = _number(get("ended_at"))
-    if wall is None:
-        return None
-    return wall - offset if offset is not None else wall
-
-
-def generated_tokens(record: Mapping[str, Any] | Any) -> int:
-    """The tokens this request is evidence of: its ``output_tokens`` when it ended
-    ``ok`` and content reached the client (``ttft_s`` set), else 0. The one
-    definition of work: a comment, a byte, a usage count without content or a
-    stream the harness cut is not."""
-    get = record.get if type(record) is dict else _getter(record)
-    if get("outcome") != "ok" or _number(get("ttft_s")) is None:
-        return 0
-    tokens = get("output_tokens")
-    # Exactly int: a bool, a float or text in a damaged line is not a count.
-    return tokens if type(tokens) is int and tokens > 0 else 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from soak.criteria.rules import generated_tokens
+from soak.work import generated_tokens
 from soak.events import EventType
 from soak.exposure import Interval, intervals_of
 from soak.prove.sprt import Decision, Plan, ProofState, pending, walk
