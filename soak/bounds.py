@@ -4,7 +4,9 @@ nesting, whole files, and the total time of an outbound call.
 Invariant: whatever a server, a file or a device sends, a reader either returns
 data that lies within ``Limits`` or raises ``InputRejected`` (``BoundExceeded``
 when a bound was hit, naming it). It never holds more than the bound in memory,
-never recurses past it, and never waits past its total time.
+never recurses past it, and never waits past its total time. A file is opened
+by ``open_input``, which never waits either: a FIFO, socket or directory where
+a file should be is ``NotRegularFile`` (an ``OSError`` too), at once.
 
 Callers turn the error into their own recorded outcome: a line of a run
 directory skipped and counted, a ``ConfigError`` naming the file and line, a
@@ -15,8 +17,13 @@ than the deadline it is asked to hold, nor any setting from the environment.
 from __future__ import annotations
 
 import asyncio
+import gzip
+import io
 import json
+import math
+import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass
 from enum import Enum
@@ -38,6 +45,8 @@ class Bound(str, Enum):
     FILE_BYTES = "file_bytes"
     YAML_ALIASES = "yaml_aliases"
     TOTAL_TIME = "total_time"
+    VALUE_NODES = "value_nodes"
+    INFLATED_BYTES = "inflated_bytes"
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,16 @@ class Limits:
     yaml_aliases: int = 1000
     # gzip members in one body: each restarts the inflater.
     gzip_members: int = 64
+    # Values in one decoded structure, counted as a walk meets them (shared
+    # objects once per reference): a pickle's memo lets 300 bytes name 1e10
+    # values, and every walk (depth, repr, matching) pays the expanded count. A
+    # flight-recorder dump of 2000 entries with their frames holds under a
+    # million; this leaves room for rings several times larger and walks in a second.
+    value_nodes: int = 4 * MiB
+    # One gzip file of a run directory once inflated (a sample segment): a
+    # segment rolls at 4 MiB plus at most one line (``line_bytes``, 16 MiB); a 4 MB
+    # file of zeros inflates to gigabytes.
+    inflated_bytes: int = 32 * MiB
 
 
 LIMITS = Limits()
@@ -80,6 +99,9 @@ _SAY = {
     Bound.FILE_BYTES: lambda limit: f"a file larger than {_size(limit)} (bound file_bytes)",
     Bound.YAML_ALIASES: lambda limit: f"more than {limit:g} YAML aliases (bound yaml_aliases)",
     Bound.TOTAL_TIME: lambda limit: f"no complete answer within {limit:g}s in total (bound total_time)",
+    Bound.VALUE_NODES: lambda limit: f"more than {limit:.0f} values once shared references are expanded "
+                                     "(bound value_nodes)",
+    Bound.INFLATED_BYTES: lambda limit: f"more than {_size(limit)} once decompressed (bound inflated_bytes)",
 }
 
 
@@ -104,6 +126,17 @@ class BoundExceeded(InputRejected):
         self.limit = limit
         said = _SAY[bound](limit)
         super().__init__(f"{what}: {said}" if what else said, line=line)
+
+
+class NotRegularFile(InputRejected, OSError):
+    """A path read as a file that is a FIFO, a socket, a directory or a device
+    (one a reader may not take). An ``OSError`` too, so every caller that names
+    an unreadable file names this one the same way; ``strerror`` says what it is."""
+
+    def __init__(self, path: str | Path, kind: str) -> None:
+        super().__init__(f"{path}: not a regular file ({kind})")
+        self.filename = str(path)
+        self.strerror = f"not a regular file ({kind})"
 
 
 # ---------------------------------------------------------------- lines
@@ -151,20 +184,126 @@ def iter_lines(handle: IO[bytes], *, limit: int = LIMITS.line_bytes, skip_limit:
                 return
 
 
-def read_file(path: str | Path, *, limit: int = LIMITS.file_bytes) -> bytes:
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+class _DeviceIO(io.FileIO):
+    """A character device read without ever waiting: a read that would block
+    (a terminal, a device with nothing to give) is ``NotRegularFile``."""
+
+    path = ""
+
+    def readinto(self, buffer: Any) -> int:
+        got = super().readinto(buffer)
+        if got is None:
+            raise NotRegularFile(self.path, "a device with nothing to read now")
+        return got
+
+
+def open_input(path: str | Path, *, devices: bool = True) -> IO[bytes]:
+    """``path`` opened for reading in binary, never waiting to open or to read:
+    it is opened non-blocking (a FIFO with no writer would block ``open`` for
+    ever) and the opened descriptor's type checked. A regular file reads as
+    usual; a character device (``/dev/zero``) only with ``devices`` and then
+    still non-blocking; a FIFO, socket, directory or block device is
+    ``NotRegularFile`` naming it. Other ``OSError`` as ``open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        if devices and stat.S_ISCHR(mode):
+            raw = _DeviceIO(fd, "rb", closefd=True)
+            raw.path = str(path)
+            return io.BufferedReader(raw)
+        raise NotRegularFile(path, _kind(mode))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_file(path: str | Path, *, limit: int = LIMITS.file_bytes, devices: bool = True) -> bytes:
     """A whole file, at most ``limit`` bytes (a device such as /dev/zero
-    included); ``OSError`` as ``open`` raises it, for the caller to name."""
-    with open(path, "rb") as handle:
+    included unless ``devices`` is false), opened by ``open_input`` (a FIFO or
+    directory is ``NotRegularFile``); ``OSError`` as ``open`` raises it, for
+    the caller to name."""
+    with open_input(path, devices=devices) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise BoundExceeded(Bound.FILE_BYTES, limit)
     return data
 
 
+class _Capped(io.RawIOBase):
+    """What ``inner`` gives, raising ``BoundExceeded(inflated_bytes)`` once more
+    than ``limit`` bytes came out; closes ``inner`` and ``below`` with itself."""
+
+    def __init__(self, inner: Any, limit: int, below: Any = None) -> None:
+        super().__init__()
+        self._inner = inner
+        self._below = below
+        self.limit = limit
+        self.produced = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        room = self.limit + 1 - self.produced
+        view = memoryview(buffer)
+        if room < len(view):
+            view = view[:max(room, 1)]
+        got = self._inner.readinto(view)
+        self.produced += got
+        if self.produced > self.limit:
+            raise BoundExceeded(Bound.INFLATED_BYTES, self.limit)
+        return got
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+            if self._below is not None:
+                self._below.close()
+        finally:
+            super().close()
+
+
+def open_gzip_input(path: str | Path, *, limit: int = LIMITS.inflated_bytes, devices: bool = False) -> IO[bytes]:
+    """A gzip file opened by ``open_input`` and inflated as it is read, at most
+    ``limit`` bytes out: past that a read raises ``BoundExceeded(inflated_bytes)``
+    (having inflated no more than the bound). Bad gzip data raises what
+    ``gzip`` raises (``OSError``, ``EOFError``, ``zlib.error``)."""
+    handle = open_input(path, devices=devices)
+    try:
+        inflating = gzip.GzipFile(fileobj=handle, mode="rb")
+    except BaseException:
+        handle.close()
+        raise
+    return io.BufferedReader(_Capped(inflating, limit, below=handle))
+
+
 # ---------------------------------------------------------------- JSON
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+# What a number that overflows a float (past 1.8e308) needs: a positive
+# exponent of three digits or more, or (with an exponent of two at most) a run
+# of 200 digits. Only a text that has one pays for checking every float (found
+# by translate and substring tests: a regular expression's character classes
+# cost a third of the parse).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789E", b"000000000e")
+_RUN = b"0" * 200
+
+
+def _maybe_huge(raw: bytes) -> bool:
+    flat = raw.translate(_DIGITS_AS_ZERO)
+    return b"e000" in flat or b"e+000" in flat or _RUN in flat
 
 
 def json_depth(data: bytes) -> int:
@@ -182,16 +321,37 @@ def json_depth(data: bytes) -> int:
     return deepest
 
 
+def _no_constant(name: str) -> Any:
+    raise InputRejected(f"invalid JSON: {name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputRejected(f"invalid JSON: {text[:40]} is out of range for a number")
+    return value
+
+
+# Built once: json.loads with any keyword builds a decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_CHECKING_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
 def loads_json(data: bytes | str, *, max_depth: int = LIMITS.depth) -> Any:
     """``json.loads`` that never recurses past ``max_depth``; anything that is
-    not JSON (or not UTF-8) is ``InputRejected``, deeper nesting ``BoundExceeded``."""
+    not JSON (or not UTF-8) is ``InputRejected``, deeper nesting ``BoundExceeded``.
+    Every number is finite: ``NaN``, ``Infinity`` and ``1e999`` (which Python's
+    parser takes) are ``InputRejected``."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     # No value nests deeper than it has brackets: most lines never need the scan.
     if raw.count(b"[") + raw.count(b"{") > max_depth and json_depth(raw) > max_depth:
         raise BoundExceeded(Bound.NESTING, max_depth)
     try:
         # Decoded here, not by json.loads: its encoding sniffing costs a fifth of a parse.
-        return json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        return (_CHECKING_DECODER if _maybe_huge(raw) else _DECODER).decode(text)
+    except InputRejected:
+        raise
     except UnicodeDecodeError as exc:
         raise InputRejected(f"not UTF-8 text: {exc}") from exc
     except json.JSONDecodeError as exc:
@@ -202,24 +362,35 @@ def loads_json(data: bytes | str, *, max_depth: int = LIMITS.depth) -> Any:
         raise InputRejected(f"invalid JSON: {exc}") from exc
 
 
-def read_json_file(path: str | Path, *, limits: Limits = LIMITS) -> Any:
+def read_json_file(path: str | Path, *, limits: Limits = LIMITS, devices: bool = True) -> Any:
     """A whole JSON file under the file and nesting bounds; ``OSError`` or ``InputRejected``."""
-    return loads_json(read_file(path, limit=limits.file_bytes), max_depth=limits.depth)
+    return loads_json(read_file(path, limit=limits.file_bytes, devices=devices), max_depth=limits.depth)
 
 
-def value_depth(value: Any, *, stop: int) -> int:
-    """The nesting depth of a parsed value (lists, tuples, dicts), counted
-    without recursion and given up past ``stop``."""
+def value_depth(value: Any, *, stop: int, max_nodes: int = LIMITS.value_nodes) -> int:
+    """The nesting depth of a parsed value (lists, tuples, sets, dicts: keys
+    and values), counted without recursion and given up past ``stop``. Every
+    value met counts towards ``max_nodes`` once per reference (a shared object
+    as often as it is shared, as every later walk meets it): past that,
+    ``BoundExceeded(value_nodes)``, having walked no more than the bound."""
     deepest = 0
+    nodes = 1
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, (list, tuple, dict)):
+        if isinstance(node, (list, tuple, dict, set, frozenset)):
             if depth > deepest:
                 deepest = depth
                 if deepest > stop:
                     return deepest
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+            nodes += 2 * len(node) if isinstance(node, dict) else len(node)
+            if nodes > max_nodes:
+                raise BoundExceeded(Bound.VALUE_NODES, max_nodes)
+            if isinstance(node, dict):
+                stack.extend((child, depth + 1) for child in node.keys())
+                stack.extend((child, depth + 1) for child in node.values())
+            else:
+                stack.extend((child, depth + 1) for child in node)
     return deepest
 
 
@@ -432,7 +603,7 @@ async def fetch(session: Any, url: str, *, total_s: float, method: str = "GET", 
 
 
 __all__ = [
-    "Bound", "BodyDecoder", "BoundExceeded", "Fetched", "InputRejected", "LIMITS", "Limits", "OverlongLine",
-    "content_codings", "decode_body", "fetch", "iter_lines", "json_depth", "load_yaml", "loads_json",
-    "read_body", "read_file", "read_json_file", "value_depth", "within",
+    "Bound", "BodyDecoder", "BoundExceeded", "Fetched", "InputRejected", "LIMITS", "Limits", "NotRegularFile",
+    "OverlongLine", "content_codings", "decode_body", "fetch", "iter_lines", "json_depth", "load_yaml", "loads_json",
+    "open_gzip_input", "open_input", "read_body", "read_file", "read_json_file", "value_depth", "within",
 ]

@@ -19,16 +19,27 @@ from typing import Any
 
 from soak.errors import ArgumentError
 
+# The longest duration anything may say: 30 days. A soak runs hours to a few
+# days; a month is past any planned run, yet small enough that every sum a
+# planner makes of durations (warm-up, segments, deadlines, clock steps) stays
+# finite and its loops short. NaN, infinity and 1e23h would never end one.
+MAX_DURATION_S = 30 * 86400.0
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(value: Any) -> float:
-    """Seconds from ``90``, ``90.5``, ``"90s"``, ``"66m"``, ``"1h30m"``, ``"250ms"``."""
+def parse_duration(value: Any, *, maximum: float = MAX_DURATION_S) -> float:
+    """Seconds from ``90``, ``90.5``, ``"90s"``, ``"66m"``, ``"1h30m"``, ``"250ms"``:
+    finite, from 0 to ``maximum`` (``MAX_DURATION_S``, 30 days, for every config
+    duration); anything else is a ValueError."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 90s, 66m or 1h30m")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past a float's range
+            seconds = math.inf
     elif isinstance(value, str):
         text = value.strip().replace(" ", "")
         try:
@@ -44,15 +55,24 @@ def parse_duration(value: Any) -> float:
                 raise ValueError(f"{value!r} is not a duration such as 90s, 66m or 1h30m") from None
     else:
         raise ValueError("expected a duration such as 90s, 66m or 1h30m")
+    if math.isnan(seconds):
+        raise ValueError("a duration must be a number of seconds, not NaN")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
+    if math.isinf(seconds):
+        raise ValueError("a duration must be finite")
+    if seconds > maximum:
+        raise ValueError(f"a duration can be at most {maximum / 86400:g} days ({maximum:.0f}s)")
     return seconds
 
 
 def duration_flag(text: str | None, *, flag: str = "--duration", positive: bool = False) -> float | None:
     """Seconds from a command-line flag's value (``66m``), None when not given;
     a bad value, or a number without a unit (``40``), is an ArgumentError naming
-    ``flag`` (exit 2)."""
+    ``flag`` (exit 2). Finite, with no maximum here: ``--duration`` becomes the
+    config's duration and is held to ``MAX_DURATION_S`` there; the others
+    (``--window``, ``--baseline-mtbf``) are statistics' parameters, where a
+    century is an answer, not a loop."""
     if text is None:
         return None
     bare = text.strip()
@@ -65,7 +85,7 @@ def duration_flag(text: str | None, *, flag: str = "--duration", positive: bool 
         # and `--duration 40` quietly soaking 40 s instead of 40 min wastes a night.
         raise ArgumentError(f"{flag}: {bare!r} has no unit: write {bare}s or {bare}m")
     try:
-        seconds = parse_duration(text)
+        seconds = parse_duration(text, maximum=math.inf)
     except ValueError as exc:
         raise ArgumentError(f"{flag}: {exc}") from None
     if positive and seconds <= 0:
@@ -131,4 +151,4 @@ def _three_digits(value: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-__all__ = ["duration_flag", "format_duration", "format_latency", "parse_duration"]
+__all__ = ["MAX_DURATION_S", "duration_flag", "format_duration", "format_latency", "parse_duration"]

@@ -27,7 +27,8 @@ import math
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Literal, Mapping
 
-from soak.bounds import LIMITS, BoundExceeded, InputRejected, Limits, OverlongLine, iter_lines, read_json_file, loads_json
+from soak.bounds import (LIMITS, BoundExceeded, InputRejected, Limits, OverlongLine, iter_lines, loads_json, open_input,
+                         read_json_file)
 
 Errors = Literal["raise", "skip"]
 
@@ -79,13 +80,15 @@ def _bad(exc: InputRejected, raw: bytes, *, path: Path | str, number: int, error
     raise JsonlLineError(exc.message, path=path, line=number) from exc
 
 
-def read_jsonl(path: Path, *, errors: Errors = "raise",
-               stats: dict[str, int] | None = None) -> Iterator[tuple[int, Any]]:
+def read_jsonl(path: Path, *, errors: Errors = "raise", stats: dict[str, int] | None = None,
+               devices: bool = True) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` for every line of ``path`` the rule keeps.
 
-    The file is opened here: a missing or unreadable one raises ``OSError``
-    for the caller to name (it knows which config key named the file)."""
-    with open(path, "rb") as handle:
+    The file is opened here (``soak.bounds.open_input``: never waiting on a
+    FIFO; a character device only with ``devices``): a missing, unreadable or
+    not regular one raises ``OSError`` for the caller to name (it knows which
+    config key named the file)."""
+    with open_input(path, devices=devices) as handle:
         for number, raw in raw_lines(handle):
             value = parse_line(raw, path=path, number=number, errors=errors, stats=stats)
             if value is not SKIP:
@@ -145,7 +148,7 @@ def read_records(path: Path, *, stats: dict[str, int] | None = None,
     fields of the wrong type (per ``fields``) left out and counted."""
     if not path.is_file():
         return
-    for _, value in read_jsonl(path, errors="skip", stats=stats):
+    for _, value in read_jsonl(path, errors="skip", stats=stats, devices=False):
         if isinstance(value, dict):
             yield typed_fields(value, fields, stats) if fields else value
 
@@ -155,7 +158,7 @@ def read_json(path: Path, *, limits: Limits = LIMITS) -> Any:
     it is missing, unreadable, not JSON or past a bound: a run directory may be
     cut off (or damaged) anywhere."""
     try:
-        return read_json_file(path, limits=limits)
+        return read_json_file(path, limits=limits, devices=False)
     except (OSError, InputRejected):
         return None
 

@@ -44,9 +44,10 @@ def _check_out(out: Path, labels: list[str], *, resume: bool, expect: dict[str, 
     bisect file makes (no segment yet): a folder whose file says another segment
     length, prior, rates or build config is refused by name, not resumed into
     evidence of two different questions."""
-    import json
+    from dataclasses import replace
 
     from soak.bisect.record import changed_settings
+    from soak.bounds import LIMITS, Bound, BoundExceeded, read_json_file
     from soak.bisect.segments import parse_segment_dir
     from soak.errors import UsageError
     from soak.printable import printable
@@ -60,9 +61,14 @@ def _check_out(out: Path, labels: list[str], *, resume: bool, expect: dict[str, 
         raise UsageError(f"{out}: no segments to resume (segment-NNN-build-K directories)")
     if record.is_file():
         try:
-            if record.stat().st_size > BISECT_JSON_LIMIT:
-                raise ValueError(f"over {BISECT_JSON_LIMIT >> 20} MiB")
-            had_doc = json.loads(record.read_text(encoding="utf-8"))
+            # Bounded (bytes, nesting, finite numbers) and never waiting (a FIFO):
+            # whatever is there is one line naming the file, not a traceback.
+            try:
+                had_doc = read_json_file(record, limits=replace(LIMITS, file_bytes=BISECT_JSON_LIMIT), devices=False)
+            except BoundExceeded as exc:
+                if exc.bound is not Bound.FILE_BYTES:
+                    raise
+                raise ValueError(f"over {BISECT_JSON_LIMIT >> 20} MiB") from exc
             had = [str(b["label"]) for b in had_doc["builds"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"{out}/bisect.json: cannot be read ({printable(str(exc), limit=80)}); "

@@ -91,7 +91,7 @@ NAME_LIMIT = 100
 def _int(v: Any) -> int | None:
     try:
         return int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a float inf (a pickle has them)
         return None
 
 

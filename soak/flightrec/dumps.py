@@ -32,7 +32,6 @@ ranks that are behind, and the first collective not every rank enqueued (what
 from __future__ import annotations
 
 import io
-import json
 import pickle
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -97,7 +96,13 @@ def load_dump_bytes(data: bytes, *, name: str = "<dump>") -> dict[str, Any]:
         except Exception as exc:  # pickle raises many types on junk input (RecursionError too)
             raise FlightRecorderError(f"{name}: not a flight-recorder dump ({type(exc).__name__}: {exc})"[:300]) from exc
         # The unpickler builds without recursion; what walks the result does not.
-        if value_depth(obj, stop=LIMITS.depth) > LIMITS.depth:
+        # Nor does it copy: the memo lets a few hundred bytes share one list
+        # into 1e10 values, so the walk counts what it meets (value_nodes).
+        try:
+            too_deep = value_depth(obj, stop=LIMITS.depth, max_nodes=LIMITS.value_nodes) > LIMITS.depth
+        except BoundExceeded as exc:
+            raise FlightRecorderError(f"{name}: not a flight-recorder dump ({exc.message})") from exc
+        if too_deep:
             raise FlightRecorderError(f"{name}: not a flight-recorder dump "
                                       f"({BoundExceeded(Bound.NESTING, LIMITS.depth).message})")
     if not isinstance(obj, Mapping) or "entries" not in obj and "pg_status" not in obj:
@@ -138,15 +143,15 @@ def _int(value: Any) -> int | None:
         return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a pickled float inf
         return None
 
 
 def _ranks(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
+            value = loads_json(value, max_depth=LIMITS.depth)
+        except InputRejected:
             return None
     if isinstance(value, (list, tuple)):
         out = [_int(v) for v in value]
@@ -251,7 +256,7 @@ def read_dump_bytes(path: str | Path) -> bytes:
     """A dump file's bytes, at most ``MAX_DUMP_BYTES`` (whatever its stat says:
     a device or a file still growing); ``FlightRecorderError`` naming it otherwise."""
     try:
-        return read_file(path, limit=MAX_DUMP_BYTES)
+        return read_file(path, limit=MAX_DUMP_BYTES, devices=False)  # a FIFO or device: NotRegularFile, an OSError
     except BoundExceeded as exc:
         raise FlightRecorderError(f"{path}: larger than {MAX_DUMP_BYTES} bytes") from exc
     except OSError as exc:

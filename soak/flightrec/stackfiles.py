@@ -80,7 +80,7 @@ def _is_worker(title: str) -> bool:
 def _stack(path: Path) -> Stack | None:
     """The dump as parsed; its header's title even where py-spy failed (a stopped process)."""
     try:
-        text = read_file(path, limit=MAX_STACK_BYTES).decode("utf-8", "replace")
+        text = read_file(path, limit=MAX_STACK_BYTES, devices=False).decode("utf-8", "replace")
     except (OSError, InputRejected):
         return None
     return parse_py_spy(text)

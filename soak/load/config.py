@@ -31,7 +31,7 @@ class TimeoutsConfig(StrictModel):
 class LoadConfig(StrictModel):
     mode: Literal["closed", "open"] = "closed"
     concurrency: int = Field(default=8, ge=1, le=4096)
-    rate: float | None = Field(default=None, gt=0, description="requests per second (open mode)")
+    rate: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="requests per second (open mode)")
     burstiness: float = Field(default=1.0, gt=0)
     max_requests: int | None = Field(default=None, ge=1)
     drain: Duration = 30.0

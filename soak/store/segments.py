@@ -34,6 +34,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
+from soak.bounds import InputRejected, open_gzip_input, open_input
 from soak.fsio import atomic_writer
 from soak.jsonl import is_number, parse_line, raw_lines
 from soak.store.jsonl import JsonlWriter
@@ -137,15 +138,17 @@ def sample_files(run_dir: str | Path) -> list[Path]:
 def iter_sample_lines(run_dir: str | Path, *, stats: dict[str, int] | None = None) -> Iterator[tuple[Path, int, bytes]]:
     """(file, line number, raw line) for every non-blank line of every sample
     file, for ``soak.jsonl.parse_line`` (which applies the torn-last-line rule).
-    A gzip segment cut short is read up to the cut and counted in
-    ``stats['bad_segments']``."""
+    A gzip segment cut short, or inflating past ``Limits.inflated_bytes``, is
+    read up to there and counted in ``stats['bad_segments']``; so is a segment
+    that is not a regular file (a FIFO, a directory, a device: refused by
+    ``soak.bounds.open_input`` without waiting)."""
     for path in sample_files(run_dir):
-        opener = gzip.open if path.suffix == ".gz" else open
         try:
-            with opener(path, "rb") as handle:
+            opened = open_gzip_input(path) if path.suffix == ".gz" else open_input(path, devices=False)
+            with opened as handle:
                 for number, raw in raw_lines(handle):
                     yield path, number, raw
-        except (OSError, EOFError, zlib.error):
+        except (OSError, EOFError, zlib.error, InputRejected):
             _count(stats, "bad_segments")
 
 

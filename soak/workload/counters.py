@@ -143,7 +143,7 @@ class TargetCounter:
             raise TransportError(f"/tokenize failed: {exc}") from exc
         except InputRejected as exc:  # a bound hit (total time, bytes) or a body that is not JSON
             raise TransportError(f"/tokenize: {exc}") from exc
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:
             raise TransportError(f"/tokenize answered something without a count: {exc}") from exc
 
     async def count_chat(self, messages, tools=None, *, add_generation_prompt: bool = True) -> int:
