@@ -37,7 +37,9 @@ import os, sys, time
 if os.fork():
     os._exit(0)  # the middle process exits: the daemon is reparented away from the test
 os.setsid()
-open(sys.argv[1], "w").write(str(os.getpid()))
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])  # whole or absent: the test never reads it half-written
 time.sleep(120)
 """
 
@@ -45,10 +47,13 @@ time.sleep(120)
 def _daemon(tmp_path, name: str, env: dict) -> int:
     """A process reparented away from this test (as a daemonizing server is), carrying ``env``."""
     pid_file = tmp_path / f"{name}.pid"
+    # tmp_path outlives one hypothesis example: an earlier example's file must not be read as this one's
+    pid_file.unlink(missing_ok=True)
     subprocess.run([sys.executable, "-c", _DAEMON, str(pid_file)], env={**os.environ, **env}, check=True, timeout=30)
     for _ in range(200):  # bounded: the daemon writes its PID at once
-        if pid_file.exists() and pid_file.read_text():
-            return int(pid_file.read_text())
+        text = pid_file.read_text() if pid_file.exists() else ""
+        if text:
+            return int(text)
         time.sleep(0.02)
     raise AssertionError("the daemon never wrote its PID")
 
