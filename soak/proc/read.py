@@ -202,21 +202,23 @@ def read_table(*, full: bool = True, with_env: bool = True,
             info = psutil.Process(pid).as_dict(attrs, ad_value=None)
         except psutil.Error:
             continue
-        facts = _full_facts(pid, before, info, listens, dials)
+        facts = _full_facts(pid, ppid=before.ppid, create_time=before.started_s(), zombie=before.state == "Z",
+                            info=info, listens=listens, dials=dials)
         if one_life(before, stat_of(pid)):
             procs[pid] = facts
     return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen), boot_clock=True)
 
 
-def _full_facts(pid: int, stat: Stat, info: dict, listens: dict[int, set[int]],
-                dials: dict[int, set[int]]) -> ProcFacts:
+def _full_facts(pid: int, *, ppid: int, create_time: float, zombie: bool, info: dict,
+                listens: dict[int, set[int]], dials: dict[int, set[int]]) -> ProcFacts:
+    """One process's row of the full table: what ``belonging.decide`` judges by."""
     env = info.get("environ") or {}
     return ProcFacts(
-        pid=pid, ppid=stat.ppid, create_time=stat.started_s(), cmdline=_trimmed(info.get("cmdline")),
+        pid=pid, ppid=ppid, create_time=create_time, cmdline=_trimmed(info.get("cmdline")),
         name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
         owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
         dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=_namespace(pid, "pid"),
-        time_ns=_namespace(pid, "time"), zombie=stat.state == "Z",
+        time_ns=_namespace(pid, "time"), zombie=zombie,
     )
 
 
@@ -233,21 +235,15 @@ def _read_table_psutil(*, full: bool, with_env: bool) -> ProcTable:
                                         zombie=info.get("status") == psutil.STATUS_ZOMBIE)
         return ProcTable(me=os.getpid(), procs=procs, boot_clock=False)
     listens, dials, unseen = _sockets_by_pid()
-    attrs = ["pid", "ppid", "name", "cmdline", "status"] + (["environ"] if with_env else [])
+    attrs = ["ppid", "name", "cmdline", "status"] + (["environ"] if with_env else [])
     for proc in psutil.process_iter(attrs, ad_value=None):
         info = proc.info
         start = _started_or_none(proc)
         if start is None or info.get("ppid") is None:
             continue
-        pid = info["pid"]
-        env = info.get("environ") or {}
-        procs[pid] = ProcFacts(
-            pid=pid, ppid=info["ppid"], create_time=start, cmdline=_trimmed(info.get("cmdline")),
-            name=info.get("name") or "", sid=_safe(os.getsid, pid), marker=env.get(MARKER_VARIABLE),
-            owner=env.get(OWNER_VARIABLE), listens=frozenset(listens.get(pid, ())),
-            dials=frozenset(dials.get(pid, ())), cgroup=cgroup_of(pid), pid_ns=_namespace(pid, "pid"),
-            time_ns=_namespace(pid, "time"), zombie=info.get("status") == psutil.STATUS_ZOMBIE,
-        )
+        procs[proc.pid] = _full_facts(proc.pid, ppid=info["ppid"], create_time=start,
+                                      zombie=info.get("status") == psutil.STATUS_ZOMBIE, info=info,
+                                      listens=listens, dials=dials)
     return ProcTable(me=os.getpid(), procs=procs, unseen_listeners=frozenset(unseen), boot_clock=False)
 
 

@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Collection, Iterable, Iterator, Mapping
 
-from soak.bounds import LIMITS, BoundExceeded, read_file
+from soak.bounds import LIMITS, BoundExceeded, open_input, read_file
 from soak.configbase import parse_recorded_yaml
 from soak.errors import ConfigError
 from soak.jsonl import SKIP, FieldCheck, JsonlLineError, parse_line, raw_lines, read_json, read_records
@@ -162,10 +162,14 @@ def read_samples(path: str | Path) -> Iterator[Sample]:
 
 
 def _file_lines(path: Path) -> Iterator[tuple[Path, int, bytes]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        for number, raw in raw_lines(fh):
-            yield path, number, raw
+    # Opened by open_input: a FIFO or directory named as the file is refused, never waited on.
+    with open_input(path, devices=False) as raw_file:
+        if path.suffix != ".gz":
+            yield from ((path, number, raw) for number, raw in raw_lines(raw_file))
+            return
+        with gzip.GzipFile(fileobj=raw_file, mode="rb") as fh:
+            for number, raw in raw_lines(fh):
+                yield path, number, raw
 
 
 __all__ = ["INCIDENTS", "MARKERS", "MARKERS_TEXT", "RunDir", "is_run_dir", "read_samples"]

@@ -19,6 +19,7 @@ from soak.load.chunks import counted_tokens, interpret
 from soak.load.client import StreamingClient, _Stream
 from soak.load.config import TimeoutsConfig
 from soak.load.progress import ProgressTracker
+from loopback_app import serve_any_path
 from test_client import Turn
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -152,7 +153,8 @@ async def answer(request: web.Request) -> web.StreamResponse:
     await request.read()
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    for data in BODIES[request.match_info["mode"]] + ["[DONE]"]:
+    mode = request.match_info["tail"].split("/", 1)[0]  # /{mode}/v1/chat/completions
+    for data in BODIES[mode] + ["[DONE]"]:
         await response.write(_sse(data))
     await response.write_eof()
     return response
@@ -160,13 +162,8 @@ async def answer(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 async def url():
-    app = web.Application()
-    app.router.add_post("/{mode}/v1/chat/completions", answer)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, base = await serve_any_path(answer)
+    yield base
     await runner.cleanup()
 
 
