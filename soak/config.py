@@ -20,6 +20,7 @@ from soak.errors import ConfigError
 from soak.export.config import ExporterConfig, ViewConfig
 from soak.export.push_config import PushgatewayConfig
 from soak.load.config import LoadConfig
+from soak.oracle.config import OracleConfig
 from soak.probes.config import ProbesConfig
 from soak.prove.config import ProveConfig
 from soak.respond.config import ResponseConfig
@@ -49,6 +50,8 @@ class RunConfig(StrictModel):
     pushgateway: PushgatewayConfig = PushgatewayConfig()
     # Is this build fixed? Wald's sequential test on the run's time at risk (docs/prove.md).
     prove: Optional[ProveConfig] = None
+    # Were the answers right? Greedy canaries judged against a reference (docs/oracle.md).
+    oracle: OracleConfig = OracleConfig()
 
 
 def load_run_config(path: str | Path, *, duration: float | None = None,

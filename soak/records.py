@@ -61,6 +61,8 @@ class IncidentKind(str, Enum):
     HANG = "hang"
     CRASH = "crash"
     SERVER_GONE = "server_gone"
+    # An answer the correctness oracle could not explain: the server still answers, wrongly.
+    CORRUPTION = "corruption"
 
 
 class RuleState(str, Enum):

@@ -135,9 +135,49 @@ class LogSample:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-Sample = Union[GpuSample, ServerSample, HealthSample, ProcessSample, ClientSample, LogSample]
+class CanaryVerdict(str, Enum):
+    """What the correctness oracle (``soak.oracle.compare``) made of one canary answer."""
+
+    REFERENCE = "reference"  # the first answer of this run to a canary with no reference file entry: it becomes the reference
+    MATCH = "match"  # the same tokens as the reference
+    EXPLAINED = "explained"  # diverged where the server's own logprobs show a near tie
+    CORRUPT = "corrupt"  # diverged where nothing explains it
+    CROSSTALK = "crosstalk"  # the answer is another canary's reference: another request's tokens reached it
+    UNJUDGED = "unjudged"  # no answer to judge (the request failed, timed out, or came without logprobs)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class CanarySample:
+    """One canary's answer, judged: a greedy request the oracle sent beside the
+    load (never counted as workload), compared with its reference."""
+
+    kind: ClassVar[str] = "canary"
+    ts: float  # when the answer was judged
+    canary_id: str
+    verdict: CanaryVerdict | str
+    started_at: float | None = None
+    e2e_s: float | None = None
+    long: bool = False
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    # The first position where the answer left the reference (None: it did not).
+    position: int | None = None
+    # "run" (this run's first answer) or "file" (a reference recorded from a known-good build).
+    reference_source: str | None = None
+    crosstalk_with: str | None = None
+    # The canaries' measured share of server time so far (0..1).
+    share: float | None = None
+    error: str | None = None
+    # Bounded: the tokens around the position, the alternatives there, the server's state.
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+Sample = Union[GpuSample, ServerSample, HealthSample, ProcessSample, ClientSample, LogSample, CanarySample]
 SAMPLE_TYPES: dict[str, type] = {
-    t.kind: t for t in (GpuSample, ServerSample, HealthSample, ProcessSample, ClientSample, LogSample)
+    t.kind: t for t in (GpuSample, ServerSample, HealthSample, ProcessSample, ClientSample, LogSample, CanarySample)
 }
 
 

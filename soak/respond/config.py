@@ -60,6 +60,10 @@ class ResponseConfig(StrictModel):
     # Applies to every incident the detector decides (hang, crash, server gone):
     # stop ends the soak with verdict fail; restart relaunches the target.
     on_hang: Literal["stop", "restart"] = "stop"
+    # A corruption (the oracle's): the server still answers, wrongly. stop: capture the
+    # evidence and end the run, stopping the server as at the end of a run; restart:
+    # relaunch it (a launched target); continue: record it and keep soaking.
+    on_corruption: Literal["stop", "restart", "continue"] = "stop"
     max_restarts: int = Field(default=3, ge=0)
     evidence: EvidenceConfig = EvidenceConfig()
     # How often the target's process tree is snapshotted over the run, so that a

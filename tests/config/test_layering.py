@@ -27,7 +27,8 @@ SOAK = Path(soak.__file__).parent
 # is the package and everything in it); the first pattern that matches decides.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # soak.prove: the sequential test, pure; the live view, judge, report and history read it
-    ("leaves", ("soak", "soak.proc", "soak.tokens", "soak.flightrec", "soak.prove")),
+    # soak.oracle: the correctness oracle, pure; the canary probe, detector, report read it
+    ("leaves", ("soak", "soak.proc", "soak.tokens", "soak.flightrec", "soak.prove", "soak.oracle")),
     # every stage's config section: validated before anything runs
     ("sections", ("soak.*.config", "soak.export.push_config", "soak.target")),
     ("config", ("soak.config",)),  # composes the sections
