@@ -243,6 +243,14 @@ class RequestRecord:
     # start and end: what durations and windows take; started_at/ended_at label.
     started_mono: float | None = None
     ended_mono: float | None = None
+    # The model the answer's chunks named (the first seen; a change mid-stream is an anomaly).
+    model: str | None = None
+    # What the server's usage claimed for completion tokens, before any cap
+    # (``output_tokens`` is what was counted from the text received).
+    usage_output_tokens: int | None = None
+    # The answer's text looked degenerate (soak.load.degenerate): "repetition",
+    # "replacement_char" or "undecodable"; None when it did not.
+    degenerate: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return plain(self)
