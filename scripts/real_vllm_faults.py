@@ -18,7 +18,17 @@ soak's wheel. It does nothing unless the server's environment names a fault:
                                                      in flight; with one batch left it never comes
     SOAK_VLLM_FAULT=extra_send:rank=0:step=40    rank 0 sends its 40th payload twice: a
                                                      misalignment that does NOT hang on vLLM 0.32
-                                                     (docs/real-vllm.md), kept as that case
+                                                     (docs/real-vllm.md), kept as that case; each
+                                                     later step pairs with the payload before it,
+                                                     and vLLM raises (a crash) at the first step
+                                                     whose token count differs from the one before
+    SOAK_VLLM_FAULT=extra_send:rank=0:step=40:fit=1
+                                                     the same misalignment, shaped to fit: from
+                                                     its 40th send on, rank 0 sends the previous
+                                                     step's payload cut or padded (its last row
+                                                     repeated) to this step's token count; one
+                                                     payload a step, so nothing hangs or raises:
+                                                     every request answers 200, with wrong text
     SOAK_VLLM_FAULT=spin_last:step=40            (c) the last stage, at its 40th receive, ignores
                                                      SIGTERM and spins on a core, never yielding
     SOAK_VLLM_FAULT=sigstop:step=40              the last stage stops itself (SIGSTOP) at its
@@ -94,10 +104,11 @@ class Fault:
     kind: str
     step: int
     rank: int | None  # None: the last stage (spin_last, sigstop)
+    fit: bool = False  # extra_send only: the stale payload shaped to this step's tokens
 
     def spec(self) -> str:
         rank = "" if self.rank is None else f":rank={self.rank}"
-        return f"{self.kind}{rank}:step={self.step}"
+        return f"{self.kind}{rank}:step={self.step}" + (":fit=1" if self.fit else "")
 
 
 def parse(spec: str, *, env: str = ENV) -> Fault:
@@ -108,7 +119,9 @@ def parse(spec: str, *, env: str = ENV) -> Fault:
     fields: dict[str, int] = {}
     for part in parts:
         key, sep, value = part.partition("=")
-        if not sep or key not in ("rank", "step") or not value.isdigit():
+        if kind == "extra_send" and key == "fit" and value in ("0", "1"):
+            pass
+        elif not sep or key not in ("rank", "step") or not value.isdigit():
             raise FaultSpecError(f"{env}: {part!r} is not rank=N or step=N")
         if key in fields:
             raise FaultSpecError(f"{env}: {key} given twice in {spec.strip()!r}")
@@ -121,7 +134,7 @@ def parse(spec: str, *, env: str = ENV) -> Fault:
         raise FaultSpecError(f"{env}: {kind} needs rank=N (the sending pipeline rank)")
     if kind in LAST_KINDS and rank is not None:
         raise FaultSpecError(f"{env}: {kind} acts on the last stage; it takes no rank=")
-    return Fault(kind=kind, step=step, rank=rank)
+    return Fault(kind=kind, step=step, rank=rank, fit=fields.get("fit") == 1)
 
 
 def parse_plan(text: str) -> tuple[Fault | None, ...]:
@@ -261,6 +274,30 @@ def _hold(tensor_dict: Any) -> Any:
     return {k: v.clone() if hasattr(v, "clone") else v for k, v in tensor_dict.items()}
 
 
+def _fit(stale: Any, current: Any) -> Any:
+    """``stale`` (the previous step's payload) in ``current``'s shape: each tensor cut, or
+    padded with its last row, to this step's token count (dimension 0), so the receiver's
+    size checks pass and it computes on the wrong step's values."""
+    if not isinstance(stale, dict) or not isinstance(current, dict):
+        return current
+    out = {}
+    for key, value in current.items():
+        old = stale.get(key)
+        shape, old_shape = getattr(value, "shape", None), getattr(old, "shape", None)
+        if shape is None or old_shape is None or len(shape) < 1 or len(old_shape) != len(shape) \
+                or tuple(old_shape[1:]) != tuple(shape[1:]) or old_shape[0] < 1:
+            out[key] = value
+            continue
+        rows = shape[0]
+        if old_shape[0] >= rows:
+            out[key] = old[:rows].clone()
+        else:
+            import torch  # the server's venv has it; the fault runs only there
+
+            out[key] = torch.cat([old, old[-1:].expand(rows - old_shape[0], *old_shape[1:])]).contiguous()
+    return out
+
+
 def patch(module: Any, launch: Launch | Fault) -> None:
     """Wrap the pipeline group's send/receive of intermediate tensors in ``module``
     (vllm.distributed.parallel_state)."""
@@ -296,6 +333,9 @@ def patch(module: Any, launch: Launch | Fault) -> None:
             if fault.kind == "lag_send":
                 late, state["held"] = state["held"], _hold(tensor_dict)
                 return original_isend(self, late, *args, **kwargs)
+            if fault.fit:  # extra_send, shaped: the step before's values in this step's shape
+                stale, state["held"] = _fit(state["held"], tensor_dict), _hold(tensor_dict)
+                return original_isend(self, stale, *args, **kwargs)
             return original_isend(self, tensor_dict, *args, **kwargs)
         launch.announce(fault, self.rank_in_group)
         if fault.kind == "skip_send":
@@ -303,6 +343,9 @@ def patch(module: Any, launch: Launch | Fault) -> None:
         if fault.kind == "lag_send":
             state["held"] = _hold(tensor_dict)
             return []  # held: it goes out at this rank's next step
+        if fault.fit:  # sent once; the misalignment starts at the next step
+            state["held"] = _hold(tensor_dict)
+            return original_isend(self, tensor_dict, *args, **kwargs)
         original_isend(self, tensor_dict, *args, **kwargs)
         return original_isend(self, tensor_dict, *args, **kwargs)
 

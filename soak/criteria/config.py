@@ -28,6 +28,12 @@ each with its own block so a config can tune or switch off one:
   (``response.on_hang: restart``) the new server life owes the same again; the
   time it was down is not owed.
 
+- ``work_rate``, ``server_work``, ``wrong_model`` (the work claims, cross-checked:
+  ``soak.criteria.claims``): a collapse of the work rate below a floor of the
+  run's own healthy rate; a server whose own counters show a small fraction of
+  the work the client received; answers from another model than the one served.
+  ``claims``: the tolerance a usage count is held to (noted, never a figure).
+
 ``stop_on_breach``: a no-success stretch past its window, or missing work,
 decides the verdict for good, so the soak ends there (exit 1) instead of
 hammering a broken server for the rest of the duration. The error rate can
@@ -109,8 +115,62 @@ class WorkEvidenceCriterion(StrictModel):
         return self.window if self.startup is None else self.startup
 
 
+class WorkRateCriterion(StrictModel):
+    """The work rate (generated tokens of productive requests, by when they
+    ended) in every window must stay above ``floor`` times the median of the
+    windows judged before it (the run's own healthy rate)."""
+
+    enabled: bool = True
+    floor: Fraction = 0.1
+    # None: sized once per run so a window holds ``window_requests`` productive
+    # requests at the rate the load started with, and at least ``min_window``.
+    window: Annotated[Duration, Field(gt=0)] | None = None
+    min_window: Annotated[Duration, Field(gt=0)] = 10.0
+    window_requests: int = Field(20, ge=1)
+    # Earlier windows the healthy rate needs before a window is judged against it.
+    min_windows: int = Field(1, ge=1)
+    # Windows in a row below the floor that make a collapse (one short window is noise).
+    consecutive: int = Field(2, ge=1)
+    # The healthy rate is the median of the latest this many healthy windows.
+    history: int = Field(30, ge=1)
+
+
+class ServerWorkCriterion(StrictModel):
+    """The server's own ``generation_tokens`` counter over the load's span must
+    cover at least ``min_ratio`` of what the client received (a replay cache or a
+    proxy answering for the server does not pass)."""
+
+    enabled: bool = True
+    min_ratio: Fraction = 0.5
+    # Below this many client-counted tokens the comparison is not judged.
+    min_tokens: int = Field(1000, ge=1)
+    # The server counting more than this many times the client's work is noted.
+    note_ratio: float = Field(2.0, gt=1)
+
+
+class WrongModelCriterion(StrictModel):
+    """Answers whose chunks name a model other than the one served."""
+
+    enabled: bool = True
+    max: Fraction = 0.0  # the largest share of such answers that still passes
+
+
+class UsageClaims(StrictModel):
+    """A usage count that disagrees with the tokens counted from the text by more
+    than ``tolerance`` (relative) and ``slack`` tokens is a disagreement: noted."""
+
+    tolerance: Fraction = 0.1
+    slack: int = Field(2, ge=0)
+    # The degenerate share is reported per window of this length.
+    degenerate_window: Annotated[Duration, Field(gt=0)] = 60.0
+
+
 class CriteriaConfig(StrictModel):
     error_rate: ErrorRateCriterion = ErrorRateCriterion()
     no_success: NoSuccessCriterion = NoSuccessCriterion()
     work_evidence: WorkEvidenceCriterion = WorkEvidenceCriterion()
+    work_rate: WorkRateCriterion = WorkRateCriterion()
+    server_work: ServerWorkCriterion = ServerWorkCriterion()
+    wrong_model: WrongModelCriterion = WrongModelCriterion()
+    claims: UsageClaims = UsageClaims()
     stop_on_breach: bool = True

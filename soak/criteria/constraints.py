@@ -188,9 +188,11 @@ def work_evidence(config: CriteriaConfig, tally: RequestTally, *, final: bool) -
     return CriterionResult(name, CriterionState.PASS, round(gap.length_s, 3), gap_bound, (said,), evidence)
 
 
-CRITERIA = (error_rate, no_success, work_evidence)
+from soak.criteria.claim_checks import server_work, work_rate, wrong_model  # noqa: E402 (they build CriterionResult)
+
+CRITERIA = (error_rate, no_success, work_evidence, work_rate, server_work, wrong_model)
 # A breach of these cannot recover: the soak can end at once (stop_on_breach).
-FINAL_ONCE_FAILED = ("no_success", "work_evidence")
+FINAL_ONCE_FAILED = ("no_success", "work_evidence", "work_rate", "server_work", "wrong_model")
 
 
 def judge(config: CriteriaConfig, tally: RequestTally, *, final: bool) -> CriteriaDecision:

@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, Mapping
 
+from soak.criteria.claims import ClaimsTally
 from soak.criteria.config import CriteriaConfig, WorkEvidenceCriterion
-from soak.samples import CutCause
+from soak.samples import CutCause, server_accepted
 from soak.work import finite_number as _number
 from soak.work import generated_tokens, record_time
 from soak.work import getter as _getter
@@ -99,6 +100,7 @@ class LoadSpan:
     offset: float | None = None
     cut_short: bool = False
     restarts: tuple[tuple[float, float], ...] = ()
+    stopped_sending: float | None = None  # the drain began (``load_stopped``'s mono less its drain_s)
 
     @classmethod
     def of_events(cls, started: Mapping[str, Any] | None, stopped: Mapping[str, Any] | None, *,
@@ -127,7 +129,10 @@ class LoadSpan:
             if back is not None:
                 down = at(paused)
                 lives.append((min(down, back) if down is not None else back, back))
-        return cls(at(started), at(stopped), offset, cut_short, tuple(sorted(lives)))
+        end = at(stopped)
+        drain = _number(stopped.get("drain_s")) if stopped is not None else None
+        sending = end - drain if end is not None and drain is not None and drain >= 0 else None
+        return cls(at(started), end, offset, cut_short, tuple(sorted(lives)), sending)
 
 
 @dataclass(frozen=True)
@@ -187,10 +192,11 @@ class RequestTally:
                  "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
                  "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work",
                  "longest_gap", "life_started", "life_first", "life_last", "slow_start", "restarts", "_pending",
-                 "_judged_before", "_win", "_win_end", "_win_requests", "_win_tokens", "_short", "_first_short")
+                 "_judged_before", "_win", "_win_end", "_win_requests", "_win_tokens", "_short", "_first_short",
+                 "claims")
 
     def __init__(self, *, window_s: float, min_failures: int, work: WorkEvidenceCriterion | None = None,
-                 span: LoadSpan | None = None) -> None:
+                 span: LoadSpan | None = None, config: CriteriaConfig | None = None) -> None:
         self.ok = 0
         self.failed = 0
         self.cut: dict[str, int] = {cause.value: 0 for cause in CutCause}
@@ -229,11 +235,15 @@ class RequestTally:
         self._win_tokens = 0
         self._short = 0  # closed windows below the floor
         self._first_short: WindowCount | None = None
+        # The work claims (model, usage, work rate, the client's work for the server's counters).
+        self.claims = ClaimsTally(config if config is not None else CriteriaConfig())
+        self.claims.origin = span.started
+        self.claims.rate.stopped = span.stopped_sending
 
     @classmethod
     def for_config(cls, config: CriteriaConfig, *, span: LoadSpan | None = None) -> "RequestTally":
         return cls(window_s=config.no_success.window, min_failures=config.no_success.min_failures,
-                   work=config.work_evidence, span=span)
+                   work=config.work_evidence, span=span, config=config)
 
     @classmethod
     def of(cls, config: CriteriaConfig, records: Iterable[Mapping[str, Any]], *,
@@ -253,6 +263,12 @@ class RequestTally:
         """The load started at ``at``: work is owed from here."""
         if self.load_started is None:
             self.load_started = self.life_started = at
+            self.claims.origin = at
+
+    def stop_sending(self, at: float) -> None:
+        """The load stopped sending at ``at`` (live: the drain began): the work rate is judged up to here."""
+        if self.claims.rate.stopped is None:
+            self.claims.rate.stopped = at
 
     def restart(self, paused: float, at: float) -> None:
         """The load paused at ``paused`` for an incident and a new server life
@@ -267,6 +283,7 @@ class RequestTally:
         self.life_started, self.life_first, self.life_last = at, None, None
         self._win, self._win_end, self._win_requests, self._win_tokens = 0, -math.inf, 0, 0
         self.restarts += 1
+        self.claims.rate.restart(paused, at)
 
     def _restarts_until(self, t: float) -> None:
         while self._pending and self._pending[0][1] <= t:
@@ -278,6 +295,7 @@ class RequestTally:
         if not self._pending or self._pending[0][1] > until:
             return self
         other = copy.copy(self)
+        other.claims = copy.deepcopy(self.claims)
         other._pending = list(self._pending)
         other._restarts_until(until)
         return other
@@ -305,18 +323,26 @@ class RequestTally:
         get = _getter(record)
         ended = at if at is not None else record_time(record, offset=self.offset)
         self.add_finished(get("outcome"), ended if ended is not None else 0.0, cut_cause(record),
-                          tokens=generated_tokens(record))
+                          tokens=generated_tokens(record), record=get,
+                          accepted=server_accepted(record if isinstance(record, Mapping) else {
+                              "http_status": get("http_status"), "outcome": get("outcome")}))
 
-    def add_finished(self, outcome: Any, ended: float, cause: str | None, *, tokens: int = 0) -> None:
+    def add_finished(self, outcome: Any, ended: float, cause: str | None, *, tokens: int = 0,
+                     record: Any = None, accepted: bool = True) -> None:
         """``add`` for a record already read: its outcome, end (0.0 when
-        unknown), ``cut_cause`` and ``generated_tokens``."""
+        unknown), ``cut_cause`` and ``generated_tokens``; ``record``: a getter of
+        its fields for the work claims (None: none kept), ``accepted``: ``server_accepted``."""
         if cause is not None:
+            if record is not None:  # streamed tokens the server generated, then cut: the client's total only
+                self.claims.add(record, at=ended, tokens=0, accepted=accepted)
             self.cut[cause] += 1
             return
         if self.latest is None or ended > self.latest:
             self.latest = ended
         if self._pending:
             self._restarts_until(ended)
+        if record is not None:
+            self.claims.add(record, at=ended, tokens=tokens, accepted=accepted)
         if outcome == "ok":
             if tokens > 0:
                 self.ok += 1

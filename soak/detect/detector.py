@@ -57,6 +57,14 @@ class Detector:
         self._last_unclear = None
         self._decision = None
 
+    def resume_after_corruption(self, now: float) -> None:
+        """on_corruption: continue: the corruption rule forgets canaries before now
+        (it fires again after a good canary); the other rules keep their evidence."""
+        self._signals.forget_canaries(now)
+        self._state = DetectorState.HEALTHY
+        self._last_unclear = None
+        self._decision = None
+
     def assess(self, now: float) -> Assessment:
         statuses = tuple(rule(self._signals, self.config, now) for _, rule in RULES)
         if self._decision is not None:

@@ -334,6 +334,43 @@ def server_gone(s: SignalTracker, config: DetectorConfig, now: float) -> RuleSta
     return RuleStatus(name, state, IncidentKind.SERVER_GONE, run.since, _round(span), cfg.health_window, reasons, evidence)
 
 
+def corruption(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
+    """A canary answer the oracle could not explain (CORRUPT) or that carried another
+    canary's answer (CROSSTALK) fires at once: the server answers, wrongly. The onset
+    lies between the last good canary's start and this one's (before any good
+    canary: since the detector's reset, when that is known)."""
+    name = "corruption"
+    bad = s.canary_bad
+    if bad is None:
+        if s.canary_good_at is None:
+            return RuleStatus(name, RuleState.INACTIVE, reasons=("no canary judged yet",))
+        return RuleStatus(name, RuleState.CLEAR)
+    latest = bad.started_at if bad.started_at is not None else bad.ts
+    earliest = s.canary_bad_before
+    if earliest is None and s.started_at != float("-inf"):
+        earliest = min(s.started_at, latest)
+    onset = earliest if earliest is not None else latest
+    judgement = (bad.evidence or {}).get("judgement") or {}
+    reason = judgement.get("reason") or (bad.evidence or {}).get("reason") or f"canary {bad.canary_id}: {bad.verdict}"
+    reasons = (clip(str(reason), 600),
+               f"canary {bad.canary_id} ({'long' if bad.long else 'short'}), verdict {bad.verdict}, "
+               f"reference from {bad.reference_source or 'unknown'}"
+               + (f", crosstalk with {bad.crosstalk_with}" if bad.crosstalk_with else ""))
+    evidence = {
+        "signals": {"canary": {"canary_id": bad.canary_id, "verdict": str(bad.verdict), "long": bad.long,
+                               "started_at": bad.started_at, "ts": bad.ts, "position": bad.position,
+                               "reference_source": bad.reference_source, "crosstalk_with": bad.crosstalk_with,
+                               "prompt_tokens": bad.prompt_tokens, "share": bad.share},
+                    "bad_canaries": s.canaries_bad, "last_good_canary_at": s.canary_bad_before},
+        "canary": dict(bad.evidence or {}),
+        "since": onset,
+        "onset_interval": {"earliest": earliest, "latest": latest},
+        "thresholds": {"fires_on": ["corrupt", "crosstalk"]},
+    }
+    return RuleStatus(name, RuleState.FIRED, IncidentKind.CORRUPTION, onset, _round(max(0.0, now - onset)), 0.0,
+                      reasons, evidence)
+
+
 # Evaluated in this order; when several fire at once the first one names the incident.
 RULES: tuple[tuple[str, Rule], ...] = (
     ("server_gone", server_gone),
@@ -342,4 +379,6 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("stage_cpu_stall", stage_cpu_stall),
     ("generation_frozen", generation_frozen),
     ("client_stall", client_stall),
+    # Last: a hang decided on the same tick names the incident (it needs the kill).
+    ("corruption", corruption),
 )

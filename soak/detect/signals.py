@@ -21,6 +21,8 @@ from soak.logsignatures import JIT_COMPILE, SHM_BROADCAST_WAIT
 from soak.numbers import finite
 from soak.records import Topology
 from soak.samples import (
+    CanarySample,
+    CanaryVerdict,
     ClientSample,
     GpuSample,
     GpuSource,
@@ -53,6 +55,8 @@ GENERATION_KEY = "generation_tokens"
 # not vLLM, an allowlisted scrape) cannot tell a prefill from a stop.
 PREFILL_KEYS: tuple[str, ...] = ("kv_cache_usage_perc",)
 MAX_FATAL_LINES = 50
+_GOOD_CANARY = frozenset(v.value for v in (CanaryVerdict.MATCH, CanaryVerdict.EXPLAINED, CanaryVerdict.REFERENCE))
+_BAD_CANARY = frozenset(v.value for v in (CanaryVerdict.CORRUPT, CanaryVerdict.CROSSTALK))
 MAX_SHM_LINES = 64
 
 
@@ -141,6 +145,18 @@ class SignalTracker:
         # vLLM's shm-broadcast waits, the newest last (the log rule counts those after
         # the last progress).
         self.shm_waits: Deque[LogSample] = deque(maxlen=MAX_SHM_LINES)
+        self.forget_canaries(now, quiet=False)
+
+    def forget_canaries(self, now: float, *, quiet: bool = True) -> None:
+        """The corruption rule's memory only: canaries before ``now`` are ignored.
+        ``quiet`` (a corruption the run soaks through): the rule fires again only
+        after a good canary, so one corruption episode is one incident."""
+        self.canaries_since = now
+        self.canary_good_at: float | None = None  # the start of the last good canary (MATCH, EXPLAINED, REFERENCE)
+        self.canary_bad: CanarySample | None = None  # the first bad one since (CORRUPT, CROSSTALK)
+        self.canary_bad_before: float | None = None  # the good canary's start before that bad one
+        self.canaries_bad = 0
+        self.canary_quiet = quiet
 
     # -- derived facts -------------------------------------------------------------
 
@@ -227,6 +243,8 @@ class SignalTracker:
             if not sample.alive and self.process_dead is None:
                 self.process_dead = sample
                 return True
+        elif isinstance(sample, CanarySample):
+            return self._observe_canary(sample)
         elif isinstance(sample, LogSample):
             if sample.fatal:
                 if len(self.fatal_logs) < MAX_FATAL_LINES:  # a dying server repeats itself
@@ -241,6 +259,23 @@ class SignalTracker:
                 return (self.generated_since_start
                         and len(self.shm_waits_since_progress) >= self.shm_waits_needed)
         return False
+
+    def _observe_canary(self, sample: CanarySample) -> bool:
+        """True when it is the first bad canary since the last good one (the rule fires now)."""
+        if sample.ts < self.canaries_since:
+            return False
+        verdict, start = str(sample.verdict), sample.started_at if sample.started_at is not None else sample.ts
+        if verdict in _GOOD_CANARY:
+            self.canary_good_at = start if self.canary_good_at is None else max(self.canary_good_at, start)
+            self.canary_quiet = False
+            return False
+        if verdict not in _BAD_CANARY or self.canary_quiet:
+            return False  # UNJUDGED (a failed request, no logprobs) is no verdict on the answers
+        self.canaries_bad += 1
+        if self.canary_bad is not None:
+            return False
+        self.canary_bad, self.canary_bad_before = sample, self.canary_good_at
+        return True
 
     def _progress(self, key: str, ts: float, read_before: float | None = None) -> None:
         """Signal ``key`` moved at ``ts`` (since its reading at ``read_before``); a healthy

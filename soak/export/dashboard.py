@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from soak.export.dashboard_annotations import annotations
+from soak.export.dashboard_oracle import oracle_row
 from soak.export.dashboard_panels import panels
 from soak.export.grafana import DATASOURCE, GRID_WIDTH, panel_json
 
@@ -30,7 +31,9 @@ def build_dashboard() -> dict[str, Any]:
     grid: list[dict[str, Any]] = []
     panel_id = 1
     y = 0
-    for row in panels():
+    rows = panels()
+    rows.insert(1, oracle_row())  # right after the verdict: are the answers right?
+    for row in rows:
         x, line_height = 0, 0
         for panel in row:
             if x + panel.width > GRID_WIDTH:

@@ -1,4 +1,5 @@
-"""The live dashboard's annotations: a night's start and end, its incidents and
+"""The live dashboard's annotations: a night's start and end, its incidents (a corruption
+also in a colour of its own) and
 the detector's hung verdicts on every time panel (``soak.export.dashboard``
 puts them in; the real-Prometheus test checks each mark lands where the run
 directory says)."""
@@ -58,6 +59,19 @@ def annotations() -> list[dict[str, Any]]:
             "titleFormat": "incident: {{kind}}",
             "textFormat": "rule {{rule}}",
             "tagKeys": "kind,rule",
+            "useValueForTime": False,
+        },
+        {
+            # The oracle's: a wrong answer, while the server still answers (its own colour: no hang)
+            "name": "Corruptions",
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "purple",
+            "expr": f'sum by (rule) (increase(soak_incidents_total{{kind="corruption",{BOX}}}[1m])) > 0',
+            "step": "15s",
+            "titleFormat": "corruption: a canary's answer was wrong",
+            "textFormat": "rule {{rule}}; the run's report.html shows the reference and the answer side by side",
+            "tagKeys": "rule",
             "useValueForTime": False,
         },
         {

@@ -33,6 +33,8 @@ from soak.prove.sprt import Decision, ProofState
 from soak.samples import server_accepted
 from soak.records import Assessment, DetectorState, IncidentKind, IncidentRecord, RunInfo
 from soak.samples import (
+    CanarySample,
+    CanaryVerdict,
     ClientSample,
     GpuSample,
     GpuSource,
@@ -160,6 +162,8 @@ class Exporter:
         # before the first request finishes or the detector first speaks.
         self._m["soak_requests"].labels(outcome="ok")
         self._m["soak_detector_state"].set(DETECTOR_STATE_VALUES[DetectorState.HEALTHY])
+        for verdict in CanaryVerdict:  # at 0 from the start: increase() sees a run's first corrupt canary
+            self._m["soak_canaries"].labels(verdict=verdict.value)
 
     # serving -------------------------------------------------------------
     def start(self) -> None:
@@ -244,6 +248,8 @@ class Exporter:
             self._probe("process", sample.ts, sample.alive)
         elif isinstance(sample, ClientSample):
             self._on_client(sample)
+        elif isinstance(sample, CanarySample):
+            self._on_canary(sample)
         elif isinstance(sample, LogSample):
             self._m["soak_log_signatures"].labels(signature=sample.signature, fatal=str(sample.fatal).lower()).inc()
 
@@ -356,6 +362,15 @@ class Exporter:
                 m["soak_gpu_memory_total_bytes"].labels(gpu=label).set(gpu.mem_total_mib * _MIB)
             if gpu.power_w is not None:
                 m["soak_gpu_power_watts"].labels(gpu=label).set(gpu.power_w)
+
+    def _on_canary(self, sample: CanarySample) -> None:
+        verdict = str(sample.verdict)
+        known = {v.value for v in CanaryVerdict}
+        # a label value from the oracle's own enum only: an unknown one is no new series
+        self._m["soak_canaries"].labels(verdict=verdict if verdict in known else CanaryVerdict.UNJUDGED.value).inc()
+        share = sample.share
+        if isinstance(share, (int, float)) and not isinstance(share, bool) and 0.0 <= share <= 1.0:
+            self._m["soak_canary_share_ratio"].set(share)
 
     def _on_client(self, sample: ClientSample) -> None:
         m = self._m

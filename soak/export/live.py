@@ -248,7 +248,9 @@ def _pct(value: float | None) -> str:
 
 
 class LiveView:
-    """The view sink. ``mode``: rich, plain or off (``auto`` picks by ``isatty``)."""
+    """The view sink. ``mode``: rich, plain or off (``auto`` picks by ``isatty``).
+    ``environ`` (default: the process's) says whether colour is allowed: NO_COLOR
+    set and not empty means none (soak.colour), the table's cursor moves stay."""
 
     def __init__(
         self,
@@ -260,7 +262,13 @@ class LiveView:
         stream: TextIO | None = None,
         exporter_url: str | None = None,
         console: Console | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
+        import os
+
+        from soak.colour import no_color
+
+        self._no_color = no_color(os.environ if environ is None else environ)
         self._stream = stream or sys.stdout
         self._exporter_url = exporter_url
         self._console = console
@@ -288,7 +296,7 @@ class LiveView:
             from rich.console import Console
             from rich.live import Live
 
-            console = self._console or Console(file=self._stream)
+            console = self._console or Console(file=self._stream, no_color=self._no_color)
             self._live = Live(self.state.table(self._clock.now()), console=console, auto_refresh=False, transient=False)
             self._live.start()
             self._say(start_line)

@@ -182,6 +182,13 @@ HARNESS_METRICS: dict[str, HarnessMetric] = {
             Kind.GAUGE,
             "Seconds from the last kill until the GPUs showed no process.",
         ),
+        # the correctness oracle (soak.oracle): greedy canaries judged against their reference
+        HarnessMetric("soak_canaries", Kind.COUNTER,
+                      "Canary answers the correctness oracle judged, by verdict: reference (a first answer taken as "
+                      "the reference), match, explained (a near tie), corrupt, crosstalk (another canary's answer), "
+                      "unjudged (no answer to judge).", ("verdict",)),
+        HarnessMetric("soak_canary_share_ratio", Kind.GAUGE,
+                      "The canaries' measured share of server time so far (0..1; bounded by oracle.max_share)."),
         # prove: the sequential test (soak.prove.sprt), on a run with a prove: section only
         HarnessMetric("soak_prove_exposure_seconds", Kind.GAUGE,
                       "The sequential test's exposure: loaded time at risk so far (or where it decided)."),

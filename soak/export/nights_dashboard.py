@@ -93,11 +93,17 @@ def panels() -> list[list[Panel]]:
         ],
         [
             Panel("Hangs per build (pooled)", "timeseries",
-                  [Target(f"max by (build) (soak_build_hangs{SEL})", "{{build}}")], width=8, options={}),
+                  [Target(f"max by (build) (soak_build_hangs{SEL})", "{{build}}")], width=6, options={}),
             Panel("Hangs per night", "timeseries",
-                  [Target(f"max by (build) (soak_night_hangs{SEL})", "{{build}}")], width=8, options={}),
+                  [Target(f"max by (build) (soak_night_hangs{SEL})", "{{build}}")], width=6, options={}),
+            # the oracle's: a night whose answers were wrong failed, whether or not it hung
+            Panel("Corruptions per night", "timeseries",
+                  [Target(f'max by (build) (soak_night_incidents{{{BOX},build=~"$build",kind="corruption"}})',
+                          "{{build}}")], width=6, min=0, description="Wrong answers the correctness oracle could "
+                  "not explain (a failed night, exit 1; the night's report shows the answers side by side).",
+                  options={}),
             Panel("Exposure per night", "timeseries",
-                  [Target(f"max by (build) (soak_night_exposure_seconds{SEL})", "{{build}}")], width=8, unit="s",
+                  [Target(f"max by (build) (soak_night_exposure_seconds{SEL})", "{{build}}")], width=6, unit="s",
                   options={}),
         ],
         [

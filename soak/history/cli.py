@@ -1,4 +1,7 @@
-"""``soak history DIR...``: history.html, history.csv and history.json over many runs."""
+"""``soak history DIR...``: history.html, history.csv and history.json over many runs.
+
+``--json``: stdout is one JSON document (keys in ``JSON_HELP``) instead of the
+text; the files are written all the same, and skipped runs still go to stderr."""
 
 from __future__ import annotations
 
@@ -7,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from soak.printable import printable
+
+
+JSON_HELP = ("print one JSON document instead of the text; its fields are version (1), lines (the text's "
+             "lines: a line per build, the best build's statement, each tested build's sentence), history "
+             "(what history.json holds: confidence, baseline, baseline_mtbf_s, best, builds, rate_tests, costs, "
+             "runs, and proofs with --prove), written ({html, csv, json}: the paths written), pushed (null, or "
+             "{url, job, builds} with --pushgateway)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default="soak_history", help="the Pushgateway job (default soak_history)")
     parser.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
                         help="a grouping label for the push, e.g. box=rtx3090-01 (repeatable)")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
     prove = parser.add_argument_group(
         "is it fixed? (--prove: Wald's sequential test over each build's nights, as a run config's prove: section)")
     prove.add_argument("--prove", nargs="?", const="", default=None, metavar="BUILD",
@@ -73,12 +84,14 @@ def main(args: argparse.Namespace) -> int:
     section = prove_section(args, args.dirs) if args.prove is not None else None
     return history(args.dirs, out=args.out, confidence=args.confidence, baseline=args.baseline,
                    baseline_mtbf=args.baseline_mtbf, window=args.window, pushgateway=args.pushgateway,
-                   job=args.job, labels=args.label, reports=args.reports, prove=section, prove_build=args.prove)
+                   job=args.job, labels=args.label, reports=args.reports, prove=section, prove_build=args.prove,
+                   as_json=args.json)
 
 
 def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: str | None,
             baseline_mtbf: str | None, window: str, pushgateway: str | None, job: str, labels: list[str],
-            reports: Path | None = None, prove: Any = None, prove_build: str | None = None) -> int:
+            reports: Path | None = None, prove: Any = None, prove_build: str | None = None,
+            as_json: bool = False) -> int:
     from soak.durations import duration_flag
     from soak.errors import ArgumentError
     from soak.history.collect import find_runs, is_run_dir
@@ -111,16 +124,34 @@ def history(dirs: list[Path], *, out: Path | None, confidence: float, baseline: 
     if out is None:
         out = dirs[0] if len(dirs) == 1 and not is_run_dir(dirs[0]) else Path(".")
     written = write_history(h, out)
-    for line in terminal_lines(h):
-        print(line)
-    for path in written.values():
-        print(printable(f"wrote {path}"))
+    if not as_json:
+        for line in terminal_lines(h):
+            print(line)
+        for path in written.values():
+            print(printable(f"wrote {path}"))
+    pushed = None
     if pushgateway:
         from soak.report.push import push_history
 
         push_history(h, url=pushgateway, job=job, grouping=grouping)
-        print(f"pushed {len(h.builds)} builds to {pushgateway} (job {job})")
+        pushed = {"url": pushgateway, "job": job, "builds": len(h.builds)}
+        if not as_json:
+            print(f"pushed {len(h.builds)} builds to {pushgateway} (job {job})")
+    if as_json:
+        print(history_document(h, written=written, pushed=pushed))
     return 0
+
+
+def history_document(h: Any, *, written: dict[str, Path], pushed: dict[str, Any] | None) -> str:
+    """What the text says, as one JSON document. Labels from run directories stay
+    as they are (JSON escapes control bytes: nothing in it drives a terminal)."""
+    import json
+
+    from soak.history.render import history_json
+
+    document = {"version": 1, "lines": terminal_lines(h), "history": history_json(h),
+                "written": {kind: str(path) for kind, path in written.items()}, "pushed": pushed}
+    return json.dumps(document, indent=2, allow_nan=False)
 
 
 def terminal_lines(h: Any) -> list[str]:

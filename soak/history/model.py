@@ -59,6 +59,20 @@ class RunRecord:
                 and self.thresholds_passed is not False and not self.thresholds_breached and self.exposure_s > 0)
 
     @property
+    def incident_kinds(self) -> tuple[tuple[str, int], ...]:
+        """The night's incidents counted by kind, in the order they first came: (("corruption", 1), ("hang", 1))."""
+        counts: dict[str, int] = {}
+        for i in self.incidents:
+            counts[i.kind or "incident"] = counts.get(i.kind or "incident", 0) + 1
+        return tuple(counts.items())
+
+    @property
+    def corrupt(self) -> bool:
+        """A corruption was recorded: the answers were wrong, a failure night whatever else it shows
+        (it is never clean, and a hang-free corrupt night is no evidence of a fix)."""
+        return any(i.kind == "corruption" for i in self.incidents)
+
+    @property
     def hangs(self) -> int:
         return sum(1 for i in self.intervals if i.hang)
 

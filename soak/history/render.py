@@ -24,7 +24,7 @@ CSV_COLUMNS = (
     "started_at_utc", "run_id", "path", "build", "label", "vllm_version", "launch_digest", "verdict", "cut_off",
     "exposure_s", "hangs", "times_to_hang_s", "intervals", "restarts", "output_tokens_per_s", "ttft_p50_s",
     "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "prefix_hit_ratio", "error_rate", "thresholds_passed",
-    "thresholds_breached", "clean", "report",
+    "thresholds_breached", "clean", "report", "incident_kinds",
 )
 
 
@@ -53,6 +53,7 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         "incidents": [_incident_json(i) for i in r.incidents],
         "figures": dict(r.figures), "thresholds_passed": r.thresholds_passed,
         "thresholds_breached": list(r.thresholds_breached), "clean": r.clean, "report": r.report,
+        "incident_kinds": dict(r.incident_kinds), "corrupt": r.corrupt,
     }
 
 
@@ -93,7 +94,7 @@ def _csv_row(r: RunRecord) -> list[Any]:
         *("" if f.get(k) is None else f"{f[k]:.6g}" for k in
           ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")),
         "" if r.thresholds_passed is None else str(r.thresholds_passed).lower(),
-        ";".join(r.thresholds_breached), str(r.clean).lower(), r.report or "",
+        ";".join(r.thresholds_breached), str(r.clean).lower(), r.report or "", incidents_text(r, sep=";"),
     ]
 
 
@@ -237,7 +238,14 @@ def verdict_text(r: RunRecord) -> str:
         return f"{r.verdict} (cut off)"
     if r.verdict == "fail" and not r.incidents and r.thresholds_breached:
         return "fail: thresholds breached, no incident"
+    if r.corrupt:  # wrong answers: a failure night, said as such even where a verdict says otherwise
+        return "fail: corruption" if r.verdict == "fail" else f"{r.verdict}, but a corruption recorded: a failure"
     return r.verdict
+
+
+def incidents_text(r: RunRecord, *, sep: str = ", ") -> str:
+    """The night's incidents by kind: "1 corruption, 1 hang"; "" for none."""
+    return sep.join(f"{n} {kind}" for kind, n in r.incident_kinds)
 
 
 def no_baseline_sentence(h: History) -> str:
@@ -322,14 +330,15 @@ def history_html(h: History, *, out_dir: Path | None = None) -> str:
                      format_duration(r.exposure_s, approx=True), r.hangs, ", ".join(format_duration(t, approx=True) for t in r.times_to_hang_s) or "—",
                      *(format_value(k, f.get(k)) for k in ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50",
                                                             "tpot_p99", "prefix_hit_ratio")),
-                     thresholds_cell(r), "✓" if r.clean else "", report_cell(r, out_dir)])
+                     thresholds_cell(r), "✓" if r.clean else "", report_cell(r, out_dir), incidents_text(r) or "—"])
     out.append(_table(["start (UTC)", "build", "verdict", "exposure", "hangs", "time to hang", "tok/s", "TTFT p50",
-                       "TTFT p99", "TPOT p50", "TPOT p99", "hit ratio", "thresholds", "clean", "report"], rows,
-                      cls="runs"))
+                       "TTFT p99", "TPOT p50", "TPOT p99", "hit ratio", "thresholds", "clean", "report", "incidents"],
+                      rows, cls="runs"))
     out.append("<p class='muted'>Exposure is time at risk: load start (or a restart) to a hang's onset or the end of "
                "load; cut-off runs count up to their last record. report.html's MTBF counts the same (soak.exposure). "
                "Clean: passed, no incident, every threshold held; a breached threshold is no hang, but no clean "
-               "night either.</p></body></html>")
+               "night either. A corruption (a canary's answer the oracle could not explain) is a failure night: "
+               "the server answered, wrongly.</p></body></html>")
     return "".join(out)
 
 

@@ -15,7 +15,10 @@ Counting rules:
   (``soak.samples.server_accepted``: a request it refused, reset or answered with an HTTP
   error before streaming brings no prompt tokens), warm-up included: what the
   server processed, comparable with its own counters.
-- ``latency`` and ``throughput``: warm-up requests excluded.
+- ``latency`` and ``throughput``: warm-up requests excluded. Every token figure
+  (``tokens``, throughput, TPOT) is ``output_tokens``, what was counted from the
+  text streamed; the server's usage claim (``usage_output_tokens``) enters only
+  ``claims``, where a disagreement past the tolerance is counted and noted.
 - ``prefix_cache_hit_ratio``: the server's counters over the run,
   increase(prefix_cache_hits) / increase(prefix_cache_queries), each as
   Prometheus' ``increase()`` reads a counter (``soak.counters``: a reset or
@@ -49,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from soak.criteria.claim_checks import claims_json
 from soak.judge.recorded import NOWHEN, Moment, Recorded
 from soak.counters import CounterDelta
 
@@ -150,6 +154,9 @@ def figures(recorded: Recorded) -> dict[str, Any]:
     metrics = samples.coverage.report(times.load_begin, times.load_end)
     note_counter_resets(metrics, deltas, restarts=ev.restarts)
     tally = requests.tally
+    claims = claims_json(tally)
+    # A claim not borne out is said where a person looks first, beside its figures in ``claims``.
+    noted = [note for note in (claims.get("note"), (claims.get("server") or {}).get("note")) if note]
     return {
         "verdict": None,
         "cut_off": cut_off,
@@ -176,6 +183,9 @@ def figures(recorded: Recorded) -> dict[str, Any]:
             "prompt": deltas["prompt_tokens"].total if deltas["prompt_tokens"].seen else None,
             "generated": deltas["generation_tokens"].total if deltas["generation_tokens"].seen else None,
         },
+        # The work claims cross-checked (usage, model, the server's counters, degenerate answers):
+        # noted here, never a figure (tokens, throughput and TPOT are counted from the text).
+        "claims": claims,
         "prefix_cache_hit_ratio": hit_ratio,
         "server_metrics": metrics,
         "criteria": None,
@@ -191,7 +201,7 @@ def figures(recorded: Recorded) -> dict[str, Any]:
         "clock": {"basis": times.basis, "wall_steps": [dict(s) for s in ev.wall_steps]},
         "gpu_source": {**ev.gpu_source, "messages": list(ev.gpu_source.get("messages", []))},
         "server_version": dict(ev.server_version) if ev.server_version is not None else None,
-        "warnings": list(ev.warnings),
+        "warnings": [*ev.warnings, *noted],
         "records": {"samples": samples.lines, **recorded.read_stats},
         "build": dict(ev.build) or None,
         "thresholds": None,

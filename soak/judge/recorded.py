@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from soak.criteria.claims import MAX_MODELS, ServerWork, expected_models
 from soak.criteria.config import CriteriaConfig
 from soak.criteria.rules import LoadSpan
 from soak.events import EventType
@@ -81,6 +82,12 @@ class EventDigest:
     # stop, restarts and incidents, with only the fields it reads.
     risk_events: tuple[Mapping[str, Any], ...] = ()
     prove_plan: Mapping[str, Any] | None = None  # the prove_plan event's plan, as the run resolved it
+    served_models: tuple[str, ...] = ()  # target_ready's /v1/models ids (every life's)
+
+    def expected_models(self) -> frozenset[str] | None:
+        """The models the answers may name: the run's model, the build's and /v1/models' ids."""
+        return expected_models(self.run_started.get("model"), self.build.get("model"),
+                               lists=(list(self.served_models),))
 
     def span(self, *, cut_short: bool | None = None) -> LoadSpan:
         """The load's span; ``cut_short`` None: as ``run_ended`` recorded it."""
@@ -114,6 +121,7 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
     paused: Mapping[str, Any] | None = None
     risk_events: list[Mapping[str, Any]] = []
     prove_plan = None
+    served: list[str] = []
     for event in events:
         ts, mono = _number(event.get("ts")), _number(event.get("mono"))
         last_ts, last_mono = _later(last_ts, ts), _later(last_mono, mono)
@@ -161,13 +169,15 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
             breaches.append(event)
         elif kind == EventType.PROVE_PLAN and isinstance(event.get("plan"), dict):
             prove_plan = event["plan"]
+        elif kind == EventType.TARGET_READY and isinstance(event.get("models"), list):
+            served.extend(m for m in event["models"][:MAX_MODELS] if isinstance(m, str) and m not in served)
     return EventDigest(
         started=started, load_started=load_started, load_stopped=load_stopped, ended=ended, last_ts=last_ts,
         last_mono=last_mono, unmarked_ts=unmarked_ts, run_started=run_started, run_ended=run_ended,
         incidents=tuple(incidents), restarts=len(lives), lives=tuple(lives), load_events=load_events,
         wall_steps=tuple(wall_steps), gpu_source=gpu_source, server_version=server_version,
         warnings=tuple(warnings), build=build, criteria_section=criteria_section, threshold_breaches=tuple(breaches),
-        risk_events=tuple(risk_events), prove_plan=prove_plan)
+        risk_events=tuple(risk_events), prove_plan=prove_plan, served_models=tuple(served[:MAX_MODELS]))
 
 
 @dataclass(frozen=True)
@@ -297,6 +307,23 @@ def _read_samples(run: RunDir, *, stats: dict[str, int], stale_after_s: float, k
                         series=tuple(series) if keep_series else None)
 
 
+def cross_check(requests: RequestDigest, samples: SampleDigest, events: EventDigest) -> None:
+    """Hand the work claims what only the whole record knows: the served models,
+    and the server's generation_tokens over the span its fresh scrapes cover
+    beside the client's work inside that span (the run scrapes just before the
+    first request and just after the drain, so a healthy run's span is the load's)."""
+    claims = requests.tally.claims
+    claims.expected = events.expected_models()
+    delta = samples.deltas.get("generation_tokens")
+    coverage = samples.coverage
+    covered = coverage.report(None, None).get("complete") is True
+    claims.server = ServerWork(
+        seen=delta is not None and delta.seen, generated=delta.total if delta is not None else 0.0,
+        client_within=claims.client_within(coverage.first_fresh, coverage.last_fresh) if delta is not None
+        and delta.seen else 0, client_all=claims.client_all, resets=delta.resets if delta is not None else 0,
+        covered=covered, claimed=claims.usage_claimed if claims.usage_checked else None)
+
+
 def read_recorded(run_dir: RunDir | str | Path, *, cut_short: bool | None = None,
                   on_request: Callable[[dict[str, Any]], None] | None = None,
                   request_stats: dict[str, int] | None = None) -> Recorded:
@@ -327,6 +354,7 @@ def read_recorded(run_dir: RunDir | str | Path, *, cut_short: bool | None = None
     if request_stats is not None:
         request_stats.update(own_stats)
     samples = _read_samples(run, stats=read_stats, stale_after_s=stale_after_of(config), keep_series=windowed)
+    cross_check(requests, samples, events)
     incidents = merge_incidents([dict(i) for i in events.incidents], disk_incidents(run.path))
     return Recorded(
         path=run.path, events=events, criteria=criteria, criteria_note=note, thresholds=thresholds,

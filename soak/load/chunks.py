@@ -41,13 +41,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from soak.bounds import loads_json
 from soak.errors import MalformedStream, StreamErrorObject
+from soak.printable import printable
 from soak.redact import clip
 
 # A token count past this is not a count any server produced.
 MAX_COUNT = 2**31 - 1
 _CONTENT_FIELDS = ("content", "reasoning_content", "reasoning")
 _PREVIEW = 80
+MODEL_CHARS = 200  # a model name past this is cut (printable's ellipsis marks it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,8 @@ class Chunk:
     anomalies: tuple[str, ...] = ()
     text_bytes: int = 0  # UTF-8 bytes of the generated text in this chunk (names and arguments included)
     substantive: bool = False  # some of that text is not whitespace
+    text: str = ""  # that text, joined (what soak.load.degenerate reads)
+    model: str | None = None  # the chunk's ``model`` when it is a string, made printable and bounded
 
 
 def measure(text: str) -> tuple[int, bool]:
@@ -176,9 +181,10 @@ def _call_text(call: Any) -> list[str]:
     return [v for v in (function.get("name"), function.get("arguments")) if isinstance(v, str) and v]
 
 
-def _has_content(choice: dict[str, Any], data: str) -> tuple[bool, int, bool]:
+def _has_content(choice: dict[str, Any], data: str, pieces: list[str]) -> tuple[bool, int, bool]:
     """Whether this choice carries generated content, its text's bytes, and
-    whether any of that text is not whitespace (see ``measure``)."""
+    whether any of that text is not whitespace (see ``measure``); the text
+    itself goes to ``pieces``."""
     found = substantive = False
     size = 0
 
@@ -186,6 +192,7 @@ def _has_content(choice: dict[str, Any], data: str) -> tuple[bool, int, bool]:
         nonlocal found, substantive, size
         if text:
             found = True
+            pieces.append(text)
             more, solid = measure(text)
             size += more
             substantive = substantive or solid
@@ -231,6 +238,7 @@ def interpret(data: str) -> Chunk:
     anomalies: list[str] = []
     content = size = 0
     substantive = False
+    pieces: list[str] = []
     finish: str | None = None
     choices = obj.get("choices")
     if choices is not None:
@@ -239,7 +247,7 @@ def interpret(data: str) -> Chunk:
         for choice in choices:
             if not isinstance(choice, dict):
                 raise MalformedStream(f"a choice is not an object: {preview(data)}")
-            found, more, solid = _has_content(choice, data)
+            found, more, solid = _has_content(choice, data, pieces)
             if found:
                 content += 1
                 size += more
@@ -251,8 +259,10 @@ def interpret(data: str) -> Chunk:
             elif reason is not None:
                 anomalies.append(f"finish_reason is not a string: {type(reason).__name__}")
     usage = _usage(obj.get("usage"), anomalies)
+    model = obj.get("model")
     return Chunk(content=content, finish_reason=finish, usage=usage, anomalies=tuple(anomalies), text_bytes=size,
-                 substantive=substantive)
+                 substantive=substantive, text="".join(pieces),
+                 model=printable(model, limit=MODEL_CHARS) if isinstance(model, str) and model else None)
 
 
 class ContentTemplate:
@@ -309,3 +319,52 @@ class ContentTemplate:
 
     def matches(self, data: str) -> bool:
         return self.content_of(data) is not None
+
+
+# A usage claim agrees with the tokens streamed within this: a factor for
+# tokenizer edges, plus a few tokens that decode to no text (EOS, special tokens).
+CLAIM_FACTOR = 1.1
+CLAIM_SLACK = 2
+
+
+def claim_disagrees(claimed: int, streamed: int) -> bool:
+    """Whether a usage claim is outside the tolerance around ``streamed``:
+    ``claimed > streamed * 1.1 + 2`` or ``claimed < streamed / 1.1 - 2``."""
+    return claimed > streamed * CLAIM_FACTOR + CLAIM_SLACK or claimed < streamed / CLAIM_FACTOR - CLAIM_SLACK
+
+
+def usage_disagreement(claimed: int | None, *, streamed: int | None, chunks: int) -> str | None:
+    """The anomaly note for a usage claim that disagrees with what was streamed,
+    with both figures; None when it agrees or there is no claim.
+
+    ``streamed``: the tokens of the text received, counted by a tokenizer exact
+    for the target (None: no such counter, or the text was too long to keep).
+    Without it the client knows only a lower bound, ``chunks`` (each content
+    chunk holds at least one token; several under speculative decoding or when
+    the server merges deltas): then only a claim below it is a disagreement. An
+    over-claim is then left to the judge, which holds the claims against the
+    server's own counters."""
+    if claimed is None:
+        return None
+    if streamed is not None:
+        if claim_disagrees(claimed, streamed):
+            return f"usage claims {claimed} completion tokens, {streamed} were streamed"
+        return None
+    if claimed < chunks / CLAIM_FACTOR - CLAIM_SLACK:
+        return f"usage claims {claimed} completion tokens, at least {chunks} were streamed (content chunks)"
+    return None
+
+
+def error_body_message(body: bytes) -> str:
+    """An HTTP error body (its first bytes) as one bounded line: the error's message when it is JSON."""
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        obj = loads_json(text)  # bounded nesting: an error body of "[[[[" is text, not a RecursionError
+    except ValueError:
+        return clip(text, 200)
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            return clip(str(err.get("message", err)), 200)
+        return clip(str(obj.get("message", err)), 200)
+    return clip(text, 200)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Protocol
 import aiohttp
 
 from soak import net
-from soak.bounds import content_codings, loads_json
+from soak.bounds import content_codings
 from soak.clock import Clock, SystemClock
 from soak.errors import (
     ConnectionReset,
@@ -30,7 +30,9 @@ from soak.errors import (
     RequestTimeout,
     TransportError,
 )
-from soak.load.chunks import ContentTemplate, Usage, counted_tokens, interpret, measure, preview
+from soak.load.chunks import (ContentTemplate, Usage, counted_tokens, error_body_message, interpret, measure, preview,
+                              usage_disagreement)
+from soak.load.degenerate import DegenerateText
 from soak.load.config import TimeoutsConfig
 from soak.load.progress import ProgressTracker, StreamCut, StreamProgress, timeout_phase
 from soak.load.sse import DEFAULT_MAX_CHARS, SSEDecoder
@@ -40,6 +42,9 @@ from soak.samples import CutCause, RequestRecord
 
 _ERROR_BODY_LIMIT = 2048
 _MAX_ANOMALY_NOTES = 3
+# The generated text kept for an exact count (``count_output``): past this the
+# count is unknown and the claim is checked against the chunks only.
+MAX_COUNTED_CHARS = 1 << 20
 
 
 class TurnLike(Protocol):
@@ -57,7 +62,8 @@ class _Stream:
     """What one response taught us; filled in as chunks arrive."""
 
     __slots__ = ("first_at", "last_at", "gaps", "chunks", "usage", "finish_reason", "done", "status",
-                 "anomalies", "anomaly_notes", "template", "events", "text_bytes", "substantive", "max_tokens")
+                 "anomalies", "anomaly_notes", "template", "events", "text_bytes", "substantive", "max_tokens",
+                 "model", "model_changed", "degenerate", "kept", "kept_chars", "decoder")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.first_at: float | None = None
@@ -77,6 +83,28 @@ class _Stream:
         self.anomalies = 0
         self.anomaly_notes: list[str] = []
         self.template = ContentTemplate()
+        self.model: str | None = None  # the first model a chunk named
+        self.model_changed = False  # a later chunk named another (noted once)
+        self.degenerate = DegenerateText()
+        # The generated text, kept only where the run can count it exactly (None: not kept).
+        self.kept: list[str] | None = None
+        self.kept_chars = 0
+        self.decoder: SSEDecoder | None = None
+
+    def note(self, text: str) -> None:
+        self.anomalies += 1
+        if len(self.anomaly_notes) < _MAX_ANOMALY_NOTES:
+            self.anomaly_notes.append(text)
+
+    def text(self, text: str) -> None:
+        self.degenerate.feed(text)
+        kept = self.kept
+        if kept is not None:
+            self.kept_chars += len(text)
+            if self.kept_chars > MAX_COUNTED_CHARS:
+                self.kept = None  # too long to count: the claim meets the chunks only
+            else:
+                kept.append(text)
 
 
 # Well below uvicorn's default keep-alive (5 s), which vLLM's API server keeps: the
@@ -107,6 +135,11 @@ class StreamingClient:
         # The origin of RequestRecord.started_mono/ended_mono on this clock's
         # monotonic time line: the run store's (the run loop sets it); None: 0.
         self.mono_origin: float | None = None
+        # text -> its tokens, by a tokenizer exact for the target, in process and cheap
+        # (soak.workload.counters: SimCounter, LocalTokenizerCounter ``count_text_sync``);
+        # set by the run. With it, output_tokens (and TPOT) are the tokens of the text
+        # received, and a usage claim is held against them; None: no such counter.
+        self.count_output: Callable[[str], int] | None = None
         self._max_event_chars = max_event_chars
         self._timeouts = timeouts
         self._tracker = tracker
@@ -202,6 +235,8 @@ class StreamingClient:
         assert task is not None
         self._tasks[stream_id] = task
         state = _Stream(getattr(request, "max_tokens", None))
+        if self.count_output is not None:
+            state.kept = []
         error: TransportError | None = None
         cut_by: CutCause | None = None
         try:
@@ -249,14 +284,14 @@ class StreamingClient:
             state.status = response.status
             if response.status >= 400:
                 body = await response.content.read(_ERROR_BODY_LIMIT)
-                raise HTTPStatusError(response.status, _error_message(body))
+                raise HTTPStatusError(response.status, error_body_message(body))
             coding = response.headers.get("Content-Encoding", "")
             if content_codings(coding):
                 # The stream is read raw (auto_decompress off: an inflater on a stream has no
                 # bound); a compressed one is the server's error, named, not fed to the decoder.
                 raise MalformedStream(f"a compressed stream (Content-Encoding: {coding[:40]}), "
                                       "not read: the harness asks for identity")
-            decoder = SSEDecoder(max_chars=self._max_event_chars)
+            decoder = state.decoder = SSEDecoder(max_chars=self._max_event_chars)
             async for chunk in response.content.iter_any():
                 now = mono()
                 progress.received(now, len(chunk))
@@ -286,11 +321,21 @@ class StreamingClient:
         if text is not None:
             content = 1  # the learned chunk's shape with another plain string: no parse needed
             size, solid = measure(text)
+            state.text(text)  # the same model as the learned chunk: it is in the template's text
         else:
             chunk = interpret(data)
             content, size, solid = chunk.content, chunk.text_bytes, chunk.substantive
-            if content and not template.learned:
-                template.learn(data, chunk)
+            if content:
+                state.text(chunk.text)
+                if not template.learned:
+                    template.learn(data, chunk)
+            model = chunk.model
+            if model is not None and model != state.model:
+                if state.model is None:
+                    state.model = model
+                elif not state.model_changed:
+                    state.model_changed = True
+                    state.note(f"the stream named model {state.model!r}, then {model!r}")
         if content:
             state.text_bytes += size
             if solid:
@@ -306,11 +351,8 @@ class StreamingClient:
             return
         if chunk.finish_reason is not None:
             state.finish_reason = chunk.finish_reason
-        if chunk.anomalies:
-            state.anomalies += len(chunk.anomalies)
-            room = _MAX_ANOMALY_NOTES - len(state.anomaly_notes)
-            if room > 0:
-                state.anomaly_notes.extend(chunk.anomalies[:room])
+        for anomaly in chunk.anomalies:
+            state.note(anomaly)
         usage = chunk.usage
         if usage is not None:
             state.usage = usage
@@ -351,14 +393,23 @@ class StreamingClient:
             cached = self.usage_cached_tokens(shown)
         # The server's count, unless what arrived cannot hold it (chunks.counted_tokens);
         # a refused claim is an anomaly on the record, the claim named.
-        output_tokens, refused = counted_tokens(usage.completion_tokens, chunks=state.chunks,
-                                                text_bytes=state.text_bytes, events=state.events,
-                                                max_tokens=state.max_tokens)
+        claimed = usage.completion_tokens
+        output_tokens, refused = counted_tokens(claimed, chunks=state.chunks, text_bytes=state.text_bytes,
+                                                events=state.events, max_tokens=state.max_tokens)
+        streamed = self._streamed_tokens(state)
+        if streamed is not None:
+            # Counted from the text received: what throughput and TPOT stand on, never the claim.
+            output_tokens = streamed
         notes = list(state.anomaly_notes)
         anomalies = state.anomalies
         if refused is not None:
             anomalies += 1
             notes.append(refused)
+        disagreement = None if refused is not None else usage_disagreement(claimed, streamed=streamed,
+                                                                           chunks=state.chunks)
+        if disagreement is not None:
+            anomalies += 1
+            notes.append(disagreement)
         if not state.substantive and output_tokens > 0:
             # Whitespace alone (or nothing) is no output, whatever was claimed for it:
             # the request generated nothing (criteria.rules counts it as no_output).
@@ -409,18 +460,24 @@ class StreamingClient:
             anomaly_notes=tuple(notes),
             started_mono=round(t0 - origin, 6),
             ended_mono=round(t0 + elapsed - origin, 6),
+            model=state.model,
+            usage_output_tokens=claimed,
+            degenerate=self._degenerate(state),
         )
 
+    def _streamed_tokens(self, state: _Stream) -> int | None:
+        """The tokens of the generated text received, where the run can count them exactly."""
+        count = self.count_output
+        if count is None or state.kept is None:
+            return None
+        try:
+            return count("".join(state.kept))
+        except Exception:  # a counter that trips is no count: the claim meets the chunks only
+            return None
 
-def _error_message(body: bytes) -> str:
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        obj = loads_json(text)  # bounded nesting: an error body of "[[[[" is text, not a RecursionError
-    except ValueError:
-        return clip(text, 200)
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            return clip(str(err.get("message", err)), 200)
-        return clip(str(obj.get("message", err)), 200)
-    return clip(text, 200)
+    @staticmethod
+    def _degenerate(state: _Stream) -> str | None:
+        if state.decoder is not None:
+            state.degenerate.undecodable(state.decoder.undecodable)
+        return state.degenerate.verdict
+

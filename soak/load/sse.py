@@ -21,6 +21,11 @@ number) are ignored as the spec says, but counted in ``malformed_lines`` so
 the client can tell a server that is talking nonsense from one that is merely
 quiet. A line or an event longer than ``max_chars`` is dropped and counted in
 ``oversized`` (memory stays bounded whatever the server sends).
+
+``undecodable`` counts the U+FFFD the UTF-8 decoder made of bytes that are not
+UTF-8 (a U+FFFD the server sent as its own three bytes is not counted): the
+answer's text did not decode (soak.load.degenerate). Cost: a scan for U+FFFD
+in each decoded piece, and more only where one is found.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import codecs
 from dataclasses import dataclass
 
 DONE = "[DONE]"
+_FFFD = "\ufffd"
+_FFFD_BYTES = _FFFD.encode("utf-8")
 DEFAULT_MAX_CHARS = 16 * 1024 * 1024
 
 
@@ -55,7 +62,7 @@ class SSEDecoder:
 
     __slots__ = (
         "_utf8", "_parts", "_parts_len", "_skip_lf", "_started", "_data", "_data_len", "_event", "_id",
-        "_retry", "_max", "_dropping", "malformed_lines", "comments", "oversized", "work",
+        "_retry", "_max", "_dropping", "malformed_lines", "comments", "oversized", "work", "_last2", "undecodable",
     )
 
     def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
@@ -75,12 +82,26 @@ class SSEDecoder:
         self.comments = 0
         self.oversized = 0
         self.work = 0
+        self._last2 = b""  # the previous chunk's last two bytes: a sent U+FFFD split across chunks
+        self.undecodable = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        return self._text(self._utf8.decode(chunk), final=False)
+        text = self._utf8.decode(chunk)
+        if _FFFD in text:
+            self._count_undecodable(text, self._last2 + chunk)
+        self._last2 = chunk[-2:] if len(chunk) >= 2 else (self._last2 + chunk)[-2:]
+        return self._text(text, final=False)
+
+    def _count_undecodable(self, text: str, raw: bytes) -> None:
+        # The decoder holds back an unfinished sequence, so a U+FFFD sent whole comes
+        # out with the chunk that completes it: those bytes are in ``raw``.
+        self.undecodable += max(0, text.count(_FFFD) - raw.count(_FFFD_BYTES))
 
     def flush(self) -> list[SSEEvent]:
-        events = self._text(self._utf8.decode(b"", final=True), final=True)
+        tail = self._utf8.decode(b"", final=True)
+        if _FFFD in tail:
+            self.undecodable += tail.count(_FFFD)  # bytes held back that never became a character
+        events = self._text(tail, final=True)
         if self._parts or self._dropping:
             events.extend(self._line_done(self._take_line("")))
         if self._data:

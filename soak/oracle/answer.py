@@ -26,7 +26,10 @@ MAX_ALTERNATIVES = 20
 def _finite(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past a float's range (JSON allows 1 followed by 400 zeros)
+        return None
     return value if math.isfinite(value) else None
 
 

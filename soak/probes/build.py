@@ -124,3 +124,46 @@ def build_probes(
     if progress is not None:
         probes.append(ClientProbe(progress, clock=clock, interval_s=config.client_interval))
     return probes
+
+
+def build_canary_probe(oracle: Any, *, workload: Any, model: str, base_url: str, session, clock: Clock,
+                       on_sample: Callable, emit: Callable, seed: int, concurrency: int, tracker: Any = None,
+                       api_key: str | None = None) -> Any:
+    """The canary probe for ``oracle`` (the ``oracle:`` section), or None when it is
+    off or has no prompt. Its references: the file ``oracle.reference`` names (the
+    entries whose request digest matches), else this run's first answers."""
+    from soak.oracle.book import ReferenceBook
+    from soak.probes.canary import Canary, CanaryProbe
+    from soak.probes.canary_prompts import body_of, long_prompts, short_prompts
+
+    if oracle is None or not oracle.enabled:
+        return None
+    prompts = [(p, None) for p in short_prompts(count=oracle.short, seed=seed, max_tokens=oracle.max_tokens)]
+    longs, note = long_prompts(workload, count=oracle.long, max_tokens=oracle.max_tokens)
+    if note:
+        from soak.events import EventType
+
+        emit(EventType.WARNING, message=note)
+    # Long ones between the short ones, so each kind is asked early in the night.
+    ordered = []
+    for i in range(max(len(prompts), len(longs))):
+        ordered += prompts[i:i + 1] + longs[i:i + 1]
+    canaries = [Canary(p, body_of(p, model=model, top_logprobs=oracle.top_logprobs, tool_choice=choice))
+                for p, choice in ordered]
+    if not canaries:
+        return None
+    recorded = None
+    if oracle.reference:
+        from soak.events import EventType
+        from soak.oracle.reference import matching, mismatches, read_reference
+
+        ref_file = read_reference(oracle.reference)
+        digests = {c.prompt.canary_id: c.prompt.digest for c in canaries}
+        budgets = {c.prompt.canary_id: c.prompt.max_tokens for c in canaries}
+        recorded = matching(ref_file, digests, max_tokens=budgets, model=model)
+        for why in mismatches(ref_file, digests, max_tokens=budgets, model=model):
+            emit(EventType.WARNING, message=f"oracle reference: {why}")
+    book = ReferenceBook(tie_margin=oracle.tie_margin, recorded=recorded)
+    return CanaryProbe(canaries, base_url=base_url, session=session, book=book, on_sample=on_sample, emit=emit,
+                       clock=clock, interval_s=oracle.interval, max_share=oracle.max_share,
+                       timeout_s=oracle.timeout, concurrency=concurrency, tracker=tracker, api_key=api_key)

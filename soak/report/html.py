@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from soak.durations import format_duration
 from soak.flightrec import dumps as flight_recorder
-from soak.report import watchdog
+from soak.report import oracle_html, watchdog
 from soak.report.proof import proof_html
 from soak.durations import format_latency
 from soak.onset import latency_span, onset_words, restated
@@ -51,7 +51,7 @@ svg.zoom{display:block;background:#fff;border:1px solid #e1e4e8;margin:8px 0}
 svg.proof{display:block;background:#fff;border:1px solid #e1e4e8;margin:8px 0}
 .stat.proof.accepted{border-left-color:#1e7d32}.stat.proof.rejected{border-left-color:#c62828}
 .stat.proof.truncated{border-left-color:#9a6700}
-"""
+""" + oracle_html.CSS
 
 
 def _e(value: Any) -> str:
@@ -199,7 +199,7 @@ def _onset_row(r: Mapping[str, Any], latency: DetectionLatency | None, start: fl
                                      f"{_e(day)} ({_rel(latency.onset_earliest, start)})")]
 
 
-def _incident_html(view: IncidentView, start: float) -> str:
+def _incident_html(view: IncidentView, start: float, *, tie_margin: float = 0.2) -> str:
     r = view.record
     latency = IncidentEntry.from_json(r).detection_latency
     summary = r.get("summary") if isinstance(r.get("summary"), str) else ""
@@ -217,6 +217,8 @@ def _incident_html(view: IncidentView, start: float) -> str:
             ["evidence", _Raw(f"<code>{_e(view.path)}</code>")],
         ], numeric_from=9),
     ]
+    if view.corruption is not None:  # the oracle's evidence: the answers side by side (soak.report.oracle_html)
+        parts.append(oracle_html.corruption_card(view.corruption, tie_margin=tie_margin, start=start))
     if view.zoom:  # drawn by soak.report.zoom from the run's numbers: its text is escaped there
         parts.append("<h4>A minute either side of the onset</h4>" + view.zoom
                      + "<p class='muted'>One line a pipeline stage, reading by reading; the last stage in thick red. "
@@ -246,15 +248,17 @@ def _incident_html(view: IncidentView, start: float) -> str:
     if notes or failed_steps:
         parts.append("<h4>Evidence capture notes</h4><ul>"
                      + "".join(f"<li>{_e(x)}</li>" for x in dict.fromkeys([*notes, *failed_steps])) + "</ul>")
+    # a corruption's server still answered: no watchdog line or dump is expected of it, only shown if there
+    expected = view.corruption is None and r.get("kind") != "corruption"
     if view.watchdog:
         parts.append("<h4>Watchdog and hang lines</h4>")
         parts.append(_watchdog_html(view.watchdog))
-    else:
+    elif expected:
         parts.append("<p class='muted'>no watchdog line in the captured log</p>")
     if view.flight_recorder is not None:
         parts.append("<h4>Flight recorder (per rank, per process group)</h4>")
         parts.append(_flight_recorder_html(view.flight_recorder))
-    else:
+    elif expected:
         parts.append("<p class='muted'>no flight-recorder dump in the evidence</p>")
     if view.files:
         links = ", ".join(f"<a href='{_e(view.path)}/{_e(f)}'>{_e(f)}</a>" for f in view.files[:60])
@@ -358,9 +362,11 @@ def render_html(model: ReportModel) -> str:
     if model.mtbf is not None:
         out.append(f"<div class='stat'>{_e(model.mtbf.sentence())}</div>")
     out.append(proof_html(s.proof))  # prove: the sequential test's sentence and walk (soak.report.proof)
+    if model.canaries.total or model.corruptions:
+        out.append(oracle_html.figures_html(model.canaries, max_share=model.max_share))
     if model.incidents:
         out.append("<h2>Incidents</h2>")
-        out.extend(_incident_html(v, model.start) for v in model.incidents)
+        out.extend(_incident_html(v, model.start, tie_margin=model.tie_margin) for v in model.incidents)
     out.append("<h2>Timeline</h2><p class='muted'>Red lines: incident onset (dashed) and detection (solid); orange "
                "dotted: a JIT compile during inference (vLLM's jit_monitor). The heatmap has one row a pipeline "
                "stage (its busiest GPU): the colour is the stage's mean over the column, so healthy load reads as "
@@ -369,6 +375,8 @@ def render_html(model: ReportModel) -> str:
                "stalled last stage beside busy ones is a ring on its row (the harness's own kill and restart "
                "mark nothing)." + (" Each incident above has its own zoom, reading by reading." if model.incidents
                                    else "") + "</p>")
+    if model.canary_strip:  # drawn from the run's records; its text escaped in soak.report.oracle_html
+        out.append("<h3>Canaries and incidents</h3>" + model.canary_strip + oracle_html.strip_legend())
     for title, png in model.images:
         out.append(f"<img alt='{_e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
     out.append("<h2>Requests</h2>")

@@ -25,6 +25,7 @@ import xml.etree.ElementTree as ET
 from typing import Any, Mapping, Sequence
 
 from soak.onset import restated
+from soak.report.oracle import CanaryTally, Corruption, corruption_sentence
 from soak.summary_file import IncidentEntry, RunSummary
 
 
@@ -64,8 +65,30 @@ def _prove_case(suite: ET.Element, proof: Mapping[str, Any], *, name: str, faile
         ET.SubElement(case, "error", {"type": "prove_undecided", "message": message}).text = message
 
 
+def _oracle_case(suite: ET.Element, *, name: str, incidents: Sequence[IncidentEntry], start: float | None,
+                 corruptions: Sequence[Corruption], canaries: CanaryTally | None) -> None:
+    """The ``oracle`` case: a ``<failure type="corruption">`` naming each corruption and why it is one
+    (the judgement's reason), a pass when every judged canary was right."""
+    case = ET.SubElement(suite, "testcase", {"name": "oracle", "classname": f"soak.{name or 'soak'}", "time": "0.000"})
+    said = {c.number: f"incident {_or(c.number, '?')}: corruption: {corruption_sentence(c)} [evidence {c.evidence}]"
+            for c in corruptions}
+    lines = [said.pop(i.number, None) or incident_line(i, start) for i in incidents if i.kind == "corruption"]
+    lines += list(said.values())  # evidence on disk the summary does not list (a cut-off run)
+    if lines:
+        failure = ET.SubElement(case, "failure", {"type": "corruption", "message": _clean(lines[0])})
+        failure.text = _clean("\n".join(lines + ([f"canaries: {canaries.sentence()}"] if canaries and canaries.total
+                                                   else [])))
+
+
+def _has_oracle(incidents: Sequence[IncidentEntry], corruptions: Sequence[Corruption],
+                canaries: CanaryTally | None) -> bool:
+    return bool(corruptions) or any(i.kind == "corruption" for i in incidents) or bool(canaries and canaries.total)
+
+
 def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname: str = "localhost",
-                properties: Sequence[tuple[str, str]] = (), system_out: str = "") -> bytes:
+                properties: Sequence[tuple[str, str]] = (), system_out: str = "",
+                corruptions: Sequence[Corruption] = (), canaries: CanaryTally | None = None) -> bytes:
+    """``corruptions`` and ``canaries``: the oracle's (soak.report.oracle), for its own case."""
     summary = RunSummary.of(summary)  # summary.json as parsed reads through the typed record too
     incidents = summary.incidents
     verdict = summary.verdict.value if summary.verdict is not None else "unknown"
@@ -88,11 +111,13 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
         (verdict == "fail" and not criteria_failed and not breached and not proof_failed)
     errored = not failed and not criteria_failed and not breached and not proof_failed and \
         (cut_off or verdict not in ("pass",))
+    oracle = _has_oracle(incidents, corruptions, canaries)
+    corrupt = bool(corruptions) or any(i.kind == "corruption" for i in incidents)
 
     suite = ET.Element("testsuite", {
         "name": "soak", "timestamp": _timestamp(start), "hostname": hostname or "localhost",
-        "tests": str(1 + len(results) + len(thresholds) + (proof is not None)),
-        "failures": str(int(failed) + len(criteria_failed) + len(breached) + proof_failed),
+        "tests": str(1 + len(results) + len(thresholds) + (proof is not None) + oracle),
+        "failures": str(int(failed) + len(criteria_failed) + len(breached) + proof_failed + corrupt),
         "errors": str(int(errored) + proof_open),
         "time": f"{duration:.3f}",
     })
@@ -128,6 +153,8 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
             failure = ET.SubElement(t_case, "failure", {"type": f"threshold_{_or(result.outcome, 'breached')}",
                                                         "message": reason})
             failure.text = reason
+    if oracle:
+        _oracle_case(suite, name=name, incidents=incidents, start=start, corruptions=corruptions, canaries=canaries)
     if proof is not None:
         _prove_case(suite, proof, name=name, failed=proof_failed, undecided=proof_open)
         if hangs_judged and incidents:

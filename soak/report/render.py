@@ -25,6 +25,7 @@ from soak.percentiles import percentiles
 from soak.flightrec import dumps as flight_recorder
 from soak.report import watchdog, why
 from soak.report.html import render_html
+from soak.report import oracle, oracle_html
 from soak.report.junit import build_junit, incident_line
 from soak.report.rundir import Incident, RequestColumns, RunData, load_run, typed_incident
 from soak.report.series import stage_columns
@@ -42,6 +43,7 @@ class IncidentView:
     files: list[str]
     path: str
     zoom: str = ""  # the incident's own minute either side of the onset, inline SVG (soak.report.zoom)
+    corruption: oracle.Corruption | None = None  # a corruption incident's evidence (incidents/N/corruption.json)
 
 
 @dataclass
@@ -65,6 +67,22 @@ class ReportModel:
     stop_line: str | None = None  # why the load stopped, a plain fact
     thresholds: tuple[why.ThresholdView, ...] = ()
     build_label: str | None = None
+    canaries: oracle.CanaryTally = field(default_factory=oracle.CanaryTally)
+    canary_strip: str = ""  # canaries and incidents on one time line, inline SVG (soak.report.oracle_html)
+    tie_margin: float = oracle.DEFAULT_TIE_MARGIN
+    max_share: float | None = None  # the oracle's bound on the canaries' share of server time
+
+    @property
+    def corruptions(self) -> list[oracle.Corruption]:
+        return [v.corruption for v in self.incidents if v.corruption is not None]
+
+
+def _oracle_setting(config: Mapping[str, Any], key: str) -> float | None:
+    """A number of the run's recorded ``oracle:`` section; None where absent or not a number."""
+    section = config.get("oracle")
+    value = section.get(key) if isinstance(section, Mapping) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
+    return float(value) if ok else None
 
 
 def _run_name(run: RunData) -> str:
@@ -170,7 +188,10 @@ def _incident_view(incident: Incident, run: RunData) -> IncidentView:
     if fr is None and flight_recorder.dump_files(incident.path / "flight_recorder"):
         fr = flight_recorder.summarize_dumps(incident.path / "flight_recorder")
     rel = os.path.relpath(incident.path, run.path)
-    return IncidentView(record=incident.record, watchdog=lines, flight_recorder=fr, files=incident.files, path=rel)
+    found = oracle.read_corruption(incident.path, number=incident.number, evidence=rel)
+    corruption = oracle.with_prompt_tokens(found, run.canaries) if found is not None else None
+    return IncidentView(record=incident.record, watchdog=lines, flight_recorder=fr, files=incident.files, path=rel,
+                        corruption=corruption)
 
 
 def _images(run: RunData, incidents: Sequence[IncidentEntry], *, start: float,
@@ -298,7 +319,14 @@ def build(run: RunData, *, confidence: float = 0.95, with_plots: bool = True) ->
     if cut_off:
         notes.insert(0, "This run was cut off: no run_ended event was recorded (the harness or host died). "
                         "The verdict and figures are from what was recorded up to then.")
+    strip = ""
+    if with_plots and (run.canaries or any(v.corruption is not None for v in views)):
+        strip = oracle_html.strip_svg(run.canaries, incidents, start=start, end=end)
+    tie_margin = _oracle_setting(run.config, "tie_margin")
     return ReportModel(
+        canaries=run.canary_tally, canary_strip=strip,
+        tie_margin=oracle.DEFAULT_TIE_MARGIN if tie_margin is None else tie_margin,
+        max_share=_oracle_setting(run.config, "max_share"),
         name=_run_name(run), verdict=verdict, cut_off=cut_off, summary=summary, start=start, mtbf=mtbf,
         brief=_brief(run.config), config_text=run.config_text, images=images, incidents=views,
         request_stats=stats_rows, outcomes=outcomes, events=run.events[-300:], notes=notes,
@@ -382,8 +410,10 @@ def junit_for(model: ReportModel) -> bytes:
     if model.mtbf is not None:
         lines.append(model.mtbf.sentence())
     lines += [incident_line(IncidentEntry.from_json(v.record), s.started_at) for v in model.incidents]
+    if model.canaries.total:
+        props.append(("canaries", model.canaries.sentence(max_share=model.max_share)))
     return build_junit(s, name=model.name, hostname=s.hostname or "localhost", properties=props,
-                       system_out="\n".join(lines))
+                       system_out="\n".join(lines), corruptions=model.corruptions, canaries=model.canaries)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from soak.errors import ConfigError, SoakError
 from soak.jsonl import (FieldCheck, is_bool, is_dict, is_int, is_list, is_number, is_str, is_timestamp, parse_line,
                         read_json, typed_fields)
 from soak.judge import rejudge
+from soak.report.oracle import CanaryMark, CanaryTally, canary_mark, tally, thin
 from soak.store.rundir import MARKERS_TEXT, RunDir
 from soak.store.segments import line_head
 from soak.store.store import EVENTS, REQUESTS
@@ -199,6 +200,9 @@ class RunData:
     # fields of the wrong type, read as absent, by file ("samples.jsonl", "incidents/N/incident.json")
     wrong_type_fields: dict[str, int] = field(default_factory=dict)
     gpu_source: GpuSource | None = None  # STAGE_CPU: the rows are stages' CPU, not GPUs
+    # the oracle's judged canaries (samples of kind "canary"), in time order (soak.report.oracle)
+    canaries: tuple[CanaryMark, ...] = ()  # thinned for drawing past soak.report.oracle.MAX_MARKS
+    canary_tally: CanaryTally = field(default_factory=CanaryTally)  # every canary counted
 
     @property
     def stages(self) -> tuple[tuple[int, ...], ...]:
@@ -282,6 +286,7 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
     client_tokens: list[float] = []
     client_in_flight: list[float] = []
     log_lines: list[dict[str, Any]] = []
+    canaries: list[CanaryMark] = []
     # One pass over requests.jsonl: the judge's figures and the report's columns.
     columns = RequestColumnsBuilder()
     request_stats: dict[str, int] = {}
@@ -302,7 +307,7 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
     sample_stats: dict[str, int] = {}
     for source, number, raw in run.sample_lines(stats=sample_stats):  # rolled gzip segments, then samples.jsonl
         kind, ts = line_head(raw)
-        if kind is not None and kind not in TIMELINE_KINDS and kind != "log":
+        if kind is not None and kind not in TIMELINE_KINDS and kind not in ("log", "canary"):
             continue  # health, process: not plotted
         if gap and kind in TIMELINE_KINDS and ts is not None and math.isfinite(ts):
             if ts < last_kept.get(kind, float("-inf")) + gap:
@@ -312,6 +317,11 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         if not isinstance(s, dict):
             continue
         kind, ts = s.get("kind"), s.get("ts")
+        if kind == "canary":  # read totally: a field of the wrong type reads as absent
+            mark = canary_mark(s)
+            if mark is not None:
+                canaries.append(mark)
+            continue
         if not is_str(kind) or kind not in SAMPLE_TYPES:
             continue
         if not is_timestamp(ts):
@@ -376,7 +386,8 @@ def _load_run(path: Path, judged: Mapping[str, Any] | None = None) -> RunData:
         server={k: np.asarray(v) for k, v in server_cols.items()}, client_ts=np.asarray(client_ts),
         client_tokens=np.asarray(client_tokens), client_in_flight=np.asarray(client_in_flight),
         log_lines=log_lines, incidents=_incidents(run, wrong_types), bad_lines=bad, gpu_source=gpu_source,
-        wrong_type_fields=wrong_types,
+        wrong_type_fields=wrong_types, canaries=thin(sorted(canaries, key=lambda m: m.ts)),
+        canary_tally=tally(canaries),
     )
 
 

@@ -27,6 +27,7 @@ from soak.redact import Redactor
 from soak.respond import evidence as ev
 from soak.respond.collect import EvidenceCollector, incident_diagnosis
 from soak.respond.config import ResponseConfig
+from soak.respond.corruption import NO_KILL_NOTE, corruption_file, corruption_summary
 from soak.respond.flight import FlightRecorderPaths, default_flight_recorder_paths, ownership_variable
 from soak.respond.gpu import GpuRelease
 from soak.proc.facts import Member
@@ -160,6 +161,8 @@ class Responder:
         }
         self._save(bundle, header)
         survey = await self._takedown.survey()
+        if decision.kind is IncidentKind.CORRUPTION:
+            return await self._corruption(decision, number, rel, bundle, header, survey)
 
         # 1. Evidence.
         if self._config.evidence.enabled:
@@ -188,6 +191,35 @@ class Responder:
 
         record = self._record(decision, number, rel, bundle, kill, release,
                               notes=[*survey.notes, *kill.notes, *release.notes])
+        header["status"] = IncidentStatus.DONE.value
+        header["steps"] = bundle.steps
+        header["record"] = record.to_json()
+        self._save(bundle, header)
+        return record
+
+    async def _corruption(self, decision: Decision, number: int, rel: str, bundle: ev.Bundle, header: dict,
+                          survey: Any) -> IncidentRecord:
+        """The usual bundle plus corruption.json; no SIGKILL (soak.respond.corruption)."""
+        if self._config.evidence.enabled:
+            header["status"] = IncidentStatus.EVIDENCE.value
+            await self._evidence.collect(bundle, detected_at=decision.decided_at, members=survey.members,
+                                         root=self.targets.tree.root, gpu_sample=survey.gpu_sample,
+                                         gpu_error=survey.gpu_error)
+        try:
+            bundle.write_json(bundle.dir / "corruption.json", ev.plain(corruption_file(decision)))
+        except OSError as exc:
+            self._write_failed(exc)
+        interval = decision.evidence.get("onset_interval") or {}
+        latency = detection_latency(detected_at=decision.decided_at, onset_at=decision.onset_at,
+                                    onset_earliest_at=interval.get("earliest"), onset_latest_at=interval.get("latest"))
+        record = IncidentRecord(
+            number=number, kind=decision.kind, rule=decision.rule, onset_at=decision.onset_at,
+            detected_at=decision.decided_at, killed_pids=(), gpus_released=None, gpu_free_s=None, evidence=rel,
+            summary=corruption_summary(decision, latency_words(latency)), reasons=decision.reasons,
+            notes=tuple(bundle.notes() + [*survey.notes, NO_KILL_NOTE]),
+            onset_earliest_at=interval.get("earliest"), onset_latest_at=interval.get("latest"),
+            extra={"corruption": "corruption.json"},
+        )
         header["status"] = IncidentStatus.DONE.value
         header["steps"] = bundle.steps
         header["record"] = record.to_json()

@@ -85,19 +85,21 @@ def run(config_path: Path, *, out: Path | None, duration: str | None, view: str 
 
 
 def say_end(summary: RunSummary, *, exit_code: int, run_dir: Path, stream: TextIO) -> None:
-    """The end-of-run block (soak.run.end_block), on every view mode; colour on a terminal only."""
+    """The end-of-run block (soak.run.end_block), on every view mode; colour as soak.colour says."""
+    from soak.report.oracle import read_oracle
     from soak.run.end_block import end_block
 
     files = [str(run_dir / name) for name in ("report.html", "summary.json") if (run_dir / name).exists()]
     build = summary.build_entry.key if summary.build_entry is not None else None
-    try:
-        colour = stream.isatty()
-    except (AttributeError, ValueError):
-        colour = False
+    import os
+
+    from soak.colour import colour_wanted
+
+    colour = colour_wanted(stream, os.environ)  # NO_COLOR wins; FORCE_COLOR; else a terminal
     try:
         # The time at risk is the judge's (summary.json's time_at_risk_s): one MTBF a night.
         stream.write(end_block(summary, exit_code=exit_code, files=files, build=build, colour=colour,
-                               at_risk=summary.at_risk))
+                               at_risk=summary.at_risk, oracle=read_oracle(run_dir)))
         stream.flush()
     except (OSError, ValueError):
         pass  # a closed stream: the run's record and exit status stand

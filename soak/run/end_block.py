@@ -20,6 +20,7 @@ from soak.judge.reasons import threshold_text, value_text
 from soak.onset import latency_span, restated
 from soak.printable import printable
 from soak.records import Verdict
+from soak.report.oracle import OracleView, corruption_sentence
 from soak.summary_file import IncidentEntry, RunSummary
 
 # What each exit status of CONTRACTS.md means, in the verdict line.
@@ -122,7 +123,8 @@ def _incident_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
-_KIND_WORDS = {"hang": ("hang", "hangs"), "crash": ("crash", "crashes"), "server_gone": ("lost server", "lost servers")}
+_KIND_WORDS = {"hang": ("hang", "hangs"), "crash": ("crash", "crashes"), "server_gone": ("lost server", "lost servers"),
+               "corruption": ("corruption", "corruptions")}
 _TIMES = {1: "once", 2: "twice"}
 
 
@@ -181,9 +183,22 @@ def _meaning(summary: RunSummary, exit_code: int) -> str:
     return EXIT_MEANINGS.get(exit_code, "see CONTRACTS.md")
 
 
+def oracle_lines(oracle: OracleView | None) -> list[str]:
+    """The correctness oracle's lines: each corruption in one sentence with its evidence, then the
+    canaries counted (judged, matched, explained, corrupt) and their measured share of server time."""
+    if oracle is None:
+        return []
+    lines = [f"corruption  {clean(corruption_sentence(c))}; evidence {clean(c.evidence)}/" for c in oracle.corruptions]
+    if oracle.tally.total:
+        lines.append(f"canaries    {clean(oracle.tally.sentence())}")
+    return lines
+
+
 def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], build: str | None = None,
-              at_risk: tuple[int, float] | None = None, colour: bool = False) -> str:
-    """The end of a run in plain lines (ANSI colour only with ``colour``)."""
+              at_risk: tuple[int, float] | None = None, colour: bool = False,
+              oracle: OracleView | None = None) -> str:
+    """The end of a run in plain lines (ANSI colour only with ``colour``). ``oracle``: the run's
+    canaries and corruptions (``soak.report.oracle.read_oracle(run_dir)``), None for a run without."""
     verdict = summary.verdict
     shown = (verdict.value if verdict is not None else "unknown").upper()
     head = _paint(shown, _BOLD + _VERDICT_COLOURS.get(verdict, ""), colour) if verdict is not None else shown
@@ -202,6 +217,7 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
     lines.append(f"requests    {loaded}ok {req.ok or 0} failed {req.failed or 0}{cut}; incidents "
                  f"{len(summary.incidents)}; restarts {summary.restarts or 0}")
     lines += _incident_lines(summary)
+    lines += oracle_lines(oracle)
     lines.append(f"MTBF        {mtbf_sentence(summary, at_risk=at_risk)}")
     proof = proof_line(summary)
     if proof is not None:
@@ -217,4 +233,4 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
     return "\n".join([*lines, last]) + "\n"
 
 
-__all__ = ["EXIT_MEANINGS", "clean", "end_block", "format_latency", "mtbf_sentence", "proof_line"]
+__all__ = ["EXIT_MEANINGS", "clean", "end_block", "format_latency", "mtbf_sentence", "oracle_lines", "proof_line"]

@@ -45,6 +45,9 @@ class FanIn:
         # Set by a sample that settles a rule at once: the watch loop judges then,
         # not up to a detector interval later.
         self.judge_now = asyncio.Event()
+        # The canary probe (soak.probes.canary): the server's state at a bad answer,
+        # the load's busy time for its share.
+        self.canaries: Any = None
 
     def on_sample(self, sample: Sample) -> None:
         recent = self._recent
@@ -56,6 +59,8 @@ class FanIn:
         if self._detector.observe(sample):
             self.judge_now.set()
         self._sinks.on_sample(sample)
+        if self.canaries is not None:
+            self.canaries.observe(sample)
         if isinstance(sample, GpuSample):
             change = self._gpu_freshness.observe(sample)
             if change is not None:
@@ -79,6 +84,8 @@ class FanIn:
     def on_record(self, record: RequestRecord) -> None:
         # Live, a record ends now on the run's monotonic clock, as the load's span does.
         self._tally.add(record, at=self._clock.monotonic())
+        if self.canaries is not None:
+            self.canaries.note_request(record)
         self._sinks.on_request(record)
         self._live.add_request(record)
 

@@ -18,8 +18,9 @@ from soak.clock import Clock
 from soak.criteria.rules import RequestTally
 from soak.errors import SoakError, TargetNotReady
 from soak.events import Emit, EventType
-from soak.records import Decision, IncidentRecord
+from soak.records import Decision, IncidentKind, IncidentRecord
 from soak.respond.config import ResponseConfig
+from soak.respond.corruption import CorruptionStep, corruption_action
 from soak.respond.policy import Action, NextAction, next_action
 from soak.run.stopping import Load, LoadStop
 from soak.samples import CutCause
@@ -36,6 +37,7 @@ class Handler(Protocol):
 
 class Resettable(Protocol):
     def reset(self, now: float) -> None: ...
+    def resume_after_corruption(self, now: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class IncidentCycle:
             self._restart_task.cancel()
 
     async def _respond(self, decision: Decision) -> None:
+        if decision.kind is IncidentKind.CORRUPTION:
+            await self._respond_to_corruption(decision)
+            return
         parts = self._parts
         self.incidents += 1
         self.failed = True
@@ -122,7 +127,36 @@ class IncidentCycle:
         if after_response(action, interrupted=self._stop.interrupted, stopping=parts.load.stopping) is Action.STOP:
             self._stop.stop(f"incident {number}: {action.reason}")
             return
-        self._emit(EventType.RESTART_STARTED, number=number, reason=action.reason)
+        await self._restart(number, action.reason, paused)
+
+    async def _respond_to_corruption(self, decision: Decision) -> None:
+        """A corrupting server still answers: its evidence is captured while the load
+        runs (what the batch was doing), nothing is killed, then on_corruption decides
+        (soak.respond.corruption): stop ends the run as its end does, restart
+        relaunches a launched target, continue keeps soaking."""
+        parts = self._parts
+        self.incidents += 1
+        self.failed = True
+        number = self.incidents
+        action = corruption_action(self._response, restarts_done=self.restarts, can_restart=self._can_restart)
+        self._emit(EventType.INCIDENT_STARTED, number=number, rule=decision.rule, kind=decision.kind.value,
+                   aborted_requests=0, response=action.action.value)
+        parts.on_incident(await parts.responder.handle(decision, number))
+        if action.action is CorruptionStep.CONTINUE and not self._stop.interrupted and not parts.load.stopping:
+            now = self._clock.now()
+            parts.detector.resume_after_corruption(now)  # the corruption rule's memory only
+            return
+        if action.action is not CorruptionStep.RESTART or self._stop.interrupted or parts.load.stopping:
+            self._stop.stop(f"incident {number}: {action.reason}")
+            return
+        parts.load.pause()
+        paused = self._clock.monotonic()
+        parts.client.abort_in_flight(f"incident {number}", cut_by=CutCause.INCIDENT)
+        await self._restart(number, action.reason, paused)
+
+    async def _restart(self, number: int, reason: str, paused: float) -> None:
+        parts = self._parts
+        self._emit(EventType.RESTART_STARTED, number=number, reason=reason)
         if not await self._relaunch(number):
             return
         self.restarts += 1

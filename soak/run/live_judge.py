@@ -51,7 +51,11 @@ class LiveJudge:
             self._book.add_server(ts, values)
 
     def criteria(self) -> CriteriaDecision:
-        self._tally.watch(self._clock.monotonic())
+        now = self._clock.monotonic()
+        load = self._stop.load
+        if load is not None and load.stopping:
+            self._tally.stop_sending(now)  # the drain is not owed the work rate
+        self._tally.watch(now)
         decision = judge(self._criteria, self._tally, final=False)
         for result in decision.results:
             said = _SAID.get(result.state)

@@ -229,7 +229,7 @@ class SoakRun:
         facts = await self._start_target()
         config, layout, parts = self.config, self.layout, self._parts
         workload = self.workload = parts.workload(facts.model)
-        await parts.calibrate(workload, facts)
+        count_output = await parts.calibrate(workload, facts)
         plan = workload.plan(duration_s=config.duration, concurrency=config.load.concurrency,
                              block_size=layout.block_size)
         plan_json = plan.to_json()
@@ -251,6 +251,7 @@ class SoakRun:
                                       clock=self.clock)
         self.client.mono_origin = self.store.mono_origin
         self.client.usage_cached_tokens = self._cached_tokens_reader(facts)
+        self.client.count_output = count_output  # exact counts of what was streamed, where the run has them
         await self.client.start()
         self._probing.start(facts, log_from_start=True)
         # The report's process imports its renderer now, off the harness, so the run's end only renders.
@@ -321,7 +322,9 @@ class SoakRun:
         self.event(EventType.CRITERIA_CONFIG, criteria=config.criteria.model_dump(mode="json"))
         if self.proof is not None:
             self.proof.started()
+        self._start_canaries()
         result = await generator.run()
+        await self._stop_canaries()
         self.tally.close_load(self.clock.monotonic())
         await self._scrape_metrics()
         self.event(EventType.LOAD_STOPPED, reason=self.load_stop.reason or result.stop_reason,
@@ -332,6 +335,21 @@ class SoakRun:
 
     async def _scrape_metrics(self) -> None:
         await self._probing.scrape_metrics()
+
+    def _start_canaries(self) -> None:
+        """The oracle's canaries beside the load (soak.probes.canary), never counted as workload."""
+        assert self.facts is not None
+        self._fan_in.canaries = self._probing.start_canaries(
+            self.config.oracle, workload=self.workload, facts=self.facts, seed=self.config.seed,
+            concurrency=self.config.load.concurrency, api_key=self.options.api_key, clock=self.clock)
+
+    async def _stop_canaries(self) -> None:
+        facts, oracle = self.facts, self.config.oracle
+        header = {"model": facts.model if facts else None, "server_version": facts.reported_version if facts else None,
+                  "build": self._redacted_config.get("build"), "tie_margin": oracle.tie_margin}
+        clean = self.cycle is None or not self.cycle.incidents
+        await self._probing.stop_canaries(record_to=oracle.record_reference if oracle.enabled else None,
+                                          header=header, clean=clean)
 
     def _new_life(self) -> int | None:
         """A restarted target: its details flag learned again, its probes on the new root PID."""
@@ -394,6 +412,7 @@ class SoakRun:
             await self._let_a_response_finish()
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
+        await step("the canaries", self._probing.stop_canaries)
         await step("the probes", self._probing.close_probes)
         if self.responder is not None:
             await step("the responder", self.responder.aclose)

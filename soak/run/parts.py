@@ -54,9 +54,10 @@ class ResponderFactory(Protocol):
 
 
 class Calibrate(Protocol):
-    """Count the workload's text once, on the target ``facts`` describe."""
+    """Count the workload's text once, on the target ``facts`` describe; give back the
+    exact in-process counter of answers' text, or None where the run has none."""
 
-    def __call__(self, workload: Workload, facts: TargetFacts) -> Awaitable[None]: ...
+    def __call__(self, workload: Workload, facts: TargetFacts) -> Awaitable[Callable[[str], int] | None]: ...
 
 
 @dataclass(frozen=True)

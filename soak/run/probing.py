@@ -5,7 +5,7 @@ the probes of the target's current life on one scheduler (rebuilt for each life)
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from soak.events import Emit, EventType
 from soak.load.progress import ProgressTracker
@@ -31,6 +31,7 @@ class Probing:
         self._session: OutboundSession | None = None
         self.gpu_source: GpuSourceLike | None = None
         self.scheduler: ProbeScheduler | None = None
+        self.canaries: Any = None  # soak.probes.canary.CanaryProbe, once the load runs
 
     @property
     def session(self) -> OutboundSession:
@@ -51,6 +52,38 @@ class Probing:
                                       progress=self._progress, log_from_start=log_from_start)
         self.scheduler = ProbeScheduler(list(probes), emit=self._on_sample)
         self.scheduler.start()
+
+    def start_canaries(self, oracle: Any, *, workload: Any, facts: TargetFacts, seed: int, concurrency: int,
+                       api_key: str | None, clock: Any) -> Any:
+        """The correctness oracle's canaries, beside the load (None: off)."""
+        from soak.probes.build import build_canary_probe
+
+        if self.canaries is None:
+            self.canaries = build_canary_probe(
+                oracle, workload=workload, model=facts.model or "", base_url=facts.base_url, session=self.session,
+                clock=clock, on_sample=self._on_sample, emit=self._emit, seed=seed, concurrency=concurrency,
+                tracker=self._progress, api_key=api_key)
+            if self.canaries is not None:
+                self.canaries.start()
+        return self.canaries
+
+    async def stop_canaries(self, *, record_to: str | None = None, header: Mapping[str, Any] | None = None,
+                            clean: bool = True) -> None:
+        """The canaries stopped; their references recorded to ``record_to`` when this
+        run saw nothing wrong (a wrong answer, an incident) — never a bad night's."""
+        probe = self.canaries
+        if probe is None:
+            return
+        await probe.aclose()
+        if record_to is None:
+            return
+        if not clean or probe.bad:
+            self._emit(EventType.WARNING, message=f"oracle.record_reference {record_to}: not recorded, "
+                                                  "this run was not clean")
+            return
+        count = probe.write_reference(record_to, header=dict(header or {}))
+        self._emit(EventType.WARNING, message=f"oracle.record_reference: {count} canary references "
+                                              f"recorded to {record_to}")
 
     async def close_probes(self) -> None:
         if self.scheduler is not None:

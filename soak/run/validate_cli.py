@@ -1,7 +1,9 @@
 """``soak validate CONFIG``: check the config and its workload, print the plan, run nothing.
 
 Exit 0 when the config is good (the plan is printed), 2 with one line naming
-the file and the field when it is not. Token counts come from the counter the
+the file and the field when it is not. ``soak validate --explain KEY`` prints one
+key's entry of the config reference (docs/config-reference.md) and needs no config;
+an unknown key is one line naming the close matches, exit 2. Token counts come from the counter the
 workload would use when that needs no server (the simulator's tokenizer, a
 local tokenizer, or an estimate, labelled as such).
 """
@@ -13,13 +15,40 @@ from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="CONFIG", type=Path, help="the run config (YAML)")
+    parser.add_argument("config", metavar="CONFIG", type=Path, nargs="?", default=None,
+                        help="the run config (YAML); not needed with --explain")
     parser.add_argument("--duration", metavar="DURATION", default=None, help="as for soak run")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--explain", metavar="KEY", default=None,
+                        help="print a config key's type, default, unit, description and example "
+                             "(target.model, oracle.tie_margin, workload.synthetic_agentic.max_context_tokens; "
+                             "the kind may be left out, as the YAML does: workload.max_context_tokens)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.explain is not None:
+        return explain(args.explain)
+    if args.config is None:
+        from soak.errors import ArgumentError
+
+        raise ArgumentError("give a CONFIG to validate, or --explain KEY")
     return validate(args.config, duration=args.duration, as_json=args.json)
+
+
+def explain(key: str) -> int:
+    """Print the reference entry (or entries: one per kind that has the key) for ``key``."""
+    from soak.configref import close_matches, entries, explain_text, find
+    from soak.errors import ArgumentError
+    from soak.printable import printable
+
+    found = entries()
+    matched = find(key, found)
+    if not matched:
+        near = close_matches(key, found)
+        hint = f"; did you mean {', '.join(near)}?" if near else "; docs/config-reference.md lists every key"
+        raise ArgumentError(printable(f"--explain: no config key {key!r}{hint}"))
+    print("\n\n".join(explain_text(e) for e in matched))
+    return 0
 
 
 def validate(config_path: Path, *, duration: str | None, as_json: bool) -> int:

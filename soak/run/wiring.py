@@ -273,8 +273,11 @@ def build_soak_run(
             proc=proc,
         )
 
-    async def calibrate(workload: Workload, facts: TargetFacts) -> None:
+    async def calibrate(workload: Workload, facts: TargetFacts) -> Callable[[str], int] | None:
+        """Count the workload; return the counter of answers' text when it is exact and
+        in-process (the answers' token counts then come from what was streamed, never a claim)."""
         from soak.workload import TargetCounter, make_counter
+        from soak.workload.counters import LocalTokenizerCounter, SimCounter
 
         counter = make_counter(config.workload.tokenizer, target_is_simulator=is_sim, base_url=facts.base_url,
                                model=facts.model or "", config_path=config_path)
@@ -283,6 +286,7 @@ def build_soak_run(
         finally:
             if isinstance(counter, TargetCounter):  # the one counter with a session of its own
                 await counter.aclose()
+        return counter.count_text_sync if isinstance(counter, (SimCounter, LocalTokenizerCounter)) else None
 
     soak_run = SoakRun(
         config=config,

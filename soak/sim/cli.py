@@ -39,6 +39,9 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--stage-time-per-token", "stage_time_per_token", float, "extra stage time per scheduled token (default 6e-6)"),
     ("--startup-delay", "startup_delay", str, "loading time: connections are refused this long after start (default 0)"),
     ("--default-output-tokens", "default_output_tokens", int, "EOS after this many tokens when max_tokens is absent (default 256)"),
+    ("--near-tie-rate", "near_tie_rate", float, "share of positions whose top two tokens nearly tie (default 0.02)"),
+    ("--near-tie-flip", "near_tie_flip", float,
+     "chance the batch's composition flips a near tie to the runner-up; 0: batch-invariant (default 0.3)"),
     ("--decode-util-pct", "decode_util_pct", float, "GPU utilization during decode steps (default 60)"),
     ("--gpu-mem-total-mib", "gpu_mem_total_mib", int, "simulated GPU memory (default 24576)"),
     ("--gpu-mem-used-mib", "gpu_mem_used_mib", int, "memory a live worker holds (default 22800)"),
@@ -75,7 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KIND[:k=v,...]",
-        help="pp_deadlock | all_idle_deadlock | crash | slow | metrics_stall, with trigger at=, after_requests=, mtbf= (simulated s), pp_deadlock also wall_mtbf= (wall s of load) "
+        help="pp_deadlock | all_idle_deadlock | crash | slow | metrics_stall | corrupt_output | corrupt_then_deadlock | "
+        "lying_usage | other_model | replay | collapse, with trigger at=, after_requests=, mtbf= (simulated s), pp_deadlock also wall_mtbf= (wall s of load) "
         "and the fault's own settings; repeatable",
     )
 

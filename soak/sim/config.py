@@ -86,7 +86,58 @@ class MetricsStallFault(FaultTrigger):
     duration: Optional[Duration] = None  # None: /metrics never answers again
 
 
-FAULT_KINDS = ("pp_deadlock", "all_idle_deadlock", "crash", "slow", "metrics_stall")
+class CorruptOutputFault(FaultTrigger):
+    """Sampled tokens misaligned between the requests of a batch (soak.sim.greedy):
+    answers come back 200 with wrong tokens, silently."""
+
+    kind: Literal["corrupt_output"] = "corrupt_output"
+    scope: Literal["all", "long"] = "all"  # long: prompts of at least long_tokens
+    long_tokens: int = Field(default=2048, ge=1)
+    one_in: int = Field(default=1, ge=1)  # only one answer in N is affected
+    duration: Optional[Duration] = None  # None: for good
+
+
+class CorruptThenDeadlockFault(CorruptOutputFault):
+    """The seed's story: the misalignment corrupts answers from its onset, and
+    ``deadlock_after`` simulated seconds later the pipeline deadlocks as
+    ``pp_deadlock`` (``deadlock``: its settings; its own triggers are not read)."""
+
+    kind: Literal["corrupt_then_deadlock"] = "corrupt_then_deadlock"  # type: ignore[assignment]
+    deadlock_after: Duration = 300.0
+    deadlock: PpDeadlockFault = Field(default_factory=PpDeadlockFault)
+
+
+class LyingUsageFault(FaultTrigger):
+    """usage claims ``factor`` times the completion tokens streamed (/metrics stays true)."""
+
+    kind: Literal["lying_usage"] = "lying_usage"
+    factor: float = Field(default=2.0, gt=0)
+
+
+class OtherModelFault(FaultTrigger):
+    """Answers and chunks name ``model`` while /v1/models says the configured one."""
+
+    kind: Literal["other_model"] = "other_model"
+    model: str = "other-model"
+
+
+class ReplayFault(FaultTrigger):
+    """Every answer the same cached bytes (the first answer after the onset, per
+    endpoint and streaming mode); the engine does no work for them."""
+
+    kind: Literal["replay"] = "replay"
+
+
+class CollapseFault(FaultTrigger):
+    """Throughput falls ``factor`` times: every engine step takes that much longer."""
+
+    kind: Literal["collapse"] = "collapse"
+    factor: float = Field(default=300.0, ge=1)
+    duration: Optional[Duration] = None  # None: for good
+
+
+FAULT_KINDS = ("pp_deadlock", "all_idle_deadlock", "crash", "slow", "metrics_stall", "corrupt_output",
+               "corrupt_then_deadlock", "lying_usage", "other_model", "replay", "collapse")
 
 
 def _known_kind(value):
@@ -98,7 +149,8 @@ def _known_kind(value):
 
 
 FaultConfig = Annotated[
-    Union[PpDeadlockFault, AllIdleDeadlockFault, CrashFault, SlowFault, MetricsStallFault],
+    Union[PpDeadlockFault, AllIdleDeadlockFault, CrashFault, SlowFault, MetricsStallFault, CorruptOutputFault,
+          CorruptThenDeadlockFault, LyingUsageFault, OtherModelFault, ReplayFault, CollapseFault],
     Field(discriminator="kind"),
     BeforeValidator(_known_kind),
 ]
@@ -130,6 +182,11 @@ class SimConfig(StrictModel):
     # once loaded); in-process, /health answers 503 meanwhile.
     startup_delay: Duration = 0.0
     default_output_tokens: int = Field(default=256, ge=1)  # EOS point when max_tokens is absent
+    # The model's answers (soak.sim.greedy): the share of positions whose top two
+    # tokens are nearly tied (<= 0.004 nats), and the chance that the batch's
+    # composition flips such a tie to the runner-up (0: a batch-invariant server).
+    near_tie_rate: float = Field(default=0.02, ge=0.0, le=1.0)
+    near_tie_flip: float = Field(default=0.3, ge=0.0, le=1.0)
     # GPUs (defaults: an RTX 3090 holding its share of the model and the KV cache)
     gpu_mem_total_mib: int = 24576
     gpu_mem_used_mib: int = 22800

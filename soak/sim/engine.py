@@ -20,22 +20,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, Sequence
 
+from soak.sim import greedy
 from soak.sim.config import SimConfig
+from soak.sim.greedy import WORDS  # noqa: F401  (re-exported: the sim's output vocabulary)
 from soak.sim.prefix_cache import Allocation, BlockPool
-
-# Each is one token of soak.tokens.tokenizer, and so is each of them after another.
-WORDS = tuple(
-    " " + w
-    for w in (
-        "the of and to in is that it for was on are as with his they at be this "
-        "from have or by one had not but what all were when we there can an your "
-        "which their said if do will each about how up out them then she many some "
-        "so these would other into has more her two like him see time could no make "
-        "than been call who its now find long down day did get come made may part"
-    ).split()
-    if len(w) <= 4
-)
-
 
 class Phase(str, Enum):
     WAITING = "waiting"
@@ -51,7 +39,11 @@ class SimRequest:
     stop_at: int  # output tokens to produce
     finish_reason: str  # "length" (max_tokens) or "stop" (EOS)
     arrival: float
-    text_offset: int = 0
+    # The prompt's content (soak.sim.greedy.prompt_digest): the answer is a function of it.
+    digest: int = 0
+    number: int = 0  # the server's request counter (fault corrupt_output's one_in)
+    # top_logprobs asked (None: no logprobs): only then is each position's state kept
+    logprobs: int | None = None
     phase: Phase = Phase.WAITING
     num_computed: int = 0
     cached_tokens: int = 0
@@ -62,14 +54,26 @@ class SimRequest:
     first_token_at: float | None = None
     last_token_at: float | None = None
     finished_at: float | None = None
+    tokens: bytearray = field(default_factory=bytearray)  # word indices into WORDS
+    state: int = field(default=0, init=False)  # the next position's state (greedy.advance)
+    # per position, the state whose distribution the logprobs report (None: not asked)
+    dists: list[int] | None = field(default=None, init=False)
+    # own samples kept while misaligned (a lone request receives its own, pp_size back)
+    history: list[tuple[int, int]] | None = field(default=None, init=False, repr=False)
+    history_from: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.state = self.digest
+        if self.logprobs is not None:
+            self.dists = []
 
     @property
     def prefilling(self) -> bool:
         return self.num_computed < self.prompt_tokens
 
     def output_text(self, start: int, n: int) -> str:
-        base = self.text_offset + start
-        return "".join(WORDS[(base + i) % len(WORDS)] for i in range(n))
+        words = greedy.WORDS
+        return "".join([words[t] for t in self.tokens[start:start + n]])
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,10 @@ class Engine:
         self._rng = random.Random(config.seed)
         self.steps = 0
         self.requests_added = 0
+        self.tie_threshold = greedy.tie_threshold(config.near_tie_rate)
+        self.near_tie_flip = config.near_tie_flip
+        self.misalign: greedy.Misalignment | None = None  # fault corrupt_output, from its onset
+        self.slowdown = 1.0  # fault collapse: every step this many times slower
 
     # ---- requests
     def add_request(self, req: SimRequest) -> None:
@@ -145,7 +153,7 @@ class Engine:
 
     def step_duration(self, num_tokens: int) -> float:
         c = self.config
-        return c.pp_size * (c.stage_time + c.stage_time_per_token * num_tokens)
+        return c.pp_size * (c.stage_time + c.stage_time_per_token * num_tokens) * self.slowdown
 
     # ---- one step
     def step(self, now: float) -> StepResult:
@@ -214,6 +222,7 @@ class Engine:
         drafts = draft_tokens = 0
         accepted_per_pos = [0] * spec
         finished: list[SimRequest] = []
+        emitting: list[tuple[SimRequest, int]] = []
         for req, n in plan:
             if req.prefilling:
                 prefill_tokens += n
@@ -236,6 +245,8 @@ class Engine:
                         accepted_per_pos[pos] += 1
                 emitted = 1 + accepted
             emitted = min(emitted, req.stop_at - req.output_tokens)
+            if emitted > 0:
+                emitting.append((req, emitted))
             first = req.output_tokens == 0
             since = None if first else end - (req.last_token_at or end)
             req.output_tokens += emitted
@@ -251,6 +262,9 @@ class Engine:
                 finished.append(req)
             deltas.append(Delta(req, emitted, first, done))
 
+        if emitting:  # which tokens: the batch's composition decides near ties (and a misalignment)
+            greedy.sample_batch(self.steps, len(plan), emitting, threshold=self.tie_threshold,
+                                flip=self.near_tie_flip, misalign=self.misalign, pp=c.pp_size)
         for req in finished:
             self.running.remove(req)
             self.pool.release(req.alloc)

@@ -32,6 +32,8 @@ What each does (log lines as FACTS.md, intervals scaled by time_scale):
   server exits with ``exit_code``, unless ``keep_alive_on_engine_death``.
 - ``slow``: one healthy pause of ``pause`` (every stage busy, no tokens).
 - ``metrics_stall``: /metrics stops answering (for ``duration``, or for good).
+- ``corrupt_output``, ``corrupt_then_deadlock``, ``lying_usage``, ``other_model``,
+  ``replay``, ``collapse``: the server answers, wrongly (``soak.sim.claims``).
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ from pydantic import TypeAdapter, ValidationError
 from soak.sim.config import (
     FAULT_KINDS,
     AllIdleDeadlockFault,
+    CorruptOutputFault,
     CrashFault,
     FaultConfig,
     MetricsStallFault,
     PpDeadlockFault,
     SlowFault,
 )
+from soak.sim import claims
 from soak.sim.gpus import Activity
 
 if TYPE_CHECKING:
@@ -155,8 +159,8 @@ class FaultController:
         (before the load, between an agent's turns) fires with the next step, so its
         onset is never a moment no request could have seen (as the replay recorder,
         tests/fixtures/traces/make.py, has it)."""
-        if isinstance(armed.spec, (PpDeadlockFault, AllIdleDeadlockFault)):
-            await self.server.stepping.wait()
+        if isinstance(armed.spec, (PpDeadlockFault, AllIdleDeadlockFault, CorruptOutputFault)):
+            await self.server.stepping.wait()  # a misalignment too: it is in the step's sampled tokens
 
     def on_request(self, number: int) -> None:
         if number == 1:  # load has started: the harness's time at risk runs from here
@@ -169,10 +173,20 @@ class FaultController:
                 self.fire(armed)
 
     def inject(self, data: Any) -> dict[str, Any]:
-        armed = _Armed(parse_fault(data), None)
+        return self.fire_spec(parse_fault(data)).describe()
+
+    def fire_spec(self, spec: FaultConfig) -> _Armed:
+        """Fire ``spec`` now, listed in /sim/state (a fault's second act: corrupt_then_deadlock)."""
+        armed = _Armed(spec, None)
         self.armed.append(armed)
         self.fire(armed)
-        return armed.describe()
+        return armed
+
+    def spawn(self, coro) -> None:
+        self._spawn(coro)
+
+    def finish(self, armed: _Armed) -> None:
+        self._finish(armed)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -233,6 +247,8 @@ class FaultController:
             server.metrics_stalled = True
             if spec.duration is not None:
                 self._spawn(self._end_metrics_stall(armed, spec.duration))
+        elif isinstance(spec, claims.OUTPUT_FAULTS):
+            claims.fire(self, armed, spec)
 
     async def _end_after(self, armed: _Armed, seconds: float) -> None:
         await self.server.sleep_sim(seconds)

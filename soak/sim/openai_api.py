@@ -10,7 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from soak.tokens import chat, tokenizer
+from soak.sim import logprobs as lp_format
 from soak.sim.engine import SimRequest
+from soak.sim.greedy import prompt_digest
 from soak.sim.prefix_cache import block_hashes, text_block_hashes
 from soak.sim.server import ApiError, RequestStream, SimServer, bad_request, server_of
 
@@ -76,10 +78,11 @@ def _usage(server: SimServer, req: SimRequest) -> dict:
     """vLLM's UsageInfo as serialized (unset fields left out). 0.11.x writes
     ``prompt_tokens_details`` only with --enable-prompt-tokens-details and only
     when some token was cached; 0.33 writes it whenever the flag is on."""
+    claimed = server.claims.completion_claim(req.output_tokens)  # fault lying_usage: not what was streamed
     usage: dict[str, Any] = {
         "prompt_tokens": req.prompt_tokens,
-        "total_tokens": req.prompt_tokens + req.output_tokens,
-        "completion_tokens": req.output_tokens,
+        "total_tokens": req.prompt_tokens + claimed,
+        "completion_tokens": claimed,
     }
     if server.config.enable_prompt_tokens_details and (
         req.cached_tokens > 0 or not server.config.profile.cached_tokens_omitted_when_zero
@@ -160,12 +163,18 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         body = await json_body(request)
         model = _check_model(server, body)
         _check_alive(server)
+        top_k = lp_format.requested(body, chat_form=chat_form)
+        streamed = bool(body.get("stream"))
+        cached = server.claims.replayed(chat_form, streamed)
+        if cached is not None:  # fault replay: the same bytes again, no work done
+            return await _replay(request, cached, streamed)
         if chat_form:  # the memo: a turn's earlier messages are cut once, not at every turn
             prompt_tokens, text, bounds = server.section_memo.cut(_chat_sections(body), every=server.config.block_size)
             hashes = text_block_hashes(text, bounds)
         else:
             pieces = _completion_prompt(body)
             prompt_tokens, hashes = len(pieces), block_hashes(pieces, server.config.block_size)
+            text = "".join(pieces)
         max_tokens = _int_field(body, "max_completion_tokens" if chat_form and "max_completion_tokens" in body else "max_tokens", None, 1)
         min_tokens = _int_field(body, "min_tokens", 0) or 0
         stream_opts = body.get("stream_options")
@@ -182,11 +191,14 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
             min_tokens=min_tokens,
             ignore_eos=bool(body.get("ignore_eos", False)),
             prefix="chatcmpl" if chat_form else "cmpl",
+            digest=prompt_digest(text),
+            logprobs=top_k,
         )
     except ApiError as exc:
         return exc.response()
+    model = server.claims.shown_model(model)  # fault other_model: the answers name another
     try:
-        if body.get("stream"):
+        if streamed:
             return await _stream_response(
                 request, server, stream, model, chat_form,
                 include_usage=include_usage,
@@ -195,6 +207,16 @@ async def _generate(request: web.Request, *, chat_form: bool) -> web.StreamRespo
         return await _full_response(server, stream, model, chat_form)
     finally:
         server.forget(stream)
+
+
+async def _replay(request: web.Request, cached: bytes, streamed: bool) -> web.StreamResponse:
+    if not streamed:
+        return web.Response(body=cached, content_type="application/json", charset="utf-8")
+    resp = web.StreamResponse(status=200, headers=_STREAM_HEADERS)
+    await resp.prepare(request)
+    await resp.write(cached)
+    await resp.write_eof()
+    return resp
 
 
 async def _full_response(server: SimServer, stream: RequestStream, model: str, chat_form: bool) -> web.Response:
@@ -207,21 +229,25 @@ async def _full_response(server: SimServer, stream: RequestStream, model: str, c
             break
     text = req.output_text(0, req.output_tokens)
     created = int(time.time())
+    k, tie = req.logprobs, server.engine.tie_threshold
     if chat_form:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": [], "reasoning_content": None},
-            "logprobs": None,
+            "logprobs": None if k is None else {"content": lp_format.chat_content(req, 0, req.output_tokens, k, tie)},
             "finish_reason": req.finish_reason,
             "stop_reason": None,
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}
+        logprobs = None if k is None else lp_format.completion_logprobs(req, 0, req.output_tokens, k, tie, 0)
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": req.finish_reason, "stop_reason": None}
         obj = "text_completion"
-    return web.json_response(
+    data = json.dumps(
         {"id": req.request_id, "object": obj, "created": created, "model": model, "choices": [choice], "usage": _usage(server, req)}
-    )
+    ).encode()
+    server.claims.record(chat_form, False, data)
+    return web.Response(body=data, content_type="application/json", charset="utf-8")
 
 
 async def _stream_response(
@@ -235,7 +261,9 @@ async def _stream_response(
     obj = "chat.completion.chunk" if chat_form else "text_completion"
     head = f'{{"id":"{req.request_id}","object":"{obj}","created":{created},"model":{json.dumps(model)},"choices":['
     dumps = json.dumps
-    sent = 0
+    sent = chars = 0
+    k, tie = req.logprobs, server.engine.tie_threshold
+    recorded: list[bytes] | None = [] if server.claims.recording(chat_form, True) else None
     while True:
         d = await stream.queue.get()
         if d is None:  # the engine died under us: vLLM ends the stream with an error event
@@ -243,24 +271,35 @@ async def _stream_response(
             await resp.write(f"data: {dumps(err)}\n\ndata: [DONE]\n\n".encode())
             return resp
         text = req.output_text(sent, d.new_tokens)
+        lps = "null"
+        if k is not None:
+            lps = dumps({"content": lp_format.chat_content(req, sent, d.new_tokens, k, tie)} if chat_form
+                        else lp_format.completion_logprobs(req, sent, d.new_tokens, k, tie, chars))
+            chars += len(text)
         sent += d.new_tokens
         finish = dumps(req.finish_reason) if d.finished else "null"
         tail = "]}\n\n"
         if continuous_usage:  # vLLM's continuous_usage_stats: running usage on every chunk
-            running = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + sent, "completion_tokens": sent}
+            claimed = server.claims.completion_claim(sent)
+            running = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + claimed, "completion_tokens": claimed}
             tail = f'],"usage":{dumps(running)}}}\n\n'
         parts = []
         if chat_form:
             if d.first:
                 parts.append(f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}{tail}')
-            parts.append(f'data: {head}{{"index":0,"delta":{{"content":{dumps(text)}}},"logprobs":null,"finish_reason":{finish}}}{tail}')
+            parts.append(f'data: {head}{{"index":0,"delta":{{"content":{dumps(text)}}},"logprobs":{lps},"finish_reason":{finish}}}{tail}')
         else:
-            parts.append(f'data: {head}{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{finish},"stop_reason":null}}{tail}')
+            parts.append(f'data: {head}{{"index":0,"text":{dumps(text)},"logprobs":{lps},"finish_reason":{finish},"stop_reason":null}}{tail}')
         if d.finished:
             if include_usage:
                 parts.append(f"data: {head}],\"usage\":{dumps(_usage(server, req))}}}\n\n")
             parts.append("data: [DONE]\n\n")
-        await resp.write("".join(parts).encode())
+        data = "".join(parts).encode()
+        if recorded is not None:
+            recorded.append(data)
+        await resp.write(data)
         if d.finished:
+            if recorded is not None:
+                server.claims.record(chat_form, True, b"".join(recorded))
             await resp.write_eof()
             return resp

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from soak.clock import Clock, SystemClock
 from soak.tokens import tokenizer
+from soak.sim.claims import ClaimState
 from soak.sim.config import SimConfig
 from soak.sim.engine import Delta, Engine, SimRequest, StepResult
 from soak.sim.gpus import Activity, gpu_readings
@@ -93,6 +94,7 @@ class SimServer:
         self.stats = _StatsWindow()
         self.exit_code: int | None = None  # set when the server must stop (crash)
         self.stop_event = asyncio.Event()
+        self.claims = ClaimState()  # the work-claim faults (lying usage, another model, replay)
         self.faults = FaultController(self)
 
     # ---- time
@@ -112,6 +114,7 @@ class SimServer:
     # ---- lifecycle
     async def start(self) -> None:
         self._driver = asyncio.create_task(self._drive(), name="sim-engine-driver")
+        self._driver.add_done_callback(self._driver_ended)
         self._stats_task = asyncio.create_task(self._log_stats_loop(), name="sim-stats-log")
         self.faults.start()
 
@@ -128,6 +131,14 @@ class SimServer:
                     pass
         for stream in list(self._streams.values()):
             stream.queue.put_nowait(None)
+
+    def _driver_ended(self, task: asyncio.Task) -> None:
+        """A simulator bug must not pass for a deadlock: the traceback goes to the log."""
+        if not task.cancelled() and task.exception() is not None:
+            import traceback
+
+            self.log.error("sim/server.py:1", "simulator: the engine driver failed (a simulator bug)")
+            self.log.raw("".join(traceback.format_exception(task.exception())))
 
     def wake(self) -> None:
         self._wake.set()
@@ -206,8 +217,10 @@ class SimServer:
 
     # ---- requests
     def new_request(self, *, prompt_tokens: int, hashes: list[int], max_tokens: int | None, min_tokens: int, ignore_eos: bool,
-                    prefix: str) -> RequestStream:
-        """``hashes``: the prompt's full blocks' chained hashes (soak.sim.prefix_cache)."""
+                    prefix: str, digest: int = 0, logprobs: int | None = None) -> RequestStream:
+        """``hashes``: the prompt's full blocks' chained hashes (soak.sim.prefix_cache);
+        ``digest``: its content (soak.sim.greedy.prompt_digest); ``logprobs``: top
+        alternatives asked per position (None: no logprobs)."""
         c = self.config
         n = prompt_tokens
         if n > c.max_model_len or (max_tokens is not None and n + max_tokens > c.max_model_len):
@@ -244,7 +257,9 @@ class SimServer:
             stop_at=max(stop_at, 1),
             finish_reason=reason,
             arrival=self.sim_now(),
-            text_offset=(n * 7 + c.seed) % 97,
+            digest=digest,
+            number=number,
+            logprobs=logprobs,
         )
         stream = RequestStream(req)
         self._streams[req.request_id] = stream

@@ -15,6 +15,7 @@ judge's, above this floor: nothing here imports soak.thresholds.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from array import array
 from dataclasses import dataclass
@@ -49,7 +50,9 @@ EVENT_TYPES = {
     # run_ended: what the run knew at its end (soak.judge.ending.Ending)
     "problem": is_str, "interrupted": is_bool, "harness_fault": is_str, "failed_live": is_bool,
 }
-REQUEST_TYPES = {"started_at": is_timestamp, "ended_at": is_timestamp, "started_mono": is_number, "ended_mono": is_number}
+REQUEST_TYPES = {"started_at": is_timestamp, "ended_at": is_timestamp, "started_mono": is_number, "ended_mono": is_number,
+                 # the work claims' (soak.criteria.claims): a claim of the wrong type is no claim
+                 "model": is_str, "usage_output_tokens": is_int, "degenerate": is_str}
 
 
 def _number(value: Any) -> float | None:
@@ -123,6 +126,19 @@ class RequestDigest:
         return self.tally.cut
 
 
+# The fields of a request the work claims read (soak.criteria.claims.ClaimsTally.add), in order.
+CLAIM_FIELDS = ("outcome", "warmup", "output_tokens", "usage_output_tokens", "model", "degenerate", "started_at",
+                "ended_at")
+_CLAIM_INDEX = {name: i for i, name in enumerate(CLAIM_FIELDS)}
+
+
+def _claim_getter(row: tuple[Any, ...]) -> Any:
+    def get(key: str, default: Any = None) -> Any:
+        i = _CLAIM_INDEX.get(key)
+        return default if i is None else row[i]
+    return get
+
+
 def _count(value: Any) -> int | float:
     """A token count as recorded; anything else in a damaged line counts nothing."""
     return value if type(value) is int or (isinstance(value, (int, float)) and not isinstance(value, bool)) else 0
@@ -185,7 +201,8 @@ def fold_requests(records: Iterable[dict[str, Any]], criteria: CriteriaConfig, *
     span = span or LoadSpan(None)
     own_stats = read_stats
     by_outcome: dict[str, int] = {}
-    finished: list[tuple[float, str, str | None, int]] = []  # (end, outcome, cut cause, generated tokens)
+    # (end, outcome, cut cause, generated tokens, what the work claims read: CLAIM_FIELDS and server_accepted)
+    finished: list[tuple[float, str, str | None, int, tuple[Any, ...]]] = []
     warmup = measured = measured_generated = 0
     prompt_tokens = generated_tokens = cached_tokens = cached_known = 0
     first_started: float | None = None
@@ -207,8 +224,13 @@ def fold_requests(records: Iterable[dict[str, Any]], criteria: CriteriaConfig, *
         ended = isinstance(end, (int, float))
         cause = cut_cause(record) if outcome == "aborted" else None
         at = record_time(record, offset=span.offset)
-        finished.append((at if at is not None else 0.0, outcome, cause, work_tokens(record)))
-        if server_accepted(record):
+        accepted = server_accepted(record)
+        model = get("model")
+        claims = (outcome, get("warmup"), get("output_tokens"), get("usage_output_tokens"),
+                  sys.intern(model[:200]) if type(model) is str else model, get("degenerate"),
+                  get("started_at"), end, accepted)
+        finished.append((at if at is not None else 0.0, outcome, cause, work_tokens(record), claims))
+        if accepted:
             prompt_tokens += _count(get("prompt_tokens"))
         output_tokens = _count(get("output_tokens"))
         generated_tokens += output_tokens
@@ -243,8 +265,9 @@ def fold_requests(records: Iterable[dict[str, Any]], criteria: CriteriaConfig, *
     # The tally folds in the order requests ended (the no-success stretch is a time span).
     finished.sort(key=lambda row: row[0])
     tally = RequestTally.for_config(criteria, span=span)
-    for ended_at, outcome, cause, tokens in finished:
-        tally.add_finished(outcome, ended_at, cause, tokens=tokens)
+    for ended_at, outcome, cause, tokens, claims in finished:
+        tally.add_finished(outcome, ended_at, cause, tokens=tokens, record=_claim_getter(claims),
+                           accepted=claims[-1])
     if stats is not None:
         for key, count in own_stats.items():
             stats[key] = stats.get(key, 0) + count

@@ -32,6 +32,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # every stage's config section: validated before anything runs
     ("sections", ("soak.*.config", "soak.export.push_config", "soak.target")),
     ("config", ("soak.config",)),  # composes the sections
+    # the config reference (docs/config-reference.md), generated from the composed config
+    ("reference", ("soak.configref",)),
     ("workload", ("soak.workload",)),
     ("load", ("soak.load",)),
     ("probes", ("soak.probes",)),

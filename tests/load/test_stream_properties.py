@@ -217,7 +217,7 @@ def test_the_shapes_that_crashed_the_harness_are_outcomes() -> None:
     chunk = interpret(json.dumps({**base, "choices": [{"index": 0, "delta": {"content": None, "role": None},
                                                        "finish_reason": None, "logprobs": None}],
                                   "usage": None, "error": None}))
-    assert chunk == Chunk()
+    assert chunk == Chunk(model=base.get("model"))
     assert interpret(json.dumps({"choices": None, "usage": {"completion_tokens": 7}})).usage.completion_tokens == 7
 
 
@@ -246,7 +246,9 @@ def test_a_template_match_reads_exactly_as_the_full_parse(first: str, later: str
         assert template.matches(candidate) == (text is not None)
         if text is not None:
             size, solid = measure(text)
-            assert interpret(candidate) == Chunk(content=1, text_bytes=size, substantive=solid), candidate
+            # The same model as the learned chunk, too: the client reads the model from full parses only.
+            assert interpret(candidate) == Chunk(content=1, text_bytes=size, substantive=solid, text=text,
+                                                 model=interpret(data).model), candidate
 
 
 def test_the_template_is_learned_from_plain_content_and_skips_the_parse() -> None:
