@@ -337,15 +337,16 @@ def server_gone(s: SignalTracker, config: DetectorConfig, now: float) -> RuleSta
 def corruption(s: SignalTracker, config: DetectorConfig, now: float) -> RuleStatus:
     """A canary answer the oracle could not explain (CORRUPT) or that carried another
     canary's answer (CROSSTALK) fires at once: the server answers, wrongly. The onset
-    lies between the last good canary's start and this one's (before any good
-    canary: since the detector's reset, when that is known)."""
+    lies between the last good canary's start and the end of this one's answer
+    (a misalignment can strike mid-answer; before any good canary: since the
+    detector's reset, when that is known)."""
     name = "corruption"
     bad = s.canary_bad
     if bad is None:
         if s.canary_good_at is None:
             return RuleStatus(name, RuleState.INACTIVE, reasons=("no canary judged yet",))
         return RuleStatus(name, RuleState.CLEAR)
-    latest = bad.started_at if bad.started_at is not None else bad.ts
+    latest = bad.ts  # the bad answer was judged as it ended: the misalignment came before
     earliest = s.canary_bad_before
     if earliest is None and s.started_at != float("-inf"):
         earliest = min(s.started_at, latest)

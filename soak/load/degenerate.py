@@ -24,7 +24,7 @@ more per chunk: the client's hot path.)
 
 The trade-off: a loop whose unit is longer than ``MAX_PERIOD`` characters (a
 whole paragraph repeated) is not caught. That bound is what keeps the
-simulator's healthy text, a 317-character cycle of 76 distinct words (soak.sim.engine.WORDS),
+simulator's healthy text, a prompt-driven walk over 76 distinct words (soak.sim.greedy),
 and legitimately repeated blocks of prose or code from reading as loops: by the
 text alone a paragraph said twelve times is that cycle. Below ``MIN_SPAN``
 (200 characters) nothing is flagged, so doubled words ("had had"), short rules

@@ -10,19 +10,17 @@ Pacing (``CanaryPacer``, pure): at most one canary in flight; at least
 ``oracle.interval`` between starts; and the canaries' share of server time at
 most ``oracle.max_share``, where
 
-    share = C / (C + L / c)
+    share = C / (C + L)
 
-over the span since the probe started: C is the canaries' busy seconds (each
-canary's whole request time), L the load's busy request-seconds (the sum over
-its requests of the time each was in flight, finished or not) and c the load's
-concurrency. L / c is the time the load's slots were busy, so the share counts
-a canary as though it had the whole server while it ran: an upper bound on its
-real cost in a batch (a canary is one request among c + 1). When the load idles
-(think times, a drain), L / c grows slower and canaries wait. A canary starts
-only when the share *after* it (its duration estimated from its last run, for a
-canary's first run the longest of the load's requests and the canaries so far)
-stays within the bound, so the pacer waits longer after a long canary. Every sample carries
-the running share.
+over the span since the probe started: C is the canaries' busy request-seconds
+(each canary's whole request time), L the load's (the sum over its requests of
+the time each was in flight, finished or not). A batching server shares its
+steps among the requests in flight, so a canary's cost is its request-seconds
+among all of them. When the load idles (think times, a drain), L grows slower
+and canaries wait. A canary starts only when the share *after* it (its duration
+estimated from its last run; a canary's first run, from the others' runs, or
+nothing before any) stays within the bound, so the pacer waits longer after a
+long canary. Every sample carries the running share.
 
 A failed or timed-out canary is UNJUDGED with its error: a hang is the hang
 rules' business. So is an answer that cannot be read (not JSON, no choices,
@@ -75,7 +73,7 @@ class CanaryPacer:
 
     def share(self, load_busy_s: float, *, extra_s: float = 0.0) -> float:
         canary = self.canary_busy_s + extra_s
-        denominator = canary + max(0.0, load_busy_s) / self.concurrency
+        denominator = canary + max(0.0, load_busy_s)
         return canary / denominator if denominator > 0 else 0.0
 
     def wait_s(self, *, now: float, load_busy_s: float, estimate_s: float) -> float:
@@ -83,9 +81,9 @@ class CanaryPacer:
         (0: start now)."""
         wait = 0.0 if self.last_start is None else max(0.0, self.last_start + self.interval_s - now)
         if self.share(load_busy_s, extra_s=estimate_s) > self.max_share:
-            # The load's slots must be busy this much longer (at best, all c of them).
+            # The load must be busy this many request-seconds longer: at best c of them a second.
             needed = (self.canary_busy_s + estimate_s) * (1.0 / self.max_share - 1.0)
-            wait = max(wait, needed - load_busy_s / self.concurrency, MIN_POLL_S)
+            wait = max(wait, (needed - load_busy_s) / self.concurrency, MIN_POLL_S)
         return wait
 
     def started(self, at: float) -> None:
@@ -208,15 +206,14 @@ class CanaryProbe:
                 self._emit(EventType.WARNING, message=clip(f"canary probe: {type(exc).__name__}: {exc}", 300))
 
     def _estimate(self, canary: Canary) -> float:
-        """How long ``canary`` will take: its last run; never run yet, the longest of the
-        canaries run so far and the load's requests (a canary is no longer than the
-        load's own requests at its context). The night's very first canary has no
-        estimate: its share is its own time over the load's interval before it."""
+        """How long ``canary`` will take: its last run; never run yet, the mean of the
+        canaries run so far (none yet: 0, so the night's first canary goes after one
+        interval and is measured; its share is in its sample)."""
         known = self._estimates.get(canary.prompt.canary_id)
         if known is not None:
             return known
-        longest = self.load.longest_s if self.load is not None else 0.0
-        return max([longest, *self._estimates.values()])
+        runs = list(self._estimates.values())
+        return sum(runs) / len(runs) if runs else 0.0
 
     async def ask(self, canary: Canary) -> CanarySample:
         """One canary sent, read and judged; never raises for what the server sent."""

@@ -92,6 +92,7 @@ class CorruptOutputFault(FaultTrigger):
 
     kind: Literal["corrupt_output"] = "corrupt_output"
     scope: Literal["all", "long"] = "all"  # long: prompts of at least long_tokens
+    # A prompt of at least this many tokens is "long" (scope: long corrupts only those).
     long_tokens: int = Field(default=2048, ge=1)
     one_in: int = Field(default=1, ge=1)  # only one answer in N is affected
     duration: Optional[Duration] = None  # None: for good
@@ -186,6 +187,8 @@ class SimConfig(StrictModel):
     # tokens are nearly tied (<= 0.004 nats), and the chance that the batch's
     # composition flips such a tie to the runner-up (0: a batch-invariant server).
     near_tie_rate: float = Field(default=0.02, ge=0.0, le=1.0)
+    # At a near tie, the chance the runner-up is taken (drawn from the batch's
+    # composition, as a server that is not batch-invariant does); 0: batch-invariant.
     near_tie_flip: float = Field(default=0.3, ge=0.0, le=1.0)
     # GPUs (defaults: an RTX 3090 holding its share of the model and the KV cache)
     gpu_mem_total_mib: int = 24576

@@ -42,7 +42,7 @@ def test_only_a_bad_verdict_fires(verdict, fires):
     if fires:
         [decision] = assessment.new_incidents
         assert decision.kind is IncidentKind.CORRUPTION and decision.rule == "corruption"
-        assert decision.evidence["onset_interval"] == {"earliest": 100.0, "latest": 120.0}
+        assert decision.evidence["onset_interval"] == {"earliest": 100.0, "latest": 120.5}  # the bad answer's end
         assert decision.reasons[0] == f"diverged at token 3 ({verdict})"
 
 
@@ -52,7 +52,7 @@ def test_the_interval_starts_at_the_last_good_canary_not_the_first():
                  (110.0, "corrupt")):
         d.observe(canary(v, t))
     [decision] = d.assess(120.0).new_incidents
-    assert decision.evidence["onset_interval"] == {"earliest": 70.0, "latest": 90.0}
+    assert decision.evidence["onset_interval"] == {"earliest": 70.0, "latest": 90.5}
     assert decision.onset_at == 70.0
     assert decision.evidence["signals"]["bad_canaries"] == 2
 
@@ -62,7 +62,7 @@ def test_before_any_good_canary_the_interval_opens_at_the_reset():
     d.reset(5.0)
     d.observe(canary("crosstalk", 40.0))
     [decision] = d.assess(41.0).new_incidents
-    assert decision.evidence["onset_interval"] == {"earliest": 5.0, "latest": 40.0}
+    assert decision.evidence["onset_interval"] == {"earliest": 5.0, "latest": 40.5}
 
 
 def test_after_a_reset_older_canaries_are_ignored():
@@ -99,6 +99,6 @@ def test_fires_exactly_when_a_bad_canary_was_seen(verdicts):
         first = bad[0]
         goods = [i for i, v in enumerate(verdicts[:first]) if v in ("match", "explained", "reference")]
         interval = fired[0].evidence["onset_interval"]
-        assert interval["latest"] == 10.0 * first
+        assert interval["latest"] == 10.0 * first + 0.5  # judged as the answer ended
         assert interval["earliest"] == (10.0 * goods[-1] if goods else None)
         assert interval["earliest"] is None or interval["earliest"] <= interval["latest"]

@@ -63,8 +63,9 @@ def test_failing_run_shows_verdict_incident_watchdog_and_flight_recorder(run_cop
     suite = ET.parse(run / "junit.xml").getroot()
     # The soak case and one case per failure criterion; the 12 streams reset at
     # the kill are 31% of the finished requests, so error_rate fails beside the hang.
-    # (work_evidence, issue 32, is a fourth case: the server did work before the hang, so it passes.)
-    assert suite.get("tests") == "4" and suite.get("failures") == "2"
+    # (work_evidence is a fourth case: the server did work before the hang, so it passes; work_rate,
+    # server_work and wrong_model are three more, each passing or not checked on this fixture.)
+    assert suite.get("tests") == "7" and suite.get("failures") == "2"
     failure = suite.find("testcase/failure")
     assert failure.get("type") == "hang" and "GPU 7 reads 0%" in failure.get("message")
     cases = {case.get("name"): case for case in suite.findall("testcase")}

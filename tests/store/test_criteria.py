@@ -54,7 +54,8 @@ def test_too_few_requests_and_disabled_criteria_are_inactive() -> None:
     decision = judge(cfg, tally, final=True)
     # work_evidence: no load span given (the load never started), nothing is owed.
     assert states(decision) == {"error_rate": CriterionState.INACTIVE, "no_success": CriterionState.INACTIVE,
-                                "work_evidence": CriterionState.INACTIVE}
+                                "work_evidence": CriterionState.INACTIVE, "work_rate": CriterionState.INACTIVE,
+                                "server_work": CriterionState.INACTIVE, "wrong_model": CriterionState.INACTIVE}
     assert decision.passed
 
 
