@@ -50,6 +50,7 @@ EVIDENCE_TEXT_CHARS = 2000
 NO_LOGPROBS = "the server returns no logprobs: the oracle cannot judge"
 # The longest a pacer waits before it looks again (the load's busy time moves on).
 MAX_POLL_S = 5.0
+CUT = "cut: the run ended while it was in flight"
 MIN_POLL_S = 0.02
 
 
@@ -161,6 +162,8 @@ class CanaryProbe:
         self.server: ServerSample | None = None  # the latest good scrape: the server's state at a bad canary
         self.sent = 0
         self.bad = 0
+        self._stopping = False
+        self._in_flight = False
 
     # -- what the run feeds in ---------------------------------------------------
     def observe(self, sample: Sample) -> None:
@@ -180,16 +183,23 @@ class CanaryProbe:
             self.pacer.started(self._clock.monotonic())
             self._task = asyncio.create_task(self._run(), name="soak-canaries")
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, grace_s: float = 0.0) -> None:
+        """No canary starts after this; one in flight has ``grace_s`` to be answered
+        (the server counts its tokens either way, so the record should too), then it
+        is cut and recorded as cut. Idempotent."""
+        self._stopping = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if task is None:
+            return
+        if grace_s > 0 and self._in_flight:
+            await asyncio.wait({task}, timeout=grace_s)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
         assert self.load is not None
         index = 0
-        while True:
+        while not self._stopping:
             canary = self.canaries[index % len(self.canaries)]
             index += 1
             while True:
@@ -198,6 +208,8 @@ class CanaryProbe:
                 if wait <= 0:
                     break
                 await asyncio.sleep(min(wait, MAX_POLL_S))
+            if self._stopping:  # a grace period is for the canary in flight, not for a new one
+                return
             try:
                 self._on_sample(await self.ask(canary))
             except asyncio.CancelledError:
@@ -223,6 +235,7 @@ class CanaryProbe:
         self.sent += 1
         error: str | None = None
         body: Any = None
+        self._in_flight = True
         try:
             fetched = await fetch(self._session, self._url, total_s=self._timeout_s, method="POST",
                                   data=canary.body, headers=self._headers)
@@ -231,11 +244,19 @@ class CanaryProbe:
             else:
                 body = loads_json(fetched.body)
         except asyncio.CancelledError:
+            # Cut (the run's end, past its grace): the server did some of its work, so it is
+            # on the record, unjudged, never a verdict on the server.
+            e2e = self._clock.monotonic() - started
+            self.pacer.finished(e2e)
+            self._on_sample(self._sample(CanaryVerdict.UNJUDGED, error=CUT, canary_id=prompt.canary_id,
+                                         started_at=started_wall, e2e_s=round(e2e, 4), long=prompt.long))
             raise
         except (asyncio.TimeoutError, TimeoutError):
             error = f"timed out after {self._timeout_s:g}s"
         except Exception as exc:  # refused, reset, a redirect, a body past its bound, not JSON
             error = clip(f"{type(exc).__name__}: {exc}", 300)
+        finally:
+            self._in_flight = False
         e2e = self._clock.monotonic() - started
         self.pacer.finished(e2e)
         self._estimates[prompt.canary_id] = e2e

@@ -348,8 +348,10 @@ class SoakRun:
         header = {"model": facts.model if facts else None, "server_version": facts.reported_version if facts else None,
                   "build": self._redacted_config.get("build"), "tie_margin": oracle.tie_margin}
         clean = self.cycle is None or not self.cycle.incidents
+        # An interrupt stops now; a run's own end gives a canary in flight the load's drain.
+        grace_s = 0.0 if self.load_stop.interrupted else float(self.config.load.drain)
         await self._probing.stop_canaries(record_to=oracle.record_reference if oracle.enabled else None,
-                                          header=header, clean=clean)
+                                          header=header, clean=clean, grace_s=grace_s)
 
     def _new_life(self) -> int | None:
         """A restarted target: its details flag learned again, its probes on the new root PID."""

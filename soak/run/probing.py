@@ -68,13 +68,14 @@ class Probing:
         return self.canaries
 
     async def stop_canaries(self, *, record_to: str | None = None, header: Mapping[str, Any] | None = None,
-                            clean: bool = True) -> None:
-        """The canaries stopped; their references recorded to ``record_to`` when this
-        run saw nothing wrong (a wrong answer, an incident) — never a bad night's."""
+                            clean: bool = True, grace_s: float = 0.0) -> None:
+        """The canaries stopped (one in flight has ``grace_s`` to be answered, as the
+        load's requests have their drain); their references recorded to ``record_to``
+        when this run saw nothing wrong (a wrong answer, an incident) — never a bad night's."""
         probe = self.canaries
         if probe is None:
             return
-        await probe.aclose()
+        await probe.aclose(grace_s=grace_s)
         if record_to is None:
             return
         if not clean or probe.bad:

@@ -306,3 +306,41 @@ def test_a_bad_verdict_only_where_the_judge_finds_an_unexplained_divergence(body
         assert judge_answer(REFERENCE, answer, tie_margin=0.2).verdict in BAD
     elif sample.verdict is not CanaryVerdict.UNJUDGED:
         assert sample.verdict in (CanaryVerdict.MATCH, CanaryVerdict.EXPLAINED)
+
+
+async def test_the_end_lets_a_canary_in_flight_answer_then_cuts_one_that_cannot_and_records_it():
+    """The server counts a canary's tokens whether or not the harness waits for it,
+    so every canary sent is on the record: answered within the grace, or cut and
+    said to be cut; none starts once the probe is closing."""
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+    sent = 0
+
+    async def handler(request):
+        nonlocal sent
+        sent += 1
+        arrived.set()
+        await release.wait()
+        return web.json_response(chat_body(WORDS))
+
+    runner, url = await serve_any_path(handler)
+    async with outbound_session() as s:
+        p, got, _ = probe(url, s, interval=0.01, share=0.9, tracker=FullLoad(4, SystemClock().monotonic()))
+        p.start()
+        await asyncio.wait_for(arrived.wait(), 5)
+        asyncio.get_running_loop().call_later(0.05, release.set)
+        await p.aclose(grace_s=5.0)  # answered within its grace
+        assert [g.error for g in got] == [None] and sent == 1
+
+        release.clear()
+        arrived.clear()
+        p2, got2, _ = probe(url, s, interval=0.01, share=0.9, tracker=FullLoad(4, SystemClock().monotonic()))
+        p2.start()
+        await asyncio.wait_for(arrived.wait(), 5)
+        await p2.aclose(grace_s=0.05)  # the server never answers: cut, on the record
+        await p2.aclose(grace_s=0.05)  # idempotent
+        release.set()
+    await runner.cleanup()
+    assert sent == 2 and len(got2) == 1
+    assert got2[0].verdict is CanaryVerdict.UNJUDGED and got2[0].error.startswith("cut:")
+    assert got2[0].started_at is not None and got2[0].e2e_s >= 0.05

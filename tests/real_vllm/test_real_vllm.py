@@ -128,13 +128,20 @@ def assert_healthy_stretch(out: Path, *, since: float) -> None:
     assert server, "no scrape of the healthy server"
     final = {k: max(v.get(k) or 0.0 for v in server) for k in
              ("prompt_tokens", "generation_tokens", "prefix_cache_hits", "prefix_cache_queries")}
-    print(f"healthy stretch: {len(requests)} requests; prompt {sum(r['prompt_tokens'] for r in requests)} "
-          f"(server {final['prompt_tokens']:.0f}), generated {sum(r['output_tokens'] for r in requests)} "
+    # The oracle's canaries are server work the workload's records leave out (never counted as
+    # workload): the server's counters hold both.
+    canaries = [s for s in _jsonl(out / "samples.jsonl")
+                if s.get("kind") == "canary" and (s.get("started_at") or s["ts"]) >= since]
+    assert all(c.get("error") is None for c in canaries), [c.get("error") for c in canaries]
+    prompt = sum(r["prompt_tokens"] for r in requests) + sum(c.get("prompt_tokens") or 0 for c in canaries)
+    generated = sum(r["output_tokens"] for r in requests) + sum(c.get("output_tokens") or 0 for c in canaries)
+    print(f"healthy stretch: {len(requests)} requests and {len(canaries)} canaries; prompt {prompt} "
+          f"(server {final['prompt_tokens']:.0f}), generated {generated} "
           f"(server {final['generation_tokens']:.0f}), prefix hits {final['prefix_cache_hits']:.0f}/"
           f"{final['prefix_cache_queries']:.0f}")
-    # every request's usage chunk against this server life's counters (a new server counts from 0)
-    assert final["prompt_tokens"] == sum(r["prompt_tokens"] for r in requests)
-    assert final["generation_tokens"] == sum(r["output_tokens"] for r in requests)
+    # every request's and canary's usage chunk against this server life's counters (a new server counts from 0)
+    assert final["prompt_tokens"] == prompt
+    assert final["generation_tokens"] == generated
     # cached tokens from vLLM's usage (--enable-prompt-tokens-details), hits from its counters
     assert sum(r.get("cached_tokens") or 0 for r in requests) > 0
     assert 0 < final["prefix_cache_hits"] < final["prefix_cache_queries"]

@@ -78,9 +78,13 @@ class FakeTally:
 class FakeDetector:
     def __init__(self) -> None:
         self.resets: list[float] = []
+        self.resumes: list[float] = []
 
     def reset(self, now: float) -> None:
         self.resets.append(now)
+
+    def resume_after_corruption(self, now: float) -> None:
+        self.resumes.append(now)
 
 
 def _decision() -> Decision:

@@ -58,8 +58,12 @@ def test_a_breached_threshold_is_exit_99_a_summary_entry_and_a_failed_testcase(t
 
     schema.validate(str(run_dir / "junit.xml"))
     suite, cases = _cases(run_dir)
-    # the soak, its three failure criteria (error_rate, no_success, work_evidence) and the four thresholds
-    assert suite.get("tests") == "8" and suite.get("failures") == "1"
+    # the soak, one case per failure criterion, the oracle's case where canaries were judged, the four thresholds
+    criteria = [f"criteria.{c['name']}" for c in summary["criteria"]["results"]]
+    assert "criteria.error_rate" in criteria and sorted(n for n in cases if n.startswith("criteria.")) == sorted(criteria)
+    oracle = "oracle" in cases
+    assert not oracle or cases["oracle"].find("failure") is None
+    assert suite.get("tests") == str(1 + len(criteria) + oracle + 4) and suite.get("failures") == "1"
     assert cases["test"].find("failure") is None  # the soak itself: no incident
     assert cases["ttft_p99 < 90s"].find("failure") is None
     failure = cases["output_tokens_per_s > 1000000"].find("failure")
@@ -140,5 +144,5 @@ def test_thresholds_that_hold_keep_exit_0(tmp_path, harness, schema):
     assert summary["verdict"] == "pass" and summary["thresholds"]["passed"] is True
     schema.validate(str(run_dir / "junit.xml"))
     suite, cases = _cases(run_dir)
-    # the soak, its three failure criteria and the five thresholds
-    assert suite.get("tests") == "9" and suite.get("failures") == "0"
+    # the soak, one case per failure criterion, the oracle's case where canaries were judged, the five thresholds
+    assert suite.get("tests") == str(1 + len(summary["criteria"]["results"]) + ("oracle" in cases) + 5) and suite.get("failures") == "0"
