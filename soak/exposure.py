@@ -21,6 +21,7 @@ Pure: a run's events and its summary in, intervals out.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -56,6 +57,13 @@ def _anchor(events: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
         if first is None:
             first = ts, mono
     return first
+
+
+def time_line_offset(events: Sequence[Mapping[str, Any]]) -> float | None:
+    """Wall minus monotonic on the run's time line (``_timeline``'s), None where the
+    run recorded no ``mono``: a request's ``ended_at`` is moved onto the line by it."""
+    anchor = _anchor(events)
+    return None if anchor is None else anchor[0] - anchor[1]
 
 
 def _timeline(events: Sequence[Mapping[str, Any]]) -> tuple[Any, Any, float | None]:
@@ -113,7 +121,9 @@ def _evidenced(seg_start: float, stop: float, work: Sequence[float]) -> float:
 
 
 def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any],
-                 records: Iterable[Mapping[str, Any]] | None = None) -> tuple[Interval, ...]:
+                 records: Iterable[Mapping[str, Any]] | None = None, *,
+                 work_at: Sequence[float] | None = None,
+                 clean_until: tuple[float, str] | None = None) -> tuple[Interval, ...]:
     """The run's time-at-risk intervals, from its events (see the module docstring).
     Lengths are monotonic differences; ``Interval.start`` is a label. ``summary``:
     the typed record, or summary.json as parsed (read through it). ``records``: the
@@ -123,7 +133,11 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
     (``_evidenced``) and a life with no work has none; an interval ended by a
     hang stays whole (the hang is the event). None: the records are not at hand;
     a summary whose judge counted no request with generated tokens then has no
-    censored time at risk either."""
+    censored time at risk either. ``work_at``: the productive requests' ends
+    already on the run's time line (the judge's one pass over the records), in
+    place of ``records``. ``clean_until``: (a time on the run's time line, why):
+    from there nothing is clean (a failed criterion dates its failure there), so
+    an interval past it is cut to it, censored, and none begins after it."""
     summary = RunSummary.of(summary)
     when, label, offset = _timeline(events)
     load_started = load_stopped = None
@@ -146,8 +160,8 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
             at = when(e, mark) if mark is not None else t
             # An onset is never after the record of its decision.
             incidents.append((t if at is None else min(at, t), str(e.get("kind") or "incident")))
-    work: list[float] | None = None
-    if records is not None:
+    work: list[float] | None = None if work_at is None else list(work_at)
+    if records is not None and work is None:
         work = []
         for record in records:
             if isinstance(record, Mapping) and generated_tokens(record) > 0:
@@ -202,6 +216,12 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
         spans = [(begin, length if hang else _evidenced(begin, begin + length, work), hang, why)
                  for begin, length, hang, why in spans]
         spans = [s for s in spans if s[2] or s[1] > 0]
+    if clean_until is not None:
+        # Nothing after a failure the criteria date is clean: an interval past it is cut there,
+        # censored; a hang stays a hang (its time cut the same way), never erased by the failure.
+        until, why = clean_until
+        spans = [(begin, max(0.0, min(length, until - begin)), hang, ended if hang or begin + length <= until else why)
+                 for begin, length, hang, ended in spans if hang or begin < until]
     if loaded is not None and loaded > 0:
         # Never longer than the monotonic load the summary measured: a wall label on an
         # event without ``mono`` cannot stretch a night (the judge's ``run_span``).
@@ -213,6 +233,19 @@ def intervals_of(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapp
                 capped.append((begin, take, hang, why))
         spans = capped
     return tuple(Interval(label(begin), length, hang, why) for begin, length, hang, why in spans)
+
+
+def known_clean(intervals: Iterable[Interval], *, until: float) -> tuple[Interval, ...]:
+    """The time at risk known clean by label ``until`` (the load's end less the
+    detection horizon: a hang begun after it may not have been detected yet): a
+    censored interval is cut there; a recorded hang stays whole, it is known."""
+    out: list[Interval] = []
+    for i in intervals:
+        if i.hang or i.start + i.length_s <= until:
+            out.append(i)
+        elif until > i.start:
+            out.append(Interval(i.start, until - i.start, False, "detection horizon"))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -229,6 +262,41 @@ class AtRisk:
         return sum(1 for i in self.intervals if i.hang)
 
 
-def at_risk(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any]) -> AtRisk:
-    """The night's hangs in its time at risk: pass both to ``mtbf_estimate``."""
-    return AtRisk(intervals_of(events, summary))
+def at_risk(events: Sequence[Mapping[str, Any]], summary: RunSummary | Mapping[str, Any],
+            records: Iterable[Mapping[str, Any]] | None = None) -> AtRisk:
+    """The night's hangs in its time at risk, as its judge counted them
+    (summary.json's ``at_risk``: one count a night, every reader reads it); a
+    summary without one (written before it, or a cut-off run no judge read) is
+    counted here from its events and, given them, its request records."""
+    recorded = recorded_intervals(summary)
+    return AtRisk(recorded if recorded is not None else intervals_of(events, summary, records))
+
+
+def intervals_json(intervals: Iterable[Interval]) -> list[dict[str, Any]]:
+    return [{"start": i.start, "length_s": i.length_s, "hang": i.hang, "ended_by": i.ended_by}
+            for i in intervals]
+
+
+MAX_INTERVALS = 100_000  # a night's restarts are bounded by max_restarts; a hostile file is not
+
+
+def recorded_intervals(summary: RunSummary | Mapping[str, Any]) -> tuple[Interval, ...] | None:
+    """summary.json's ``at_risk.intervals`` as the judge wrote them; None where the
+    summary has none, or any entry is not one (a damaged file is counted afresh,
+    never half read)."""
+    raw = summary.raw if isinstance(summary, RunSummary) else summary
+    entry = raw.get("at_risk") if isinstance(raw, Mapping) else None
+    rows = entry.get("intervals") if isinstance(entry, Mapping) else None
+    if not isinstance(rows, list) or len(rows) > MAX_INTERVALS:
+        return None
+    out: list[Interval] = []
+    for row in rows:
+        if not isinstance(row, Mapping):
+            return None
+        start, length = _num(row.get("start")), _num(row.get("length_s"))
+        hang, why = row.get("hang"), row.get("ended_by")
+        if start is None or length is None or not math.isfinite(start) or not math.isfinite(length) \
+                or length < 0 or type(hang) is not bool or not isinstance(why, str):
+            return None
+        out.append(Interval(start, length, hang, why[:200]))
+    return tuple(out)

@@ -42,11 +42,15 @@ def next_number(root: Path) -> int:
 def read_segment(run_dir: Path, *, build: int) -> SegmentResult:
     """One segment's evidence; a cut-off run (the bisect was killed mid-segment)
     counts up to the last thing it recorded. ConfigError when it cannot be read."""
-    from soak.exposure import intervals_of
+    from soak.exposure import at_risk
     from soak.report.rundir import load_run
+    from soak.store.rundir import RunDir
+    from soak.store.summary import REQUEST_TYPES
 
     data = load_run(run_dir)
-    intervals = intervals_of(data.events, data.summary)
+    # The segment's judge's count (summary.json's at_risk), as history and the report read
+    # it; a segment cut off before its judge ran is counted with its requests' evidence of work.
+    intervals = at_risk(data.events, data.summary, RunDir(run_dir).requests(fields=REQUEST_TYPES)).intervals
     hangs = sum(1 for i in intervals if i.hang)
     if not hangs and not bool(data.requests.ok.any()):
         # Loaded time with no answer is not time a build ran clean: a server that

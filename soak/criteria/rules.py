@@ -188,7 +188,7 @@ class RequestTally:
     run's length.
     """
 
-    __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "_window", "_min_failures", "_current",
+    __slots__ = ("ok", "failed", "cut", "failed_by_outcome", "first_failed", "_window", "_min_failures", "_current",
                  "breach", "longest", "work", "offset", "load_started", "load_ended", "watched", "latest",
                  "cut_short", "work_requests", "work_tokens", "ok_without_tokens", "first_work", "last_work",
                  "longest_gap", "life_started", "life_first", "life_last", "slow_start", "restarts", "_pending",
@@ -201,6 +201,7 @@ class RequestTally:
         self.failed = 0
         self.cut: dict[str, int] = {cause.value: 0 for cause in CutCause}
         self.failed_by_outcome: dict[str, int] = {}
+        self.first_failed: float | None = None  # the earliest failed request's end: where an error rate dates from
         self._window = window_s
         self._min_failures = min_failures
         self._current: Stretch | None = None
@@ -355,6 +356,8 @@ class RequestTally:
             self.ok_without_tokens += 1
             outcome = NO_OUTPUT
         self.failed += 1
+        if self.first_failed is None or ended < self.first_failed:
+            self.first_failed = ended
         key = str(outcome)
         self.failed_by_outcome[key] = self.failed_by_outcome.get(key, 0) + 1
         cur = self._current

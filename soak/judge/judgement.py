@@ -13,18 +13,20 @@ a failed criterion is ``fail`` whatever the run believed at its end (under
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from soak.criteria.constraints import CriteriaDecision
 from soak.criteria.constraints import judge as judge_criteria
-from soak.exposure import AtRisk, at_risk
+from soak.events import EventType
+from soak.exposure import AtRisk, Interval, intervals_json, intervals_of, known_clean
 from soak.judge.ending import Ending, EndingSource
 from soak.judge.figures import figures
 from soak.judge.ladder import outcome_of
 from soak.judge.reasons import verdict_reasons
 from soak.judge.recorded import NOWHEN, Recorded
-from soak.prove.live import proof_of
+from soak.prove.live import decide
 from soak.prove.sprt import Decision, ProofState
 from soak.records import Verdict
 from soak.thresholds.evaluate import ThresholdResult, evaluate_run, evaluate_windows, thresholds_entry
@@ -93,10 +95,72 @@ def _stop_reason(ending: Ending, *, breached: tuple[str, ...], exit_code: int,
     return reason
 
 
-def _risk(recorded: Recorded) -> AtRisk:
-    """The run's time at risk; the summary's span places a run without load events."""
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def failed_from(criteria: CriteriaDecision, tally: Any) -> tuple[float, str] | None:
+    """Where the failed criteria date the night's failure, on the run's time line, and
+    which: nothing after it is clean. A collapse (``work_rate``) from its first window
+    below the floor, a no-success stretch from its first failure, silence
+    (``work_evidence``) from its gap or short window, an error rate from the first
+    failed request; a claim judged over the whole night (the server's count, the
+    model) from the load's start."""
+    load_started = tally.load_started
+    if load_started is None:
+        return None
+    marks: list[tuple[float, str]] = []
+    for result in criteria.failed:
+        evidence = result.evidence if isinstance(result.evidence, Mapping) else {}
+        breach = evidence.get("breach") if isinstance(evidence.get("breach"), Mapping) else {}
+        at: float | None = None
+        if result.name == "work_rate":
+            rel = _num(breach.get("from_s"))
+            at = None if rel is None else load_started + rel
+        elif result.name == "no_success":
+            at = _num(breach.get("from"))
+        elif result.name == "work_evidence":
+            gap = evidence.get("longest_gap") if isinstance(evidence.get("longest_gap"), Mapping) else {}
+            short = (evidence.get("windows") or {}).get("first_short") if isinstance(evidence.get("windows"), Mapping) \
+                else None
+            rels = [_num(gap.get("from_s")) if (_num(gap.get("length_s")) or 0) >= (_num(evidence.get("max_gap_s"))
+                                                                                   or math.inf) else None,
+                    _num(short.get("from_s")) if isinstance(short, Mapping) else None]
+            found = [r for r in rels if r is not None]
+            at = load_started + min(found) if found and evidence.get("first_work_s") is not None else None
+        elif result.name == "error_rate":
+            at = _num(tally.first_failed)
+        marks.append((load_started if at is None else max(load_started, at), f"criterion {result.name} failed"))
+    return min(marks) if marks else None
+
+
+def _risk(recorded: Recorded, criteria: CriteriaDecision) -> AtRisk:
+    """The run's time at risk, counted once: the summary's span places a run without
+    load events; only the productive requests' time counts (the digest's work_at);
+    nothing is clean after a failure the criteria date."""
     span = figures(recorded)
-    return at_risk(recorded.events.risk_events, {k: span[k] for k in ("started_at", "ended_at", "duration_s", "cut_off")})
+    tally = recorded.requests.tally
+    intervals = intervals_of(recorded.events.risk_events,
+                             {k: span[k] for k in ("started_at", "ended_at", "duration_s", "cut_off")},
+                             work_at=recorded.requests.work_at, clean_until=failed_from(criteria, tally))
+    horizon = recorded.events.prove_horizon_s
+    if horizon > 0:
+        # A hang begun in the load's last horizon may never have been detected: that time is
+        # not known clean, at the end as live (soak.prove.live.decide), so it is not counted.
+        intervals = known_clean(intervals, until=load_end_label(recorded, intervals) - horizon)
+    return AtRisk(intervals)
+
+
+def load_end_label(recorded: Recorded, intervals: Sequence[Interval]) -> float:
+    """Where the load stopped, as a label (where the end's decision stands):
+    ``load_stopped``'s, else the record's last, else the end of the path."""
+    for event in reversed(recorded.events.risk_events):
+        if event.get("type") == EventType.LOAD_STOPPED and _num(event.get("ts")) is not None:
+            return float(event["ts"])
+    last = _num(recorded.events.last_ts)
+    ends = [i.start + i.length_s for i in intervals]
+    return last if last is not None else max(ends, default=0.0)
 
 
 def _failed_but_hangs(recorded: Recorded, ending: Ending, criteria: CriteriaDecision) -> tuple[bool, bool]:
@@ -113,10 +177,13 @@ def judge(recorded: Recorded, ending: Ending) -> Judgement:
     criteria = judge_criteria(recorded.criteria, recorded.requests.tally, final=True)
     incidents = recorded.incidents
     failed = ending.failed_live or ending.incidents_seen > 0 or bool(incidents) or not criteria.passed
-    risk = _risk(recorded)
+    risk = _risk(recorded, criteria)
     proof, path, hanged = None, ((), 0.0), False
     if recorded.proof_plan is not None:
-        proof, marks, total = proof_of(recorded.proof_plan, risk.intervals)
+        # The live rule at the load's end: an accept needs its clean time outside the horizon.
+        proof, marks, total = decide(recorded.proof_plan, risk.intervals,
+                                     now=load_end_label(recorded, risk.intervals),
+                                     horizon_s=recorded.events.prove_horizon_s)
         path = (marks, total)
         failed, hanged = _failed_but_hangs(recorded, ending, criteria)
     results, entry = _thresholds(recorded)
@@ -176,6 +243,9 @@ def summary_json(recorded: Recorded, judgement: Judgement) -> dict[str, Any]:
         # The one count of time at risk (soak.exposure): the end of the run and its MTBF read it.
         "time_at_risk_s": judgement.at_risk.exposure_s,
         "hangs_at_risk": judgement.at_risk.hangs,
+        # ... and its intervals, so history, bisect, compare and the push read this count, not their own.
+        "at_risk": {"intervals": intervals_json(judgement.at_risk.intervals),
+                    "exposure_s": judgement.at_risk.exposure_s, "hangs": judgement.at_risk.hangs},
     })
     if judgement.proof is not None:
         marks, total = judgement.proof_path

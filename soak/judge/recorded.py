@@ -82,6 +82,9 @@ class EventDigest:
     # stop, restarts and incidents, with only the fields it reads.
     risk_events: tuple[Mapping[str, Any], ...] = ()
     prove_plan: Mapping[str, Any] | None = None  # the prove_plan event's plan, as the run resolved it
+    # The prove_plan event's horizon_s: the longest a hang could go undetected in this run
+    # (an accept stands only on clean time that old, live and at the end alike).
+    prove_horizon_s: float = 0.0
     served_models: tuple[str, ...] = ()  # target_ready's /v1/models ids (every life's)
 
     def expected_models(self) -> frozenset[str] | None:
@@ -121,6 +124,7 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
     paused: Mapping[str, Any] | None = None
     risk_events: list[Mapping[str, Any]] = []
     prove_plan = None
+    prove_horizon_s = 0.0
     served: list[str] = []
     for event in events:
         ts, mono = _number(event.get("ts")), _number(event.get("mono"))
@@ -169,6 +173,9 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
             breaches.append(event)
         elif kind == EventType.PROVE_PLAN and isinstance(event.get("plan"), dict):
             prove_plan = event["plan"]
+            horizon = event.get("horizon_s")
+            if isinstance(horizon, (int, float)) and not isinstance(horizon, bool) and 0 <= horizon < 1e7:
+                prove_horizon_s = float(horizon)
         elif kind == EventType.TARGET_READY and isinstance(event.get("models"), list):
             served.extend(m for m in event["models"][:MAX_MODELS] if isinstance(m, str) and m not in served)
     return EventDigest(
@@ -177,7 +184,8 @@ def digest_events(events: Iterable[Mapping[str, Any]]) -> EventDigest:
         incidents=tuple(incidents), restarts=len(lives), lives=tuple(lives), load_events=load_events,
         wall_steps=tuple(wall_steps), gpu_source=gpu_source, server_version=server_version,
         warnings=tuple(warnings), build=build, criteria_section=criteria_section, threshold_breaches=tuple(breaches),
-        risk_events=tuple(risk_events), prove_plan=prove_plan, served_models=tuple(served[:MAX_MODELS]))
+        risk_events=tuple(risk_events), prove_plan=prove_plan, served_models=tuple(served[:MAX_MODELS]),
+        prove_horizon_s=prove_horizon_s)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from soak.work import generated_tokens
+from soak.work import finite_number, generated_tokens
 from soak.events import EventType
-from soak.exposure import Interval, intervals_of
+from soak.exposure import Interval, intervals_of, known_clean, time_line_offset
 from soak.prove.sprt import Decision, Plan, ProofState, pending, walk
 
 # What the time at risk is read from (soak.exposure.intervals_of), and the fields it reads:
@@ -53,19 +53,32 @@ def proof_of(p: Plan, intervals: Sequence[Interval]) -> tuple[Decision, tuple[fl
     return walk(p, hang_exposures_s=marks, exposure_s=total), marks, total
 
 
-def cut_at(intervals: Sequence[Interval], at: float) -> tuple[Interval, ...]:
-    """The path as it stood at label ``at``: time at risk up to it, and only the
-    hangs whose onset lies by it (intervals in time order, as intervals_of gives)."""
-    out: list[Interval] = []
-    for interval in intervals:
-        if interval.start >= at:
-            break
-        if interval.start + interval.length_s <= at:
-            out.append(interval)
-            continue
-        out.append(Interval(interval.start, at - interval.start, False, "horizon"))
-        break
-    return tuple(out)
+def decide(p: Plan, intervals: Sequence[Interval], *, now: float, horizon_s: float
+           ) -> tuple[Decision, tuple[float, ...], float]:
+    """The one decision rule, live (``now``: the clock) and at the run's end (``now``:
+    where the load stopped): (decision, hang marks, total exposure). A reject (or a
+    truncation by hangs) comes at a recorded hang and is final at once; an accept
+    (or a truncation by exposure) stands only once the path as far as every hang is
+    known, up to ``now - horizon_s``, crosses it: until then the test is undecided,
+    with what is left to wait (a run that ends there ends undecided, exit 5)."""
+    decision, marks, total = proof_of(p, intervals)
+    if decision.state is ProofState.UNDECIDED:
+        return decision, marks, total
+    cap = p.max_hangs
+    at_a_hang = decision.state is ProofState.REJECTED or (
+        decision.state is ProofState.TRUNCATED and cap is not None and decision.hangs >= cap)
+    if at_a_hang:
+        return decision, marks, total
+    # the path as far as every hang is known (up to the horizon, and up to each recorded hang):
+    # a prefix, so it crosses where the whole path does, or not yet
+    horizon_s = max(0.0, horizon_s)
+    known = proof_of(p, known_clean(intervals, until=now - horizon_s))[0]
+    if known.state is ProofState.UNDECIDED:
+        # Until the horizon has passed since the run began, the known path is empty (0 s):
+        # what is left is then the line plus the horizon, less the time at risk so far.
+        wait = max(0.0, decision.exposure_s - known.exposure_s, decision.exposure_s + horizon_s - total)
+        return pending(decision, exposure_s=total, horizon_s=horizon_s, wait_s=wait), marks, total
+    return known, marks, total
 
 
 class ProofTracker:
@@ -73,15 +86,18 @@ class ProofTracker:
     the test stands, the load counted as running up to ``now`` until it stopped.
     ``horizon_s``: the longest a hang can go undetected (see the module docstring)."""
 
-    def __init__(self, plan: Plan, *, horizon_s: float) -> None:
+    def __init__(self, plan: Plan, *, horizon_s: float, fed_requests: bool = False) -> None:
         self.plan = plan
         self.horizon_s = max(0.0, horizon_s)
         self._events: list[dict[str, Any]] = []
         self._stopped = False
         self.decided: Decision | None = None  # the first line crossed, kept
-        # The productive requests (soak.exposure.intervals_of's evidence of work), once
-        # the run feeds its requests (``on_request``); None: fed none, read as before.
-        self._work: list[dict[str, Any]] | None = None
+        # The productive requests (soak.exposure.intervals_of's evidence of work).
+        # ``fed_requests``: the run feeds every finished request (``on_request``), so
+        # before the first productive one there is no work, as at the end of the run
+        # (a server that never answered has no time at risk, live too); else None
+        # until a request is fed (a caller with events only).
+        self._work: list[tuple[float | None, float | None]] | None = [] if fed_requests else None
 
     def on_request(self, record: Mapping[str, Any] | Any) -> None:
         """A finished request: time counts at risk only while the target is seen
@@ -90,7 +106,17 @@ class ProofTracker:
             self._work = []
         if generated_tokens(record) > 0:
             get = record.get if isinstance(record, Mapping) else lambda k: getattr(record, k, None)
-            self._work.append({k: get(k) for k in ("outcome", "ttft_s", "output_tokens", "ended_at", "ended_mono")})
+            # Two floats a productive request, not the record: a day-long night feeds hundreds of thousands.
+            self._work.append((finite_number(get("ended_mono")), finite_number(get("ended_at"))))
+
+    def _work_at(self, events: Sequence[Mapping[str, Any]]) -> list[float] | None:
+        """The productive ends on the run's time line, as ``soak.work.record_time`` places
+        them (monotonic where the run records it, else the wall label moved onto it)."""
+        if self._work is None:
+            return None
+        offset = time_line_offset(events)
+        return [mono if offset is not None and mono is not None else wall - (offset or 0.0)
+                for mono, wall in self._work if mono is not None or wall is not None]
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
         if type not in RISK_EVENTS:
@@ -103,24 +129,11 @@ class ProofTracker:
         if self.decided is not None:
             return self.decided
         events = self._events if self._stopped else [*self._events, {"type": EventType.LOAD_STOPPED.value, "ts": now}]
-        intervals = intervals_of(events, {}, self._work)
-        decision, _, total = proof_of(self.plan, intervals)
-        if decision.state is ProofState.UNDECIDED:
-            return decision
-        cap = self.plan.max_hangs
-        at_a_hang = decision.state is ProofState.REJECTED or (
-            decision.state is ProofState.TRUNCATED and cap is not None and decision.hangs >= cap)
-        if not at_a_hang:
-            # the path as far as every hang is known: a prefix, so it crosses where the whole path does, or not yet
-            known = proof_of(self.plan, cut_at(intervals, now - self.horizon_s))[0]
-            if known.state is ProofState.UNDECIDED:
-                # Until the horizon has passed since the run began, the known path is empty (0 s):
-                # what is left is then the line plus the horizon, less the time at risk so far.
-                wait = max(0.0, decision.exposure_s - known.exposure_s, decision.exposure_s + self.horizon_s - total)
-                return pending(decision, exposure_s=total, horizon_s=self.horizon_s, wait_s=wait)
-            decision = known
-        self.decided = decision
+        intervals = intervals_of(events, {}, work_at=self._work_at(events))
+        decision = decide(self.plan, intervals, now=now, horizon_s=self.horizon_s)[0]
+        if decision.state is not ProofState.UNDECIDED:
+            self.decided = decision
         return decision
 
 
-__all__ = ["RISK_EVENTS", "RISK_FIELDS", "ProofTracker", "cut_at", "exposure_path", "proof_of"]
+__all__ = ["RISK_EVENTS", "RISK_FIELDS", "ProofTracker", "decide", "exposure_path", "proof_of"]

@@ -90,7 +90,8 @@ class ProofSink:
     writes them) to the tracker; the run loop asks it where the test stands."""
 
     def __init__(self, plan: Plan, *, horizon_s: float) -> None:
-        self.tracker = ProofTracker(plan, horizon_s=horizon_s)
+        # Fed every finished request: live time at risk needs the evidence of work the end counts by.
+        self.tracker = ProofTracker(plan, horizon_s=horizon_s, fed_requests=True)
 
     def on_start(self, info: RunInfo) -> None:
         pass
@@ -99,7 +100,7 @@ class ProofSink:
         pass
 
     def on_request(self, record: RequestRecord) -> None:
-        pass
+        self.tracker.on_request(record)
 
     def on_assessment(self, assessment: Assessment) -> None:
         pass

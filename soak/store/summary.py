@@ -112,6 +112,9 @@ class RequestDigest:
     last_ended_mono: float | None = None
     last_ended_unmarked: float | None = None  # the latest ended_at of a request without ended_mono
     span: LoadSpan = LoadSpan(None)  # the load's span the work evidence was judged against
+    # The productive requests' ends on the run's time line, in order: the evidence of
+    # work the time at risk is counted by (soak.exposure.intervals_of's work_at).
+    work_at: Sequence[float] = ()
 
     @property
     def ok(self) -> int:
@@ -203,6 +206,7 @@ def fold_requests(records: Iterable[dict[str, Any]], criteria: CriteriaConfig, *
     by_outcome: dict[str, int] = {}
     # (end, outcome, cut cause, generated tokens, what the work claims read: CLAIM_FIELDS and server_accepted)
     finished: list[tuple[float, str, str | None, int, tuple[Any, ...]]] = []
+    work_at: list[float] = []
     warmup = measured = measured_generated = 0
     prompt_tokens = generated_tokens = cached_tokens = cached_known = 0
     first_started: float | None = None
@@ -229,7 +233,10 @@ def fold_requests(records: Iterable[dict[str, Any]], criteria: CriteriaConfig, *
         claims = (outcome, get("warmup"), get("output_tokens"), get("usage_output_tokens"),
                   sys.intern(model[:200]) if type(model) is str else model, get("degenerate"),
                   get("started_at"), end, accepted)
-        finished.append((at if at is not None else 0.0, outcome, cause, work_tokens(record), claims))
+        tokens = work_tokens(record)
+        finished.append((at if at is not None else 0.0, outcome, cause, tokens, claims))
+        if tokens > 0 and at is not None:
+            work_at.append(at)
         if accepted:
             prompt_tokens += _count(get("prompt_tokens"))
         output_tokens = _count(get("output_tokens"))
@@ -276,7 +283,8 @@ def fold_requests(records: Iterable[dict[str, Any]], criteria: CriteriaConfig, *
         generated_tokens=generated_tokens, cached_tokens=cached_tokens, cached_known=cached_known,
         measured=measured, measured_generated=measured_generated, first_started=first_started,
         last_ended=last_ended, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_p50_s=itl_p50, stats=own_stats,
-        first_started_mono=first_mono, last_ended_mono=last_mono, last_ended_unmarked=unmarked, span=span)
+        first_started_mono=first_mono, last_ended_mono=last_mono, last_ended_unmarked=unmarked, span=span,
+        work_at=array("d", sorted(work_at)))
 
 
 class MetricsCoverage:

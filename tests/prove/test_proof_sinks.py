@@ -33,6 +33,19 @@ def _gauges(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
             if s.name.startswith("soak_prove")}
 
 
+class Work:
+    """The productive requests a live run feeds its proof (ProofSink.on_request): one
+    every 10 s, so the target is seen working the whole time."""
+
+    def __init__(self, sink) -> None:
+        self.sink, self.fed = sink, T0
+
+    def until(self, now: float) -> None:
+        while self.fed + 10.0 <= now:
+            self.fed += 10.0
+            self.sink.on_request({"outcome": "ok", "ttft_s": 0.1, "output_tokens": 5, "ended_at": self.fed})
+
+
 def test_the_exporter_says_where_the_test_stands_on_the_runs_registry() -> None:
     registry = CollectorRegistry()
     exporter = Exporter(ExporterConfig(enabled=False, port=0), registry=registry)
@@ -61,12 +74,19 @@ async def test_the_live_view_has_one_proof_line_and_says_the_decision_once() -> 
     proof = LiveProof(ISSUE, horizon_s=300.0, stop_at_decision=False, stop=stop, emit=lambda *a, **k: None, show=fan.on_proof)
     for type in (EventType.RUN_STARTED, EventType.LOAD_STARTED):
         proof.sink.on_event(type, {"ts": T0})
+    work = Work(proof.sink)
     clock.advance(24 * 60)
+    proof.tick(clock.now())
+    # no work fed yet: no time at risk (a server that answers nothing proves nothing)
+    assert view.state.line(clock.now()).endswith(
+        "| proof: 65 more clean minutes to accept; 2 hangs before minute 37 reject")
+    work.until(clock.now())
     proof.tick(clock.now())
     assert view.state.line(clock.now()).endswith(
         "| proof: 41 more clean minutes to accept; 2 hangs before minute 37 reject")
     for _ in range(2):
         clock.advance(42 * 60)
+        work.until(clock.now())
         proof.tick(clock.now())
     said = [line for line in out.getvalue().splitlines() if line.startswith("soak: proof:")]
     assert said == ["soak: proof: accepted: fixed (α 5%, β 5%) after 65.4 clean minutes"]
@@ -90,13 +110,19 @@ def test_stop_at_decision_stops_the_load_with_the_sentence_and_records_it_once()
     proof.started()
     for type in (EventType.RUN_STARTED, EventType.LOAD_STARTED):
         proof.sink.on_event(type, {"ts": T0})
-    proof.tick(T0 + 60 * 60)
+    work = Work(proof.sink)
+
+    def tick(at: float):
+        work.until(at)
+        return proof.tick(at)
+
+    tick(T0 + 60 * 60)
     assert stop.reason is None
-    proof.tick(T0 + 66 * 60)
+    tick(T0 + 66 * 60)
     # past the accept line (65.4 min) but a hang begun before it may be detected until 70.4 min
-    assert stop.reason is None and proof.tick(T0 + 70 * 60).sentence.startswith("26 more clean seconds to accept")
-    proof.tick(T0 + 71 * 60)
-    proof.tick(T0 + 72 * 60)
+    assert stop.reason is None and tick(T0 + 70 * 60).sentence.startswith("26 more clean seconds to accept")
+    tick(T0 + 71 * 60)
+    tick(T0 + 72 * 60)
     assert stop.reason == "proof accepted: fixed (α 5%, β 5%) after 65.4 clean minutes"
     assert [t for t, _ in events] == [EventType.PROVE_PLAN, EventType.PROOF_DECIDED]
     assert events[0][1]["plan"]["target_mtbf_s"] == 12000.0 and events[1][1]["decision"] == "accepted"

@@ -43,8 +43,10 @@ def test_a_clean_build_is_accepted_and_the_run_stops_at_the_decision(tmp_path, h
     assert proof["plan"]["target_mtbf_s"] == 10.0 and proof["boundaries"]["accept"][0][1] == proof["exposure_s"]
     assert summary["verdict"] == "pass" and summary["exit_code"] == 0
     assert summary["stopped_by"].startswith("proof accepted: fixed")  # a stop reason like the others
-    # stopped once no hang could still land before the line: the accept line plus the horizon
-    assert 3.27 + HORIZON_S <= summary["time_at_risk_s"] <= summary["duration_s"] < 20
+    # stopped once no hang could still land before the line: the accept line plus the horizon;
+    # the time at risk is what is known clean, the load less its last horizon, and it holds the line
+    assert 3.27 + HORIZON_S <= summary["duration_s"] < 20
+    assert 3.27 <= summary["time_at_risk_s"] <= summary["duration_s"] - HORIZON_S + 0.5
     types = [e["type"] for e in events(run_dir)]
     assert types.count(EventType.PROVE_PLAN.value) == 1 and types.count(EventType.PROOF_DECIDED.value) == 1
     assert list(_junit_prove(run_dir)) == []  # the prove case passed
@@ -85,7 +87,9 @@ def test_a_run_too_short_to_decide_is_exit_5_and_passes(tmp_path, harness) -> No
     assert summary["proof"]["needed"]["hangs"] == 2
     (error,) = list(_junit_prove(run_dir))
     assert error.get("type") == "prove_undecided"
-    assert "exit 5 (the sequential test (prove:) ended undecided)" in h.stderr
+    assert "verdict     UNDECIDED, exit 5 (the sequential test (prove:) ended undecided: soak more)" in h.stderr
+    assert "why         proof: 65 more clean minutes to accept; 2 hangs before minute 37 reject" in h.stderr
+    assert h.stderr.rstrip().splitlines()[-1].startswith("soak run: undecided (proof: 65 more clean minutes")
 
 
 def test_an_accept_after_a_hang_is_a_pass_with_the_hang_listed(tmp_path, harness) -> None:
