@@ -6,6 +6,10 @@ its onset to a minute after detection): the question is what the fix costs
 while the server works, and the hang rate is compared on its own. Latencies
 are compared per request (bootstrap of the quantile), hang rates with the exact
 Poisson rate-ratio test.
+
+``compare_pair`` is the one place that decides whether the two runs are compared
+at all: runs that differ in target, workload, model or layout
+(soak.report.identity) get their differences named and no verdict, unless forced.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from soak.durations import format_latency
+from soak.report.identity import Aspect, Mismatch, RunIdentity, differences, identify, incomparable
 from soak.report.plots import bin_edges, counter_rate
 from soak.report.rundir import RunData
 from soak.report.stats import (
+    Change,
     Difference,
     Estimate,
     compare_means,
@@ -38,6 +44,28 @@ class Comparison:
     window_s: float
     confidence: float
     rows: tuple[Difference, ...]
+    differences: tuple[Mismatch, ...] = ()  # what the runs record differently, the build's included
+    incomparable: tuple[Aspect, ...] = ()  # the aspects that make them two experiments
+    forced: bool = False  # compared all the same (--force)
+    identities: tuple[RunIdentity, RunIdentity] | None = None
+
+    @property
+    def compared(self) -> bool:
+        return not self.incomparable or self.forced
+
+    def not_compared(self) -> str | None:
+        """Why no row was judged, in one line; None where they were."""
+        if self.compared:
+            return None
+        return f"not compared: the runs differ in {_aspects(self.incomparable)}; --force compares them anyway"
+
+    def worse(self) -> bool:
+        """Some row judges B worse than A (--fail-on worse)."""
+        return any(row.verdict is Change.WORSE for row in self.rows)
+
+
+def _aspects(aspects: Sequence[Aspect]) -> str:
+    return ", ".join(a.value for a in aspects)
 
 
 def _hang_spans(run: RunData) -> list[tuple[float, float]]:
@@ -148,6 +176,37 @@ def compare_runs(a: RunData, b: RunData, *, a_name: str, b_name: str, window_s: 
     return Comparison(a_name, b_name, window_s, confidence, tuple(rows))
 
 
+def compare_pair(a: RunData, b: RunData, *, a_name: str, b_name: str, force: bool = False,
+                 window_s: float = 60.0, confidence: float = 0.95, resamples: int = 400) -> Comparison:
+    """B against A, as ``soak compare`` gives it: the runs' differences named, and
+    the rows judged only where the runs differ in no aspect of INCOMPARABLE
+    (target, workload, model, layout), or ``force`` says to judge them anyway.
+    A run whose recorded facts are of the wrong type is a ConfigError (exit 2)."""
+    identities = identify(a), identify(b)
+    found = differences(*identities)
+    held = incomparable(found)
+    comparison = Comparison(a_name, b_name, window_s, confidence, (), differences=found, incomparable=held,
+                            forced=bool(held) and force, identities=identities)
+    if not comparison.compared:
+        return comparison  # not even computed: no p-value of such a pair reaches a reader
+    rows = compare_runs(a, b, a_name=a_name, b_name=b_name, window_s=window_s, confidence=confidence,
+                        resamples=resamples).rows
+    return dataclasses.replace(comparison, rows=rows)
+
+
+def comparison_json(c: Comparison) -> dict[str, Any]:
+    """compare's JSON: the rows as before, then whether they were judged and why not."""
+    return {
+        "a_name": c.a_name, "b_name": c.b_name, "window_s": c.window_s, "confidence": c.confidence,
+        "rows": [dataclasses.asdict(row) for row in c.rows],
+        "compared": c.compared, "forced": c.forced, "incomparable": [a.value for a in c.incomparable],
+        "not_compared": c.not_compared(), "worse": c.worse(),
+        "differences": [m.to_json() for m in c.differences],
+        "identity": None if c.identities is None else {"a": c.identities[0].to_json(),
+                                                        "b": c.identities[1].to_json()},
+    }
+
+
 def _num(v: float | None, unit: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "—"
@@ -170,6 +229,19 @@ def _est(e: Any, unit: str) -> str:
 
 
 def format_comparison(c: Comparison) -> str:
+    """The differences first (a reader sees what else changed before any verdict),
+    then the table, or the one line saying why there is none."""
+    head = [m.line() for m in c.differences]
+    if not c.compared:
+        return "\n".join([*head, c.not_compared() or ""])
+    if c.forced:
+        head.append(f"compared anyway (--force): the runs differ in {_aspects(c.incomparable)}; a verdict below "
+                    "may be that difference, not B's change")
+    table = _table(c)
+    return "\n".join([*head, "", table]) if head else table
+
+
+def _table(c: Comparison) -> str:
     pct = f"{c.confidence * 100:g}%"
     header = ("metric", f"A: {c.a_name}", f"B: {c.b_name}", "change B vs A", "p", "verdict on B")
     rows = []

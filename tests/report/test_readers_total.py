@@ -124,6 +124,7 @@ def _fresh(tmp: Path, name: str, source: Path = RUNS) -> Path:
 def test_a_damaged_run_reads_or_is_one_line_and_compare_still_answers(tmp_path, base, how) -> None:
     from soak.report.compare import compare_runs
     from soak.report.html import render_html
+    from soak.report.identity import identify
     from soak.report.render import build, junit_for
     from soak.report.rundir import load_run
 
@@ -142,6 +143,11 @@ def test_a_damaged_run_reads_or_is_one_line_and_compare_still_answers(tmp_path, 
     reference = load_run(RUNS / "pass")
     compare_runs(reference, data, a_name="a", b_name="b", resamples=20)
     compare_runs(data, reference, a_name="a", b_name="b", resamples=20)
+    # What compare reads to tell the runs apart: the facts, or one line naming the run's file and field.
+    try:
+        identify(data)
+    except ConfigError as exc:
+        assert str(run) in str(exc) and "\n" not in str(exc)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
