@@ -27,7 +27,7 @@ from soak.judge.ladder import outcome_of
 from soak.judge.reasons import verdict_reasons
 from soak.judge.recorded import NOWHEN, Recorded
 from soak.prove.live import decide
-from soak.prove.sprt import Decision, ProofState
+from soak.prove.sprt import Decision, ProofState, withheld
 from soak.records import Verdict
 from soak.thresholds.evaluate import ThresholdResult, evaluate_run, evaluate_windows, thresholds_entry
 
@@ -49,6 +49,7 @@ class Judgement:
     at_risk: AtRisk = AtRisk(())  # the time at risk, counted once (soak.exposure)
     proof: Decision | None = None  # prove: where the sequential test stands (or where it decided)
     proof_path: tuple[tuple[float, ...], float] = ((), 0.0)  # (exposure at each hang, total exposure)
+    withheld: str | None = None  # why this night's hang-free time proves no fix (it failed otherwise)
 
     def criteria_json(self) -> dict[str, Any]:
         return {**self.criteria.to_json(), **({"note": self.criteria_note} if self.criteria_note else {})}
@@ -173,6 +174,20 @@ def _failed_but_hangs(recorded: Recorded, ending: Ending, criteria: CriteriaDeci
     return others or live or not criteria.passed, bool(hangs)
 
 
+def _why_withheld(recorded: Recorded, ending: Ending, criteria: CriteriaDecision) -> str | None:
+    """Why this night's hang-free time proves no fix, whatever the sequential test
+    says: it failed otherwise (a failed criterion, a corruption, a crash or a lost
+    server, a failed response). None: it did not. history reads it (at_risk.withheld)."""
+    others = sorted({str(i.get("kind") or "incident") for i in recorded.incidents if i.get("kind") != "hang"})
+    if others:
+        return f"the run had a {' and a '.join(others)} incident"
+    if not criteria.passed:
+        return "the run failed criterion " + ", ".join(r.name for r in criteria.failed)
+    if (ending.stop_reason or "").startswith("incident handling failed"):
+        return "the run's response to an incident failed"
+    return None
+
+
 def judge(recorded: Recorded, ending: Ending) -> Judgement:
     criteria = judge_criteria(recorded.criteria, recorded.requests.tally, final=True)
     incidents = recorded.incidents
@@ -186,6 +201,9 @@ def judge(recorded: Recorded, ending: Ending) -> Judgement:
                                      horizon_s=recorded.events.prove_horizon_s)
         path = (marks, total)
         failed, hanged = _failed_but_hangs(recorded, ending, criteria)
+    why_withheld = _why_withheld(recorded, ending, criteria)
+    if proof is not None and why_withheld is not None:
+        proof = withheld(proof, why_withheld)  # nothing broken is ever called fixed
     results, entry = _thresholds(recorded)
     breached = [r.name for r in results or () if r.breached]
     for name in (ending.threshold_aborted, *(e.get("threshold") for e in recorded.events.threshold_breaches)):
@@ -215,7 +233,8 @@ def judge(recorded: Recorded, ending: Ending) -> Judgement:
     return Judgement(verdict=verdict, exit_code=exit_code, end_verdict=end_verdict, reasons=tuple(reasons),
                      stop_reason=stop_reason, criteria=criteria, criteria_note=recorded.criteria_note,
                      thresholds=results, thresholds_entry=entry, breached=tuple(breached),
-                     incidents=incidents, failed=failed, at_risk=risk, proof=proof, proof_path=path)
+                     incidents=incidents, failed=failed, at_risk=risk, proof=proof, proof_path=path,
+                     withheld=why_withheld)
 
 
 def run_ended_fields(judgement: Judgement, ending: Ending) -> dict[str, Any]:
@@ -245,7 +264,8 @@ def summary_json(recorded: Recorded, judgement: Judgement) -> dict[str, Any]:
         "hangs_at_risk": judgement.at_risk.hangs,
         # ... and its intervals, so history, bisect, compare and the push read this count, not their own.
         "at_risk": {"intervals": intervals_json(judgement.at_risk.intervals),
-                    "exposure_s": judgement.at_risk.exposure_s, "hangs": judgement.at_risk.hangs},
+                    "exposure_s": judgement.at_risk.exposure_s, "hangs": judgement.at_risk.hangs,
+                    "withheld": judgement.withheld},
     })
     if judgement.proof is not None:
         marks, total = judgement.proof_path

@@ -345,6 +345,18 @@ def pending(d: Decision, *, exposure_s: float, wait_s: float, horizon_s: float) 
                     p.accept_at_s(d.hangs), Needed(wait_s, None, None), (head, _basis(p, exposure_s, d.hangs)), p)
 
 
+def withheld(d: Decision, reason: str) -> Decision:
+    """An accept the run cannot stand behind: it failed otherwise (a failed criterion,
+    a corruption, a crash), so its hang-free time proves no fix. Undecided, saying
+    why; a reject or an undecided test is returned as it is."""
+    if d.state is not ProofState.ACCEPTED and d.state is not ProofState.TRUNCATED:
+        return d
+    p = d.plan
+    head = f"no proof: {reason}, so its hang-free time proves no fix"
+    return Decision(ProofState.UNDECIDED, d.exposure_s, d.hangs, d.log_ratio, d.accept_at_s, None,
+                    (head, *d.reasons[1:]), p)
+
+
 def _decision(p: Plan, state: ProofState, exposure_s: float, hangs: int) -> Decision:
     lr = p.log_ratio(exposure_s, hangs)
     basis = _basis(p, exposure_s, hangs)
