@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from soak.bisect.segments import read_segment
+from soak.exposure import at_risk
 from soak.history.model import run_record
 from soak.history.prove import prove_build
 from soak.judge.entry import rejudge
@@ -153,3 +154,34 @@ def test_the_live_the_end_the_report_history_and_bisect_decide_the_same(tmp_path
 
     segment = read_segment(run_dir, build=0)
     assert abs(segment.exposure_s - at_risk) < 1e-6 and segment.hangs == summary.hangs_at_risk
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(life_list=lives, period=st.floats(0.2, 3.0), horizon=st.floats(0.0, 12.0), planned=st.floats(30.0, 90.0),
+       broken=st.sampled_from(["crash", "failed request", "corruption"]), when=st.floats(0.0, 1.0))
+def test_a_night_that_failed_otherwise_is_never_called_fixed(tmp_path_factory, life_list, period, horizon, planned,
+                                                             broken, when):
+    """Whatever its hangs and clean time: a crash, a corruption or a failed criterion
+    (here the error rate, from one failed request) and the end never accepts, and
+    says why; no clean time counts past the failure."""
+    run_dir = tmp_path_factory.mktemp("runs") / "night"
+    _run(run_dir, life_list, period=period, horizon=horizon, tick=1.0, planned=planned, stop_at=False)
+    at = START + when * planned
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    if broken == "failed request":
+        with open(run_dir / "requests.jsonl", "a") as f:
+            f.write(json.dumps({**_request(99_999, at), "outcome": "http_error", "http_status": 500,
+                                "output_tokens": 0, "ttft_s": None}) + "\n")
+        for e in events:
+            if e["type"] == "criteria_config":
+                e["criteria"] = {**OFF, "error_rate": {"enabled": True, "max": 0.0, "min_requests": 1}}
+    else:
+        events.insert(-2, {"type": "incident", "ts": at, "mono": at - START, "onset_at": at, "detected_at": at,
+                           "kind": broken, "rule": "server_gone" if broken == "crash" else "corruption"})
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    _, summary = rejudge(run_dir)
+    assert summary.proof is not None and summary.proof["decision"] != "accepted", summary.proof["sentence"]
+    assert summary.raw["at_risk"]["withheld"]
+    stop = max(e["ts"] for e in events if e["type"] == "load_stopped")
+    assert all(i.start + i.length_s <= max(at, START) + 1e-6 or i.hang
+               for i in at_risk(events, summary).intervals if i.start < stop)
