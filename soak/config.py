@@ -31,8 +31,10 @@ from soak.workload.config import SyntheticAgenticConfig, WorkloadConfig
 
 class RunConfig(StrictModel):
     name: str = "soak"
-    # The server build this run exercises, as `soak history` groups nights
-    # (None: the vLLM version from /version and a digest of the launch flags).
+    # The server build this run exercises, as you name it; `soak history` groups nights by it
+    # and by what ran (a label whose nights ran another executable, script, packages,
+    # LD_LIBRARY_PATH, PYTHONPATH or model revision is several builds; None: the vLLM
+    # version from /version and the digest of what ran).
     build: Optional[str] = Field(None, min_length=1, max_length=200)
     duration: Duration = 300.0
     warmup: Duration = 0.0

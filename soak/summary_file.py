@@ -74,6 +74,7 @@ def _numbers(value: Any) -> Mapping[str, float]:
 _READERS: Mapping[str, Callable[[Any], Any]] = {
     "bool | None": _bool, "int | None": _int, "float | None": _number, "str | None": _str,
     "int | float | None": _amount, "tuple[str, ...]": _strs, "tuple[Mapping[str, Any], ...]": _mappings,
+    "Mapping[str, Any] | None": _mapping,
 }
 
 
@@ -285,9 +286,12 @@ class BuildEntry(_Section):
 
     label: str | None
     vllm_version: str | None
-    launch_digest: str | None
+    launch_digest: str | None  # the build's identity: soak.history.build.identity_of all of this record
     model: str | None
     key: str | None  # recorded as "build" (a word like "key" reads as a secret to the redactor)
+    served_model: str | None = None
+    settings_digest: str | None = None  # the config's side: flags, VLLM_*/NCCL_* env, the sim: section
+    launch: Mapping[str, Any] | None = None  # what the server ran (soak.target.launch), as recorded
 
     _recorded_as: ClassVar[Mapping[str, str]] = {"key": "build"}
 

@@ -213,7 +213,9 @@ PUSHED_METRICS: dict[str, HarnessMetric] = {
         HarnessMetric("soak_night", Kind.INFO, "The night's run: its id, build, vLLM version, launch digest and verdict.",
                       ("run", "build_label", "vllm_version", "launch_digest", "verdict")),
         HarnessMetric("soak_night_verdict", Kind.GAUGE, "The night's verdict: 0 pass, 1 fail, 2 aborted."),
-        HarnessMetric("soak_night_exit_code", Kind.GAUGE, "soak run's exit status (0, 1, 99, ...)."),
+        HarnessMetric("soak_night_exit_code", Kind.GAUGE, "soak run's exit status (CONTRACTS.md): 0 pass, 1 fail, "
+                      "2 bad config, 3 target never ready, 4 harness fault, 5 prove: undecided, 99 threshold "
+                      "breached, 130 interrupted."),
         HarnessMetric("soak_night_start_time_seconds", Kind.GAUGE, "When the night's run started (unix seconds)."),
         HarnessMetric("soak_night_exposure_seconds", Kind.GAUGE,
                       "Seconds the night was at risk of a hang: load, less each hang's wait for its restart."),
@@ -238,7 +240,10 @@ PUSHED_METRICS: dict[str, HarnessMetric] = {
                       "The build's two-sided exact MTBF interval (bound lower / upper; upper absent with no hang).",
                       ("bound",)),
         HarnessMetric("soak_build_fixed", Kind.GAUGE,
-                      "Against the baseline build's MTBF: 1 fixed, 0 not fixed, -1 not yet shown; absent for the baseline."),
+                      "The build's one verdict (soak history: the sequential test's where --prove tested it, else "
+                      "against the baseline): 1 fixed, 0 not fixed, -1 not yet shown; absent for the baseline."),
+        HarnessMetric("soak_build_verdict", Kind.INFO, "The build's one verdict as soak history says it: its "
+                      "standing (fixed, not fixed, not yet shown, baseline) and its sentence.", ("standing", "sentence")),
         HarnessMetric("soak_build_better_confidence", Kind.GAUGE,
                       "Confidence that the build hangs less often than the baseline (exact Poisson rate-ratio test)."),
     )

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from soak.export.grafana import DATASOURCE, GRID_WIDTH, Panel, Target, panel_json
+from soak.standing import FIXED_VALUES, UNDECIDED_EXIT
 
 BOX = 'box=~"$box"'
 SEL = f'{{{BOX},build=~"$build"}}'
@@ -28,7 +29,10 @@ NO_RUN_GREY = "#808080"
 LAST_NIGHT_S = 36 * 3600
 NO_RUN = -1
 # By soak run's exit status (CONTRACTS.md): a hang or a crash (1) is red, a breached
-# SLO without an incident (99, k6's convention) orange; no run grey, never red.
+# SLO without an incident (99, k6's convention) orange; a prove: run whose test did not
+# decide (5) blue, "soak more", as the live dashboard draws an undecided test: neither a
+# pass nor a failure, and no "harness" purple; no run grey, never red.
+UNDECIDED_BLUE = "blue"
 _NIGHT_MAPPINGS = [
     {"type": "value", "options": {
         str(NO_RUN): {"text": "no run", "color": NO_RUN_GREY, "index": 0},
@@ -37,15 +41,18 @@ _NIGHT_MAPPINGS = [
         "2": {"text": "bad config", "color": "purple", "index": 3},
         "3": {"text": "target never ready", "color": "purple", "index": 4},
         "4": {"text": "harness fault", "color": "purple", "index": 5},
-        "99": {"text": "SLO breached", "color": "orange", "index": 6},
-        "130": {"text": "interrupted", "color": "purple", "index": 7},
+        str(UNDECIDED_EXIT): {"text": "undecided", "color": UNDECIDED_BLUE, "index": 6},
+        "99": {"text": "SLO breached", "color": "orange", "index": 7},
+        "130": {"text": "interrupted", "color": "purple", "index": 8},
     }},
     {"type": "special", "options": {"match": "null+nan", "result": {"text": "no run", "color": NO_RUN_GREY,
-                                                                    "index": 8}}},
+                                                                    "index": 9}}},
 ]
 _NIGHT_COLORS = {"mode": "absolute", "steps": [
     {"color": NO_RUN_GREY, "value": None}, {"color": "green", "value": 0}, {"color": "red", "value": 1},
-    {"color": "purple", "value": 2}, {"color": "orange", "value": 99}, {"color": "purple", "value": 100},
+    {"color": "purple", "value": 2}, {"color": UNDECIDED_BLUE, "value": UNDECIDED_EXIT},
+    {"color": "purple", "value": UNDECIDED_EXIT + 1}, {"color": "orange", "value": 99},
+    {"color": "purple", "value": 100},
 ]}
 # Each build's latest exit status while its latest night started within LAST_NIGHT_S, else NO_RUN.
 _LAST_NIGHT = (
@@ -53,11 +60,15 @@ _LAST_NIGHT = (
     f"(time() - max by (build) (soak_night_start_time_seconds{SEL}) < {LAST_NIGHT_S})) "
     f"or on (build) (0 * max by (build) (soak_night_start_time_seconds{SEL}) - {-NO_RUN})"
 )
+# soak_build_fixed back to the words of the one verdict it was pushed from (soak.history.verdict)
+_FIXED_COLOURS = {-1: "orange", 0: "red", 1: "green"}
 _FIXED_MAPPINGS = [{"type": "value", "options": {
-    "-1": {"text": "not yet shown", "color": "orange", "index": 0},
-    "0": {"text": "not fixed", "color": "red", "index": 1},
-    "1": {"text": "fixed", "color": "green", "index": 2},
+    str(value): {"text": standing.value, "color": _FIXED_COLOURS[value], "index": i}
+    for i, (standing, value) in enumerate(sorted(FIXED_VALUES.items(), key=lambda kv: kv[1]))
 }}]
+# The verdict's sentence beside its build: the words the terminal and history.html say.
+_VERDICT_COLUMNS = {"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True},
+                                                  "indexByName": {"build": 0, "standing": 1, "sentence": 2}}}
 _STEPS_LINE = {"custom": {"lineInterpolation": "stepAfter", "showPoints": "always", "spanNulls": True}}
 
 
@@ -67,11 +78,13 @@ def panels() -> list[list[Panel]]:
             Panel("Last night", "stat", [Target(_LAST_NIGHT, "{{build}}")], width=8,
                   height=5, description="Each build's latest night by soak run's exit status: pass (green), an "
                   "incident such as a hang (red), thresholds breached without an incident (exit 99, orange), "
+                  "a prove: test that did not decide (exit 5, blue: soak more), "
                   f"no night in the last {LAST_NIGHT_S // 3600} h (grey).", mappings=_NIGHT_MAPPINGS,
                   thresholds=_NIGHT_COLORS, options=_STAT),
-            Panel("Fixed against the baseline?", "stat", [Target(f"max by (build) (soak_build_fixed{SEL})", "{{build}}")],
-                  width=8, height=5, description="soak history's verdict: fixed when the build's proven MTBF beats "
-                  "the baseline build's.", mappings=_FIXED_MAPPINGS,
+            Panel("Fixed?", "stat", [Target(f"max by (build) (soak_build_fixed{SEL})", "{{build}}")],
+                  width=8, height=5, description="soak history's one verdict per build (the table below says its "
+                  "sentence): the sequential test's where --prove tested the build, else the MTBF bound and the "
+                  "rate-ratio test against the baseline build.", mappings=_FIXED_MAPPINGS,
                   thresholds={"mode": "absolute", "steps": [{"color": "orange", "value": None},
                                                             {"color": "red", "value": 0},
                                                             {"color": "green", "value": 1}]}, options=_STAT),
@@ -80,6 +93,13 @@ def panels() -> list[list[Panel]]:
                   unit="percentunit", min=0, max=1, description="Exact Poisson rate-ratio test, one-sided.",
                   thresholds={"mode": "absolute", "steps": [{"color": "orange", "value": None},
                                                             {"color": "green", "value": 0.95}]}, options=_STAT),
+        ],
+        [
+            Panel("Is it fixed? One verdict per build", "table", [
+                Target(f"max by (build, standing, sentence) (soak_build_verdict_info{SEL})", instant=True, table=True),
+            ], width=24, height=5, description="soak history's sentence for each build, as history.html and the "
+               "terminal say it (soak.history.verdict).", options={"showHeader": True},
+               transformations=[_VERDICT_COLUMNS]),
         ],
         [
             Panel("MTBF per build (pooled)", "timeseries", [

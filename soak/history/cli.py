@@ -13,7 +13,7 @@ from soak.printable import printable
 
 
 JSON_HELP = ("print one JSON document instead of the text; its fields are version (1), lines (the text's "
-             "lines: a line per build, the best build's statement, each tested build's sentence), history "
+             "lines: a line per build ending in its one verdict, then the lead), history "
              "(what history.json holds: confidence, baseline, baseline_mtbf_s, best, builds, rate_tests, costs, "
              "runs, and proofs with --prove), written ({html, csv, json}: the paths written), pushed (null, or "
              "{url, job, builds} with --pushgateway)")
@@ -155,14 +155,20 @@ def history_document(h: Any, *, written: dict[str, Path], pushed: dict[str, Any]
 
 
 def terminal_lines(h: Any) -> list[str]:
-    """What ``soak history`` prints of a history: a line per build, the best
-    build's statement, a sentence per tested build. Build labels come from run
+    """What ``soak history`` prints of a history: a line per build ending in its one
+    verdict (soak.history.verdict: the sequential test's sentence for a build ``--prove``
+    tested), then the lead, which repeats the sentence of the build closest to fixed.
+    Build labels come from run
     directories: hostile, so each line goes through soak.printable (an escape
     sequence in a label must not drive the terminal)."""
     from soak.history.render import no_baseline_sentence
 
     lines = []
+    # A label that named several builds is said once, before its first build: what differed.
+    splits = {split.builds[0]: split for split in h.splits}
     for b in h.builds:
+        if b.build in splits:
+            lines.append(splits[b.build].sentence())
         line = f"{b.build}: {b.runs} runs, " + (b.mtbf.sentence() if b.mtbf else "no exposure")
         lines.append(line + (f"; {b.verdict}" if b.verdict and b.verdict != "baseline"
                              else (" (baseline)" if b.verdict else "")))
@@ -170,7 +176,6 @@ def terminal_lines(h: Any) -> list[str]:
         lines.append(str(h.best["statement"]))
     elif h.baseline is None:
         lines.append(no_baseline_sentence(h))
-    lines += [f"{proof.build}: {proof.decision.sentence}" for proof in h.proofs]
     return [printable(line) for line in lines]
 
 
@@ -179,19 +184,29 @@ def with_proofs(h: Any, section: Any, *, only: str | None) -> Any:
     ``only`` that build, else every build but the broken one."""
     import dataclasses
 
-    from soak.errors import ArgumentError
+    from soak.errors import ArgumentError, ConfigError
     from soak.history.prove import broken_mtbf_of, prove_builds
+    from soak.history.verdict import judged
     from soak.prove.config import plan_of
 
     known = [b.build for b in h.builds]
-    broken = broken_mtbf_of(h.runs, section.broken_build) if section.broken_build is not None else None
+    try:
+        broken = broken_mtbf_of(h.runs, section.broken_build) if section.broken_build is not None else None
+    except ConfigError as exc:  # a label of several builds: their hangs are not one build's MTBF
+        raise ArgumentError(f"--broken-build: {exc.message}") from None
     try:
         plan = plan_of(section, broken_mtbf_s=broken)
     except ValueError as exc:
         raise ArgumentError(f"--broken-build: {exc} (builds: {', '.join(known)})") from None
-    labels = {r.label: r.build for r in h.runs if r.label}
+    labels: dict[str, list[str]] = {}  # label -> its builds: one label may name several (what ran differed)
+    for r in h.runs:
+        if r.label and r.build not in labels.setdefault(r.label, []):
+            labels[r.label].append(r.build)
     if only is not None and only not in known and only not in labels:
         raise ArgumentError(f"--prove: no build {only!r} among the runs, known: {', '.join(known)}")
-    skip = labels.get(section.broken_build, section.broken_build)
-    builds = [only] if only is not None else [b for b in known if b != skip]
-    return dataclasses.replace(h, proofs=prove_builds(plan, h.runs, builds))
+    skip = set(labels.get(section.broken_build or "", [section.broken_build]))
+    # A label of several builds: each tested on its own nights, never pooled.
+    builds = (([only] if only in known else labels[only]) if only is not None
+              else [b for b in known if b not in skip])
+    # the proofs are evidence: every build's one verdict and the lead are judged again with them
+    return judged(dataclasses.replace(h, proofs=prove_builds(plan, h.runs, builds)))

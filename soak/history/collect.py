@@ -9,14 +9,17 @@ was cut off) and computes everything in soak.history.model.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from soak.errors import ConfigError
+from soak.history.build import LabelSplit, group_keys, label_splits
 from soak.redact import clip
 from soak.history.model import (
-    BuildStats, Cost, History, RunRecord, build_stats, fixed_verdict, mean_cost, quantile_cost, rate_test, run_record,
+    BuildStats, Cost, History, RunRecord, build_stats, mean_cost, quantile_cost, rate_test, run_record,
 )
+from soak.history.verdict import judged as judge
 from soak.store.rundir import MARKERS_TEXT, is_run_dir
 
 
@@ -91,26 +94,34 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
     added, and turned the page's lead sentence around. Without one there is no
     verdict against a build, no rate test and no cost; ``baseline_mtbf_s`` alone
     still judges every build against that MTBF."""
-    records: list[RunRecord] = []
-    windows: dict[str, list[float]] = {}
-    latencies: dict[str, dict[str, list[float]]] = {}
+    nights: list[tuple[RunRecord, list[float], dict[str, list[float]]]] = []
     skipped: list[ConfigError] = []
     for path in run_dirs:
         try:
-            record, night_windows, night_latencies = read_night(path, window_s=window_s, reports=reports)
+            nights.append(read_night(path, window_s=window_s, reports=reports))
         except ConfigError as exc:
             skipped.append(exc)
             if on_skip is not None:
                 on_skip(exc)
             continue
+    if run_dirs and not nights:
+        raise ConfigError(f"no readable run among {len(run_dirs)}: first skipped: {skipped[0]}"[:400])
+    nights.sort(key=lambda n: (n[0].started_at is None, n[0].started_at or 0.0, n[0].path))
+    # A build is what ran: nights pool under one key only where their identity is equal
+    # (soak.history.build.group_keys), so a label that named two builds is two.
+    keys = group_keys([n[0] for n in nights])
+    records: list[RunRecord] = []
+    windows: dict[str, list[float]] = {}
+    latencies: dict[str, dict[str, list[float]]] = {}
+    for (record, night_windows, night_latencies), key in zip(nights, keys):
+        record = dataclasses.replace(record, build=key)
         records.append(record)
         windows.setdefault(record.build, []).extend(night_windows)
         lat = latencies.setdefault(record.build, {"ttft_s": [], "tpot_s": []})
-        for key, into in lat.items():
-            into.extend(night_latencies[key])
-    if run_dirs and not records:
-        raise ConfigError(f"no readable run among {len(run_dirs)}: first skipped: {skipped[0]}"[:400])
-    records.sort(key=lambda r: (r.started_at is None, r.started_at or 0.0, r.path))
+        for name, into in lat.items():
+            into.extend(night_latencies[name])
+    splits = label_splits([(r.label, r.build, r.facts) for r in records])
+    baseline = baseline_key(records, baseline, splits=splits) if baseline is not None else None
 
     order: list[str] = []
     for r in records:
@@ -120,17 +131,12 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
     if baseline is not None and baseline not in order:
         raise ConfigError(f"--baseline: no build {baseline!r} among the runs, known: {', '.join(order)}")
     base = next((b for b in builds if b.build == baseline), None)
+    given = baseline_mtbf_s is not None  # --baseline-mtbf: a stated figure, not the baseline's estimate
     if baseline_mtbf_s is None and base is not None and base.mtbf is not None and base.mtbf.point_s is not None:
         baseline_mtbf_s = base.mtbf.point_s
 
-    judged: list[BuildStats] = []
-    for b in builds:
-        if baseline_mtbf_s is not None and b.build != baseline:
-            text, fixed = fixed_verdict(b, baseline_mtbf_s, baseline or "baseline", confidence=confidence)
-            b = BuildStats(**{**b.__dict__, "verdict": text, "fixed": fixed})
-        elif b.build == baseline:
-            b = BuildStats(**{**b.__dict__, "verdict": "baseline"})
-        judged.append(b)
+    # Each build's verdict, and the lead, are soak.history.verdict's one sentence (judged below).
+    judged: list[BuildStats] = builds
 
     tests = []
     costs: dict[str, tuple[Cost, ...]] = {}
@@ -148,16 +154,24 @@ def build_history(run_dirs: Sequence[Path], *, confidence: float = 0.95, baselin
                 quantile_cost("tpot_p50", 0.50, la["tpot_s"], lb["tpot_s"], confidence=confidence, resamples=resamples),
                 quantile_cost("tpot_p99", 0.99, la["tpot_s"], lb["tpot_s"], confidence=confidence, resamples=resamples),
             )
-    best = None
-    if tests:
-        top = min(tests, key=lambda t: t.p_b_lower)
-        conf = 1.0 - top.p_b_lower
-        best = {"build": top.b, "baseline": top.a, "confidence": conf,
-                "significant": conf >= confidence,
-                "statement": (f"{top.b} is the better build: it hangs less often than {top.a} with "
-                              f"{conf * 100:.1f}% confidence (exact Poisson rate-ratio test, one-sided)"
-                              if conf >= confidence else
-                              f"no build is shown better than {top.a} at {confidence * 100:g}%: the best, "
-                              f"{top.b}, hangs less often with {conf * 100:.1f}% confidence only")}
-    return History(confidence=confidence, runs=tuple(records), builds=tuple(judged), baseline=baseline,
-                   baseline_mtbf_s=baseline_mtbf_s, rate_tests=tuple(tests), costs=costs, best=best)
+    return judge(History(confidence=confidence, runs=tuple(records), builds=tuple(judged), baseline=baseline,
+                         baseline_mtbf_s=baseline_mtbf_s, rate_tests=tuple(tests), costs=costs, splits=splits,
+                         baseline_mtbf_given=given))
+
+
+def baseline_key(records: Sequence[RunRecord], name: str, *, splits: Sequence[LabelSplit] = ()) -> str:
+    """The build ``--baseline NAME`` means: its key, or its ``label@identity``; a label
+    that names several builds names none of them (one line saying which there are), and
+    a name no run has is left as given (``build_history`` says which builds there are)."""
+    for r in records:
+        if name in (r.build, r.identity_key):
+            return r.build
+    for split in splits:
+        if split.label == name:
+            from soak.errors import ArgumentError
+            from soak.printable import printable
+
+            # the labels and facts come from run directories: one printable line (no escape drives the terminal)
+            raise ArgumentError(printable(clip(f"--baseline: {split.sentence()}; name one: {', '.join(split.builds)}",
+                                               600)))
+    return name

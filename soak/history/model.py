@@ -17,8 +17,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
+from soak.printable import printable
+from soak.redact import clip
 from soak.durations import format_duration
-from soak.exposure import Interval, intervals_of  # noqa: F401 (the history's reading of a night, shared with the report)
+from soak.exposure import Interval, at_risk, intervals_of  # noqa: F401 (the night's time at risk as its judge counted it)
 from soak.report.stats import MtbfEstimate, mtbf_estimate, quantile_estimate, required_clean_exposure
 from soak.summary_file import BuildEntry, IncidentEntry, RunSummary
 from soak.thresholds.metrics import RUN_METRICS, run_value
@@ -46,6 +48,19 @@ class RunRecord:
     restarts: int
     thresholds_breached: tuple[str, ...] = ()
     report: str | None = None  # the run's report.html, where one existed when the history was read
+    # What ran (soak.history.build.identity_of the recorded build): nights pool only where it is
+    # equal; ``build`` is its history key (soak.history.build.group_keys), ``facts`` what it is.
+    identity: str = ""
+    facts: Mapping[str, str] = field(default_factory=dict)
+    launch_recorded: bool = True  # False: a night from before soak read what it launched
+    # Why this night's hang-free time proves no fix (it failed otherwise: summary.json's
+    # at_risk.withheld, the judge's); a build with such a night is never called fixed.
+    withheld: str | None = None
+
+    @property
+    def identity_key(self) -> str:
+        """The key this night's build has where its label names several: ``label@identity``."""
+        return f"{self.label}@{self.identity}" if self.label else self.build
 
     @property
     def exposure_s(self) -> float:
@@ -84,27 +99,39 @@ class RunRecord:
 def run_record(*, path: str, summary: RunSummary, events: Sequence[Mapping[str, Any]],
                config: Mapping[str, Any], report: str | None = None,
                records: Iterable[Mapping[str, Any]] | None = None) -> RunRecord:
-    """``records``: the run's requests (requests.jsonl), for ``intervals_of``'s
+    """The night's time at risk is its judge's (summary.json's ``at_risk``); a summary
+    written before it is counted here, ``records`` (requests.jsonl) giving the
     evidence of work: a night whose server did no work has no time at risk."""
-    from soak.history.build import build_identity, build_key
+    from soak.history.build import build_identity, build_key, identity_fields, identity_of
 
-    build = summary.build_entry
-    if build is None:  # a run recorded before the build event existed
-        build = BuildEntry.from_json(build_identity(config, vllm_version=None, served_model=summary.model))
+    recorded: Mapping[str, Any] | None = summary.build
+    launch_recorded = isinstance(recorded, Mapping) and isinstance(recorded.get("launch"), Mapping)
+    if recorded is None:  # a run recorded before the build event existed
+        recorded = build_identity(config, vllm_version=None, served_model=summary.model)
+    build = BuildEntry.from_json(recorded)
     label = build.label or config.get("build")
+    # A label is a name: a number in a hand-edited config.yaml reads as its text, anything else as none.
+    label = str(label) if isinstance(label, (str, int, float)) and not isinstance(label, bool) and label != "" else None
     key = build_key(label, build.vllm_version, build.launch_digest)
     return RunRecord(
         path=path, run_id=summary.run_id, name=config.get("name"),
         started_at=summary.started_at, build=key, vllm_version=build.vllm_version,
         launch_digest=build.launch_digest, label=label, verdict=summary.verdict.value if summary.verdict is not None else "None",
-        cut_off=bool(summary.cut_off), intervals=intervals_of(events, summary, records),
+        cut_off=bool(summary.cut_off), intervals=at_risk(events, summary, records).intervals,
         incidents=summary.incidents,
         figures={name: run_value(name, summary) for name in RUN_FIGURES},
         thresholds_passed=summary.thresholds.passed if summary.thresholds is not None else None,
         restarts=summary.restarts or 0,
         thresholds_breached=summary.thresholds.breached if summary.thresholds is not None else (),
-        report=report,
+        report=report, identity=identity_of(recorded), facts=identity_fields(recorded),
+        launch_recorded=launch_recorded, withheld=_withheld(summary),
     )
+
+
+def _withheld(summary: RunSummary) -> str | None:
+    entry = summary.raw.get("at_risk") if isinstance(summary.raw, Mapping) else None
+    why = entry.get("withheld") if isinstance(entry, Mapping) else None
+    return printable(clip(why, 300)) if isinstance(why, str) and why else None
 
 
 # -- per build ---------------------------------------------------------------
@@ -119,9 +146,13 @@ class BuildStats:
     mtbf: MtbfEstimate | None
     vllm_versions: tuple[str, ...]
     digests: tuple[str, ...]
-    verdict: str = ""  # against the baseline
+    verdict: str = ""  # the build's one sentence (soak.history.verdict.judged)
     fixed: bool | None = None
+    standing: str = ""  # that sentence's standing: fixed, not fixed, not yet shown, baseline, "" (none)
     hang_free_runs: int = 0  # what the MTBF verdict counts: a breached threshold is no hang
+    label: str | None = None  # the config's build: label, as given (one label may name several builds)
+    identity: str = ""  # what ran (soak.history.build.identity_of): one per build
+    facts: Mapping[str, str] = field(default_factory=dict)  # soak.history.build.identity_fields
 
 
 @dataclass(frozen=True)
@@ -169,6 +200,9 @@ class History:
     costs: Mapping[str, tuple[Cost, ...]] = field(default_factory=dict)  # build -> its costs against the baseline
     best: Mapping[str, Any] | None = None
     proofs: tuple[Any, ...] = ()  # soak history --prove: soak.history.prove.BuildProof, one per build tested
+    baseline_mtbf_given: bool = False  # --baseline-mtbf: a stated figure, not the baseline build's estimate
+    # labels that name several builds, and what differs between them (soak.history.build.LabelSplit)
+    splits: tuple[Any, ...] = ()
 
 
 def build_stats(build: str, runs: Sequence[RunRecord], *, confidence: float) -> BuildStats:
@@ -181,30 +215,56 @@ def build_stats(build: str, runs: Sequence[RunRecord], *, confidence: float) -> 
         mtbf=mtbf_estimate(hangs, exposure, confidence=confidence) if exposure > 0 else None,
         vllm_versions=tuple(sorted({r.vllm_version for r in runs if r.vllm_version})),
         digests=tuple(sorted({r.launch_digest for r in runs if r.launch_digest})),
+        # what ran: the first night that recorded its launch says it (older nights pooled in, if any, did not)
+        **_what_ran(runs),
     )
+
+
+def _what_ran(runs: Sequence[RunRecord]) -> dict[str, Any]:
+    first = next((r for r in runs if r.launch_recorded), runs[0]) if runs else None
+    return {"label": first.label, "identity": first.identity, "facts": first.facts} if first is not None else {}
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def nights_said(b: BuildStats) -> str:
+    """"5 nights without a hang", "3 nights, 2 hangs": the evidence a verdict names."""
+    if b.hangs:
+        return f"{_plural(b.runs, 'night')}, {_plural(b.hangs, 'hang')}"
+    return f"{_plural(b.hang_free_runs, 'night')} without a hang"
+
+
+def mtbf_to_beat(baseline_mtbf_s: float, baseline: str) -> str:
+    """"the unfixed MTBF of 15 min"."""
+    return f"the {baseline} MTBF of {format_duration(baseline_mtbf_s, approx=True)}"
+
+
+def mtbf_clean_needed(b: BuildStats, baseline_mtbf_s: float, *, confidence: float) -> float:
+    """More clean exposure after which the build's one-sided MTBF bound beats ``baseline_mtbf_s``."""
+    needed = required_clean_exposure(baseline_mtbf_s, confidence=confidence, allowed_failures=b.hangs)
+    return max(0.0, needed - b.exposure_s)
+
+
 def fixed_verdict(b: BuildStats, baseline_mtbf_s: float, baseline: str, *, confidence: float) -> tuple[str, bool | None]:
-    """"fixed at 95%: 5 nights without a hang, 330 min pooled, beat the unfixed MTBF of 15 min"."""
+    """The one-sided MTBF bound against ``baseline_mtbf_s``: "fixed at 95%: 5 nights without
+    a hang, 330 min pooled, beat the unfixed MTBF of 15 min". A build's one sentence, which
+    weighs this with the other tests, is soak.history.verdict's."""
     pct = f"{confidence * 100:g}%"
-    base = f"the {baseline} MTBF of {format_duration(baseline_mtbf_s, approx=True)}"
+    base = mtbf_to_beat(baseline_mtbf_s, baseline)
     if b.mtbf is None:
         return f"no exposure yet to judge against {base}", None
-    nights = _plural(b.runs, "night") if b.hangs else f"{_plural(b.hang_free_runs, 'night')} without a hang"
-    hangs = f", {_plural(b.hangs, 'hang')}" if b.hangs else ""
+    nights = nights_said(b)
     pooled = format_duration(b.exposure_s, approx=True)
     if b.mtbf.one_sided_lower_s > baseline_mtbf_s:
-        return (f"fixed at {pct}: {nights}{hangs}, {pooled} pooled, MTBF above "
+        return (f"fixed at {pct}: {nights}, {pooled} pooled, MTBF above "
                 f"{format_duration(b.mtbf.one_sided_lower_s, approx=True)}, beat {base}"), True
     if b.hangs and b.mtbf.upper_s < baseline_mtbf_s:
-        return f"not fixed: {nights}{hangs} in {pooled}, MTBF below {base} at {pct}", False
-    needed = required_clean_exposure(baseline_mtbf_s, confidence=confidence, allowed_failures=b.hangs) - b.exposure_s
-    return (f"not yet shown at {pct}: {nights}{hangs}, {pooled} pooled, MTBF above "
-            f"{format_duration(b.mtbf.one_sided_lower_s, approx=True)}; {format_duration(max(0.0, needed), approx=True)} more clean load "
+        return f"not fixed: {nights} in {pooled}, MTBF below {base} at {pct}", False
+    needed = mtbf_clean_needed(b, baseline_mtbf_s, confidence=confidence)
+    return (f"not yet shown at {pct}: {nights}, {pooled} pooled, MTBF above "
+            f"{format_duration(b.mtbf.one_sided_lower_s, approx=True)}; {format_duration(needed, approx=True)} more clean load "
             f"would beat {base}"), None
 
 

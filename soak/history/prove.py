@@ -14,13 +14,30 @@ from typing import Any, Sequence
 
 from soak.history.model import RunRecord
 from soak.prove.live import exposure_path
-from soak.prove.sprt import Decision, Plan, walk
+from soak.prove.sprt import Decision, Plan, walk, withheld
 
 
 def runs_of(runs: Sequence[RunRecord], build: str) -> tuple[RunRecord, ...]:
-    """The runs of ``build``, named by its history key or its label, oldest first
-    (a run without a start time last, in the order given)."""
-    mine = [r for r in runs if build in (r.build, r.label)]
+    """The runs of ``build``, named by its history key, its ``label@identity`` or its
+    label, oldest first (a run without a start time last, in the order given). A
+    label whose nights ran different things (soak.history.build.identity_of) names
+    several builds: pooling them would credit one with the other's nights, so that
+    is a ``ConfigError`` naming them, never a silent pool."""
+    mine = [r for r in runs if r.label == build]
+    if not mine:
+        mine = [r for r in runs if build in (r.build, r.identity_key)]
+    else:
+        from soak.history.build import group_keys, label_splits
+
+        keys = group_keys(mine)  # as history pools them (nights from before soak read the launch too)
+        if len(set(keys)) > 1:
+            from soak.errors import ConfigError
+            from soak.printable import printable
+            from soak.redact import clip
+
+            split = label_splits([(r.label, k, r.facts) for r, k in zip(mine, keys)])[0]
+            # labels and facts come from run directories: one printable line
+            raise ConfigError(printable(clip(f"build {split.sentence()}; name one: {', '.join(split.builds)}", 600)))
     return tuple(sorted(mine, key=lambda r: (r.started_at is None, r.started_at or 0.0)))
 
 
@@ -30,9 +47,16 @@ def path_of(runs: Sequence[RunRecord]) -> tuple[tuple[float, ...], float]:
 
 
 def prove_build(plan: Plan, runs: Sequence[RunRecord], build: str) -> Decision:
-    """Where ``build``'s sequential test stands over its nights so far."""
-    marks, total = path_of(runs_of(runs, build))
-    return walk(plan, hang_exposures_s=marks, exposure_s=total)
+    """Where ``build``'s sequential test stands over its nights so far; never fixed
+    while one of them failed otherwise (its judge withheld it: soak.prove.sprt.withheld),
+    as that night's own end said."""
+    mine = runs_of(runs, build)
+    marks, total = path_of(mine)
+    decision = walk(plan, hang_exposures_s=marks, exposure_s=total)
+    failed = next((r for r in mine if r.withheld), None)
+    if failed is not None:
+        decision = withheld(decision, f"night {failed.run_id or failed.path}: {failed.withheld}")
+    return decision
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ CSV_COLUMNS = (
     "started_at_utc", "run_id", "path", "build", "label", "vllm_version", "launch_digest", "verdict", "cut_off",
     "exposure_s", "hangs", "times_to_hang_s", "intervals", "restarts", "output_tokens_per_s", "ttft_p50_s",
     "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "prefix_hit_ratio", "error_rate", "thresholds_passed",
-    "thresholds_breached", "clean", "report", "incident_kinds",
+    "thresholds_breached", "clean", "report", "incident_kinds", "identity",
 )
 
 
@@ -54,6 +54,7 @@ def run_json(r: RunRecord) -> dict[str, Any]:
         "figures": dict(r.figures), "thresholds_passed": r.thresholds_passed,
         "thresholds_breached": list(r.thresholds_breached), "clean": r.clean, "report": r.report,
         "incident_kinds": dict(r.incident_kinds), "corrupt": r.corrupt,
+        "identity": r.identity, "facts": dict(r.facts),
     }
 
 
@@ -68,13 +69,17 @@ def history_json(h: History) -> dict[str, Any]:
             "mtbf_upper_s": None if m is None else m.upper_s,
             "mtbf_one_sided_lower_s": None if m is None else m.one_sided_lower_s,
             "mtbf_statement": None if m is None else m.sentence(), "verdict": b.verdict, "fixed": b.fixed,
+            "standing": b.standing,  # the verdict's word (soak.history.verdict.Standing)
             "vllm_versions": list(b.vllm_versions), "launch_digests": list(b.digests),
+            "label": b.label, "identity": b.identity, "facts": dict(b.facts),
         })
     return plain({
         "confidence": h.confidence, "baseline": h.baseline, "baseline_mtbf_s": h.baseline_mtbf_s, "best": h.best,
         "builds": builds, "rate_tests": [dataclasses.asdict(t) for t in h.rate_tests],
         "costs": {k: [dataclasses.asdict(c) for c in v] for k, v in h.costs.items()},
         "runs": [run_json(r) for r in h.runs],
+        # labels that named several builds: what differed between them (soak.history.build.LabelSplit)
+        "splits": [split.to_json() for split in h.splits],
         **({"proofs": [p.to_json() for p in h.proofs]} if h.proofs else {}),
     }, keep_infinity=True)
 
@@ -95,6 +100,7 @@ def _csv_row(r: RunRecord) -> list[Any]:
           ("output_tokens_per_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "prefix_hit_ratio", "error_rate")),
         "" if r.thresholds_passed is None else str(r.thresholds_passed).lower(),
         ";".join(r.thresholds_breached), str(r.clean).lower(), r.report or "", incidents_text(r, sep=";"),
+        r.identity,
     ]
 
 
@@ -279,6 +285,19 @@ def _proofs_html(h: History) -> str:
     return "".join(out)
 
 
+def _splits_html(h: History) -> str:
+    """Labels that named several builds: what ran differed, each fact that did, per build."""
+    if not h.splits:
+        return ""
+    out = ["<h3>One label, several builds</h3><p class='muted'>A build is what ran: nights under one "
+           "<code>build:</code> label whose executable, script, packages, NCCL, LD_LIBRARY_PATH, PYTHONPATH, model, "
+           "revision, flags or /version differ are separate builds, never pooled.</p>"]
+    for split in h.splits:
+        out.append(f"<p class='lead split'>{_e(split.sentence())}</p>")
+        out.append(_table(["fact", *split.builds], [[d.field, *d.values] for d in split.differences], cls="split"))
+    return "".join(out)
+
+
 def history_html(h: History, *, out_dir: Path | None = None) -> str:
     """The page; ``out_dir``: where it is written, so that report links are relative to it."""
     pct = f"{h.confidence * 100:g}%"
@@ -298,6 +317,7 @@ def history_html(h: History, *, out_dir: Path | None = None) -> str:
                      "—" if m is None else format_duration(m.one_sided_lower_s, approx=True), b.verdict])
     out.append(_table(["build", "runs", "clean", "no hang", "exposure", "hangs", "MTBF", f"{pct} interval",
                        f"MTBF above ({pct})", "verdict"], rows))
+    out.append(_splits_html(h))
     if h.baseline_mtbf_s:
         out.append(f"<p class='muted'>Baseline: {_e(h.baseline)}, MTBF {format_duration(h.baseline_mtbf_s, approx=True)}. Hangs are a "
                    "Poisson process in exposure (time at risk); exact chi-square intervals.</p>")

@@ -21,8 +21,14 @@ from enum import Enum
 
 from soak.prove.sprt import ProofState
 from soak.records import Verdict
+from soak.standing import UNDECIDED_EXIT
 
-UNDECIDED_EXIT = 5  # prove: the test ended undecided (docs/prove.md)
+
+# The word a reader leads with for each exit status (the end block, report.html's banner).
+# Exit 5 has its own: under prove: an undecided test is neither a pass nor a fail of the
+# question asked, and "PASS, exit 5" read as a red CI job with nothing saying why. 2, 3, 4
+# and 130 keep the verdict's word (ABORTED, or FAIL after a failure), as 99 keeps FAIL.
+HEADLINES = {0: "PASS", 1: "FAIL", UNDECIDED_EXIT: "UNDECIDED", 99: "FAIL"}
 
 
 class Problem(str, Enum):
@@ -61,4 +67,12 @@ def outcome_of(*, problem: Problem | None, failed: bool, breached: bool, fault: 
     return code, verdict
 
 
-__all__ = ["Problem", "UNDECIDED_EXIT", "outcome_of"]
+def headline(exit_code: int | None, verdict: Verdict | None) -> str:
+    """The headline word of a run that ended with ``exit_code`` and ``verdict``: "PASS",
+    "FAIL", "UNDECIDED" (exit 5), else the verdict's ("ABORTED"), "UNKNOWN" without one."""
+    if exit_code in HEADLINES:
+        return HEADLINES[exit_code]
+    return verdict.value.upper() if verdict is not None else "UNKNOWN"
+
+
+__all__ = ["HEADLINES", "Problem", "UNDECIDED_EXIT", "headline", "outcome_of"]

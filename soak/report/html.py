@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from soak.durations import format_duration
 from soak.flightrec import dumps as flight_recorder
+from soak.judge.ladder import HEADLINES, UNDECIDED_EXIT
 from soak.report import oracle_html, watchdog
 from soak.report.proof import proof_html
 from soak.durations import format_latency
@@ -30,7 +31,7 @@ h3{font-size:15px;margin:16px 0 6px}
 .banner{padding:18px 24px;color:#fff;display:flex;gap:28px;align-items:baseline;flex-wrap:wrap}
 .banner .verdict{font-size:30px;font-weight:700;letter-spacing:1px}
 .banner .facts{font-size:14px;opacity:.95}
-.pass{background:#1e7d32}.fail{background:#c62828}.aborted,.unknown{background:#9a6700}
+.pass{background:#1e7d32}.fail{background:#c62828}.aborted,.unknown{background:#9a6700}.undecided{background:#1565c0}
 .cut{background:#fff3cd;color:#6b4e00;border:1px solid #e6c555;padding:8px 12px;border-radius:4px;margin:12px 0}
 .stat{font-size:16px;margin:10px 0;padding:10px 14px;background:#fff;border-left:4px solid #1565c0;border-radius:2px}
 table{border-collapse:collapse;background:#fff;font-size:13px;margin:6px 0}
@@ -319,13 +320,25 @@ def _thresholds_html(model: ReportModel) -> str:
             + (f"<p class='muted'>{_e(s.error)}</p>" if s is not None and s.error else ""))
 
 
+def _headline(model: ReportModel) -> str:
+    """The banner's word, as the end block's (soak.judge.ladder.HEADLINES): an undecided prove:
+    run (exit 5) reads UNDECIDED, never the PASS a CI job that went red contradicts."""
+    word = HEADLINES[UNDECIDED_EXIT] if model.summary.exit_code == UNDECIDED_EXIT else model.verdict.upper()
+    return word + (" (cut off)" if model.cut_off else "")
+
+
 def _banner(model: ReportModel, facts: Sequence[str]) -> str:
     s = model.summary
     verdict_cls = model.verdict if model.verdict in ("pass", "fail", "aborted") else "unknown"
-    label = model.verdict.upper() + (" (cut off)" if model.cut_off else "")
+    if s.exit_code == UNDECIDED_EXIT:
+        verdict_cls = "undecided"  # the proof section's blue: soak more
+    label = _headline(model)
     out = [f"<div class='banner {verdict_cls}'><span class='verdict'>{_e(label)}</span><span class='facts'>"]
     if model.reasons:
         out.append("<ul class='reasons'>" + "".join(f"<li>{_e(r)}</li>" for r in model.reasons) + "</ul>")
+    elif s.exit_code == UNDECIDED_EXIT and isinstance((s.proof or {}).get("sentence"), str):
+        # "Passed" would hide why CI went red: what would decide the test
+        out.append(f"<div class='reasons'>The sequential test did not decide: {_e(s.proof['sentence'])}</div>")
     elif model.verdict == "pass":
         out.append(f"<div class='reasons'>{_e(model.pass_line)}</div>")
     out.append(f"<b>{_e(model.name)}</b>" + (f" <span class='build'>build {_e(model.build_label)}</span>"
@@ -340,7 +353,7 @@ def render_html(model: ReportModel) -> str:
     req, generated = s.requests, s.tokens.generated
     hit = s.prefix_cache_hit_ratio
     duration = s.duration_s
-    label = model.verdict.upper() + (" (cut off)" if model.cut_off else "")
+    label = _headline(model)
     facts = [
         f"{_e(format_duration(duration, approx=True))} of load" if duration is not None else "duration unknown",
         f"{len(s.incidents)} incident(s)",

@@ -15,7 +15,8 @@ sequential test rejected, an ``<error type="prove_undecided">`` when it ended
 undecided or at its truncation (exit 5; the Ant schema has no skipped case), and
 a plain pass when it accepted, the sentence in every message. An accepted test's
 hangs are listed in ``system-out``; they fail the soak case only when the
-verdict failed.
+verdict failed. The suite's ``exit_code`` property is the run's exit status, so a
+CI job that went red on exit 5 shows why: the prove case's "undecided (exit 5)".
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import datetime as dt
 import xml.etree.ElementTree as ET
 from typing import Any, Mapping, Sequence
 
+from soak.judge.ladder import UNDECIDED_EXIT
 from soak.onset import restated
 from soak.report.oracle import CanaryTally, Corruption, corruption_sentence
 from soak.summary_file import IncidentEntry, RunSummary
@@ -53,15 +55,17 @@ def incident_line(incident: IncidentEntry, start: float | None) -> str:
             f"(rule {_or(incident.rule, '?')}){at}: {summary} [evidence {_or(incident.evidence, '?')}]")
 
 
-def _prove_case(suite: ET.Element, proof: Mapping[str, Any], *, name: str, failed: bool, undecided: bool) -> None:
-    """The ``prove`` case: the sequential test's decision and sentence."""
+def _prove_case(suite: ET.Element, proof: Mapping[str, Any], *, name: str, failed: bool, undecided: bool,
+                exit_code: int | None) -> None:
+    """The ``prove`` case: the sequential test's decision and sentence; an undecided test names
+    exit 5 where it made the run's exit status (a breach, a fault or an interrupt outranks it)."""
     sentence = _clean(str(proof.get("sentence") or proof.get("note") or "no sentence recorded"))
     case = ET.SubElement(suite, "testcase", {"name": "prove", "classname": f"soak.{name or 'soak'}", "time": "0.000"})
     if failed:
         ET.SubElement(case, "failure", {"type": "prove_rejected", "message": sentence}).text = \
             "\n".join(_clean(str(r)) for r in proof.get("reasons") or [sentence])
     elif undecided:
-        message = f"undecided: {sentence}"
+        message = f"undecided{' (exit 5)' if exit_code == UNDECIDED_EXIT else ''}: {sentence}"
         ET.SubElement(case, "error", {"type": "prove_undecided", "message": message}).text = message
 
 
@@ -122,7 +126,9 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
         "time": f"{duration:.3f}",
     })
     props = ET.SubElement(suite, "properties")
-    for key, value in [("verdict", verdict), ("cut_off", str(cut_off).lower()), *properties]:
+    # the exit status beside the verdict: exit 5 is a pass verdict that a nightly sees as non-zero
+    exit_code = [("exit_code", str(summary.exit_code))] if summary.exit_code is not None else []
+    for key, value in [("verdict", verdict), *exit_code, ("cut_off", str(cut_off).lower()), *properties]:
         ET.SubElement(props, "property", {"name": key, "value": _clean(str(value))})
     case = ET.SubElement(suite, "testcase", {"name": name or "soak", "classname": f"soak.{name or 'soak'}",
                                              "time": f"{duration:.3f}"})
@@ -156,7 +162,7 @@ def build_junit(summary: RunSummary | Mapping[str, Any], *, name: str, hostname:
     if oracle:
         _oracle_case(suite, name=name, incidents=incidents, start=start, corruptions=corruptions, canaries=canaries)
     if proof is not None:
-        _prove_case(suite, proof, name=name, failed=proof_failed, undecided=proof_open)
+        _prove_case(suite, proof, name=name, failed=proof_failed, undecided=proof_open, exit_code=summary.exit_code)
         if hangs_judged and incidents:
             listed = "\n".join(incident_line(i, start) for i in incidents)
             system_out = f"{system_out}\nincidents (the sequential test accepted in spite of them):\n{listed}"

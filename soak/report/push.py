@@ -28,6 +28,7 @@ from soak.exposure import at_risk
 from soak.export.names import PUSHED_METRICS, Kind
 from soak.net import push_handler  # a 3xx is RedirectRefused, never followed; the whole call bounded
 from soak.records import IncidentKind, Verdict
+from soak.standing import pushed_fixed
 from soak.summary_file import RunSummary
 from soak.thresholds.metrics import run_value
 
@@ -125,10 +126,13 @@ def push_run(config: Any, summary: RunSummary | Mapping[str, Any], *, exit_code:
     return {"job": config.job, "grouping": grouping}
 
 
-def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
-    """One group per build (``build`` added to ``grouping``): pooled exposure, hangs, MTBF.
-    ``history`` is a ``soak.history.model.History`` (not imported: history imports this module)."""
+def build_families(history: Any) -> list[tuple[str, _Families]]:
+    """Each build's gauges, in the history's order: pooled exposure, hangs, MTBF, and its one
+    verdict (soak.history.verdict, as the terminal and history.html say it): the standing as
+    ``soak_build_fixed`` and the sentence as ``soak_build_verdict_info``. ``history`` is a
+    ``soak.history.model.History`` (not imported: history imports this module)."""
     tests = {t.b: t for t in history.rate_tests}
+    out = []
     for b in history.builds:
         f = _Families()
         f.set("soak_build_runs", b.runs)
@@ -139,9 +143,17 @@ def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str
             f.set("soak_build_mtbf_lower_bound_seconds", b.mtbf.one_sided_lower_s)
             f.set("soak_build_mtbf_interval_seconds", b.mtbf.lower_s, bound="lower")
             f.set("soak_build_mtbf_interval_seconds", b.mtbf.upper_s, bound="upper")
-        if b.build != history.baseline and history.baseline_mtbf_s is not None:
-            f.set("soak_build_fixed", {True: 1, False: 0, None: -1}[b.fixed])
+        f.set("soak_build_fixed", pushed_fixed(b.standing))  # absent for the baseline and an unjudged build
+        if b.verdict:
+            f["soak_build_verdict"].info({"standing": b.standing, "sentence": b.verdict})
         if b.build in tests:
             f.set("soak_build_better_confidence", 1.0 - tests[b.build].p_b_lower)
-        push_to_gateway(url, job=job, registry=f.registry, grouping_key=_grouping(grouping, b.build, True),
+        out.append((b.build, f))
+    return out
+
+
+def push_history(history: Any, *, url: str, job: str, grouping: Mapping[str, str], timeout: float = 10.0) -> None:
+    """One group per build (``build`` added to ``grouping``): ``build_families``."""
+    for build, f in build_families(history):
+        push_to_gateway(url, job=job, registry=f.registry, grouping_key=_grouping(grouping, build, True),
                         timeout=timeout, handler=push_handler(timeout))

@@ -1,8 +1,10 @@
 """The block `soak run` prints at its end (k6's and AIPerf's end-of-test summary), pure.
 
 ``end_block(summary, exit_code=, files=, build=, colour=)`` renders summary.json
-(the judge's serialized judgement) as plain lines: the verdict and why (each
-incident, failed criterion and breached threshold, with its observed value), the
+(the judge's serialized judgement) as plain lines: the headline word of the exit
+status (soak.judge.ladder.headline: PASS, FAIL, UNDECIDED for exit 5, else the
+verdict's) and why (each incident, failed criterion and breached threshold, with
+its observed value; for exit 5, what would decide the sequential test), the
 stop reason as a neutral line, the requests, each incident with its detection
 latency as the interval its onset allows, the MTBF sentence, TTFT/TPOT/ITL
 p50/p90/p95/p99, every threshold with ✓/✗ and its observed value (also when all
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from soak.durations import format_latency
+from soak.judge.ladder import UNDECIDED_EXIT, headline
 from soak.judge.reasons import threshold_text, value_text
 from soak.onset import latency_span, restated
 from soak.printable import printable
@@ -30,7 +33,7 @@ EXIT_MEANINGS = {
     2: "bad config, workload or arguments",
     3: "the target or the environment stopped the run",
     4: "the harness itself failed",
-    5: "the sequential test (prove:) ended undecided",
+    5: "the sequential test (prove:) ended undecided: soak more",
     99: "a threshold breached",
     130: "interrupted by the operator",
 }
@@ -40,8 +43,9 @@ STOP_WORDS = {"duration": "duration: the planned load time ran out",
 # summary.json's latency key, the row's name (ITL: each request's median gap, over requests)
 LATENCY_ROWS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_p50_s", "ITL"))
 QUANTILES = ("p50", "p90", "p95", "p99")
-_GREEN, _RED, _YELLOW, _BOLD, _RESET = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
-_VERDICT_COLOURS = {Verdict.PASS: _GREEN, Verdict.FAIL: _RED, Verdict.ABORTED: _YELLOW}
+_GREEN, _RED, _YELLOW, _CYAN, _BOLD, _RESET = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[36m", "\x1b[1m", "\x1b[0m"
+# By headline word; UNDECIDED (exit 5) is neither green nor red: "soak more" (Grafana's blue)
+_HEADLINE_COLOURS = {"PASS": _GREEN, "FAIL": _RED, "ABORTED": _YELLOW, "UNDECIDED": _CYAN}
 
 
 def clean(text: Any) -> str:
@@ -60,6 +64,11 @@ def mtbf_sentence(summary: RunSummary, *, at_risk: tuple[int, float] | None = No
     MTBF); None: the summary's hangs over its loaded time (duration_s)."""
     hangs, exposure = at_risk if at_risk is not None else summary.at_risk or (summary.hangs, summary.duration_s)
     if exposure is None or exposure <= 0:
+        loaded = summary.duration_s
+        if loaded is not None and loaded > 0:
+            # load ran, yet no time is at risk: say which of the time-at-risk rules left none
+            return ("no MTBF: none of the load's time is known clean (no request finished with generated "
+                    "tokens, or the run ended within the detection horizon a hang needs to be found)")
         return "no MTBF: no load was applied"
     failed = [r for r in summary.criteria.rows if r.failed] if summary.criteria is not None else []
     if failed and not hangs:
@@ -147,11 +156,14 @@ def _incidents_said(summary: RunSummary) -> list[str]:
     return [clean(text) for text in said]
 
 
-def _why(summary: RunSummary, verdict: Verdict | None) -> list[str]:
+def _why(summary: RunSummary, verdict: Verdict | None, exit_code: int) -> list[str]:
     grouped = _incidents_said(summary)
     # verdict_reasons says each incident by number; the block says them together, with their times
     reasons = grouped + [clean(r) for r in summary.verdict_reasons
                          if not (grouped and r.startswith("incident ") and ": " in r)]
+    undecided = _undecided_reason(summary) if exit_code == UNDECIDED_EXIT else None
+    if undecided is not None and undecided not in reasons:
+        reasons.append(undecided)  # exit 5's why is what would decide it: always said
     if not reasons and verdict is not Verdict.PASS:
         # a summary written before every failure had its reasons: say the breaches it recorded
         rows = summary.thresholds.results if summary.thresholds is not None else ()
@@ -173,6 +185,14 @@ def proof_line(summary: RunSummary) -> str | None:
     sentence = proof.get("sentence") if isinstance(proof.get("sentence"), str) else proof.get("note")
     word = PROOF_WORDS.get(str(proof.get("decision")), "not decided")
     return f"proof       {word}: {clean(sentence or 'no sentence recorded')}"
+
+
+def _undecided_reason(summary: RunSummary) -> str | None:
+    """Exit 5's reason as the judge words it ("proof: 65 more clean minutes to accept; 2 hangs
+    before minute 37 reject"): how much more clean time would decide it."""
+    proof = summary.proof or {}
+    sentence = proof.get("sentence") if isinstance(proof.get("sentence"), str) else proof.get("note")
+    return clean(f"proof: {sentence}") if isinstance(sentence, str) and sentence else None
 
 
 def _meaning(summary: RunSummary, exit_code: int) -> str:
@@ -200,12 +220,13 @@ def end_block(summary: RunSummary, *, exit_code: int, files: Sequence[str], buil
     """The end of a run in plain lines (ANSI colour only with ``colour``). ``oracle``: the run's
     canaries and corruptions (``soak.report.oracle.read_oracle(run_dir)``), None for a run without."""
     verdict = summary.verdict
-    shown = (verdict.value if verdict is not None else "unknown").upper()
-    head = _paint(shown, _BOLD + _VERDICT_COLOURS.get(verdict, ""), colour) if verdict is not None else shown
+    # the word matches the exit status a nightly sees: exit 5 reads UNDECIDED, never PASS
+    shown = headline(exit_code, verdict)
+    head = _paint(shown, _BOLD + _HEADLINE_COLOURS[shown], colour) if shown in _HEADLINE_COLOURS else shown
     run = clean(summary.run_id or "")
     lines = [f"soak run {run}" + (f" (build {clean(build)})" if build else "") + ":",
              f"verdict     {head}, exit {exit_code} ({_meaning(summary, exit_code)})"]
-    reasons = _why(summary, verdict) if verdict is not Verdict.PASS or exit_code != 0 else []
+    reasons = _why(summary, verdict, exit_code) if verdict is not Verdict.PASS or exit_code != 0 else []
     for i, reason in enumerate(reasons):
         lines.append(("why         " if i == 0 else "            ") + reason)
     stopped = summary.stopped_by or summary.stop_reason

@@ -51,10 +51,16 @@ from soak.run.target import Target
 from soak.run.target_facts import VERSION_TIMEOUT_S, check_fit, read_target_facts, say_fit
 from soak.samples import CutCause
 from soak.store.store import RunStore
+from soak.target.config import LaunchedTarget
+from soak.target.launch import LaunchSpec
 from soak.workload import Workload
 
 if TYPE_CHECKING:  # the report child is started through soak.run.ending
     from soak.report.child import ReportChild
+
+# How long the server's own interpreter may take to say its packages (soak.target.launch): past
+# it they are "unknown", and the load starts all the same.
+LAUNCH_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +283,8 @@ class SoakRun:
             # source now, so a box without NVML exits 3 before a server is started.
             await self._probing.open_gpu_source(self.target.base_url)
         self.event(EventType.TARGET_STARTING, target=self.layout.kind.value)
+        # What the server runs, read while it starts (its interpreter asked, its files digested).
+        launch_read = self._start_launch_read()
         try:
             await self.target.start()
         finally:
@@ -298,8 +306,42 @@ class SoakRun:
         from soak.history.build import build_identity
 
         self.event(EventType.BUILD, **build_identity(self._redacted_config, vllm_version=facts.reported_version,
-                                                     served_model=facts.model))
+                                                     served_model=facts.model,
+                                                     launch=await self._launch_read(launch_read)))
         return facts
+
+    def _redact(self, text: str) -> str:
+        return self.redactor.text(text) if self.redactor is not None else text
+
+    def _start_launch_read(self) -> tuple[LaunchSpec, asyncio.Future[dict[str, Any]]] | None:
+        """Start reading what the server the harness starts runs (soak.target.launch), off the
+        event loop and beside its start-up; None for an attached server (its build says the
+        rest is unknown). Bounded (the server's interpreter is asked for at most
+        ``LAUNCH_TIMEOUT_S``) and total: it never raises."""
+        spec = getattr(self.target, "launch_spec", None)
+        if not callable(spec):
+            return None
+        from soak.target.launch import read_launch
+
+        launch = spec()
+        return launch, asyncio.ensure_future(asyncio.to_thread(
+            read_launch, launch, timeout_s=LAUNCH_TIMEOUT_S, redact=self._redact, with_model=False))
+
+    async def _launch_read(self, started: tuple[LaunchSpec, asyncio.Future[dict[str, Any]]] | None
+                           ) -> dict[str, Any] | None:
+        """The launch read, with the model's revision read now that the server answered (the HF
+        cache's refs name what it downloaded only after it did)."""
+        if started is None:
+            return None
+        from soak.history.build import launch_signature
+        from soak.target.launch import with_model_read
+
+        spec, reading = started
+        target = self.config.target
+        # The model whose revision is read: a launch command's (vllm serve MODEL / --model), else the config's.
+        model = (launch_signature(list(spec.command))["model"] if isinstance(target, LaunchedTarget) else None) \
+            or target.model or (self.facts.model if self.facts is not None else None)
+        return await asyncio.to_thread(with_model_read, await reading, spec, model=model, redact=self._redact)
 
     async def _run_load(self) -> None:
         config, generator = self.config, self.generator

@@ -29,6 +29,7 @@ from soak.proc.kill import KillResult, clean_leftovers, group_stragglers, kill_p
 from soak.proc.read import BOOT_CLOCK, pin_of, read_table, running
 from soak.proc.tree import ProcessTree
 from soak.run.readiness import SERVER_LOG, wait_ready
+from soak.target.launch import LaunchSpec
 
 if TYPE_CHECKING:
     from soak.run.guardian import Guardian
@@ -101,6 +102,16 @@ class ProcessTarget:
         self.starts = 0
         self._closed = False
 
+    def _launch_env(self) -> dict[str, str]:
+        """The server's environment: the harness's own, under the launch's (``server_env``, marker)."""
+        return {**os.environ, **self._env}
+
+    def launch_spec(self) -> LaunchSpec:
+        """What the first start runs, as the launcher builds it (the build identity reads
+        its executable, script, packages and library paths: soak.target.launch)."""
+        return LaunchSpec(command=tuple(self._command), env=self._launch_env(),
+                          cwd=str(self._cwd) if self._cwd else None)
+
     @property
     def root_pid(self) -> int | None:
         if self._adopted is not None:
@@ -154,7 +165,7 @@ class ProcessTarget:
         if self._log is None:
             self._log = open(self.log_path, "ab", buffering=0)  # type: ignore[arg-type]
         self._write_log(f"--- soak: starting {self._what}: {' '.join(command)}\n".encode())
-        env = {**os.environ, **self._env}
+        env = self._launch_env()
         # The server's output goes through the harness (one line at a time, redacted)
         # on its way to server.log; a pipe, so nothing the server prints lands unredacted.
         marker = self._env.get(MARKER_VARIABLE)

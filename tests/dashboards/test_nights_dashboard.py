@@ -70,6 +70,41 @@ def test_last_night_tells_an_slo_breach_from_a_hang_and_no_run_is_grey():
     steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
     colour = lambda v: [s["color"] for s in steps if s["value"] is None or v >= s["value"]][-1]  # noqa: E731
     assert (colour(-1), colour(0), colour(1), colour(99)) == (_shown(panel, -1)["color"], "green", "red", "orange")
+    assert colour(5) == _shown(panel, 5)["color"] and colour(4) == colour(6) == _shown(panel, 4)["color"]
+
+
+def _colour(panel, value):
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    return [s["color"] for s in steps if s["value"] is None or value >= s["value"]][-1]
+
+
+def test_last_night_shows_an_undecided_prove_night_as_its_own_state():
+    """Exit 5 (a prove: test that did not decide) is neither pass green, fail red, SLO orange
+    nor the harness's purple: it reads "undecided" in a colour of its own."""
+    panel = _last_night()
+    undecided = _shown(panel, 5)
+    assert undecided["text"] == "undecided"
+    others = {_shown(panel, code)["color"] for code in (-1, 0, 1, 2, 3, 4, 99, 130)}
+    assert undecided["color"] not in others and _colour(panel, 5) == undecided["color"]
+    assert "exit 5" in panel["description"]
+
+
+def test_an_undecided_night_is_pushed_as_exit_5_and_shown_as_undecided():
+    """The push's value for the night (soak/report/push.py) is the exit status itself, 5,
+    beside a pass verdict (0); the "Last night" stat maps that very value."""
+    import json
+    from pathlib import Path
+
+    from soak.report.push import night_families
+    from soak.summary_file import RunSummary
+
+    run = Path(__file__).resolve().parents[1] / "fixtures" / "prove" / "real_undecided"
+    summary = RunSummary.from_json(json.loads((run / "summary.json").read_text()))
+    families = night_families(summary, exit_code=None, confidence=0.95)  # None: the summary's own
+    pushed = {s.name: s.value for m in families.registry.collect() for s in m.samples}
+    assert pushed["soak_night_exit_code"] == 5 and pushed["soak_night_verdict"] == 0
+    assert _shown(_last_night(), int(pushed["soak_night_exit_code"]))["text"] == "undecided"
+    assert "5 prove: undecided" in PUSHED_METRICS["soak_night_exit_code"].help
 
 
 def test_ttft_and_tpot_are_not_on_one_linear_axis():

@@ -31,7 +31,7 @@ def test_json_is_one_document_with_the_texts_content_and_the_files_still_written
     # the same content as the text: every line the text printed before its "wrote" lines
     text_lines = [line for line in text.stdout.splitlines() if not line.startswith("wrote ")]
     assert document["lines"] == text_lines
-    assert any("fixed is the better build" in line for line in document["lines"])
+    assert any(line.startswith("fixed: fixed at 95%: ") for line in document["lines"])
     on_disk = json.loads((tmp_path / "runs" / "history.json").read_text())
     assert document["history"] == on_disk
     assert {b["build"] for b in document["history"]["builds"]} == {"unfixed", "fixed", "vllm 0.11.3 · 5e1f00d"}

@@ -182,6 +182,10 @@ def test_a_night_that_failed_otherwise_is_never_called_fixed(tmp_path_factory, l
     _, summary = rejudge(run_dir)
     assert summary.proof is not None and summary.proof["decision"] != "accepted", summary.proof["sentence"]
     assert summary.raw["at_risk"]["withheld"]
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_json()))
+    data = load_run(run_dir)
+    night = run_record(path=str(run_dir), summary=data.summary, events=data.events, config=data.config)
+    assert night.withheld and prove_build(PLAN, [night], night.build).state is not ProofState.ACCEPTED
     stop = max(e["ts"] for e in events if e["type"] == "load_stopped")
     assert all(i.start + i.length_s <= max(at, START) + 1e-6 or i.hang
                for i in at_risk(events, summary).intervals if i.start < stop)

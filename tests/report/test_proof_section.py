@@ -4,7 +4,9 @@ sentence, the walk with both lines, escaped; the case a CI report shows."""
 
 from __future__ import annotations
 
+import shutil
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup
@@ -85,6 +87,10 @@ def _cases(xml: bytes) -> dict[str, ET.Element]:
     return {c.get("name"): c for c in ET.fromstring(xml).iter("testcase")}
 
 
+def _properties(xml: bytes) -> dict[str, str]:
+    return {p.get("name"): p.get("value") for p in ET.fromstring(xml).iter("property")}
+
+
 @pytest.mark.parametrize("marks, total, verdict, incidents, outcome", [
     ([], 70 * 60.0, "pass", [], "passed"),
     ([10 * 60.0, 20 * 60.0], 20 * 60.0, "fail", [HANG, {**HANG, "number": 2}], "failure"),
@@ -106,6 +112,12 @@ def test_junit_has_a_prove_case(marks, total, verdict, incidents, outcome) -> No
         assert error.tag == "error" and error.get("type") == "prove_undecided"
         assert error.get("message") == "undecided: 35 more clean minutes to accept; 2 hangs before minute 37 reject"
         assert suite.get("errors") == "1"
+        # the run's exit status known (summary.json's exit_code): the message and the suite name exit 5
+        named = build_junit({**_summary(proof, verdict=verdict, incidents=incidents), "exit_code": 5}, name="night")
+        (error,) = list(_cases(named)["prove"])
+        assert error.get("message") == "undecided (exit 5): 35 more clean minutes to accept; 2 hangs before minute " \
+                                       "37 reject"
+        assert _properties(named)["exit_code"] == "5"
     assert suite.get("tests") == "2"
 
 
@@ -157,3 +169,29 @@ def test_a_recorded_plan_out_of_bounds_draws_no_plot_and_no_traceback() -> None:
     for bad in ({"broken_mtbf_s": 10**400}, {"broken_mtbf_s": 1e-300, "target_mtbf_s": 1e300}, {"max_hangs": 2.5}):
         out = proof_html({"decision": "undecided", "sentence": "s", "plan": {**good, **bad}})
         assert "<svg" not in out and "s" in out
+
+
+UNDECIDED_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "prove" / "real_undecided"
+
+
+def test_a_recorded_undecided_run_names_exit_5_in_junit_and_the_report(tmp_path) -> None:
+    """`soak report` of a real run that ended undecided (exit 5): CI shows it red, and the
+    JUnit says why (the suite's exit_code, the prove case's "undecided (exit 5)"); report.html's
+    banner reads UNDECIDED with what would decide it, never PASS."""
+    from soak.report.render import write_report
+
+    run = tmp_path / "run"
+    shutil.copytree(UNDECIDED_RUN, run)
+    written = write_report(run)
+    xml = written.junit.read_bytes()
+    props = _properties(xml)
+    assert props["verdict"] == "pass" and props["exit_code"] == "5" and props["proof"] == "undecided"
+    (error,) = list(_cases(xml)["prove"])
+    assert error.get("type") == "prove_undecided"
+    assert error.get("message") == ("undecided (exit 5): 65 more clean minutes to accept; 2 hangs before minute 37 "
+                                    "reject")
+    assert list(_cases(xml)["test"]) == []  # the soak itself did its work: only the proof is open
+    banner = BeautifulSoup(written.html.read_text(), "html.parser").select_one(".banner")
+    assert banner["class"] == ["banner", "undecided"]
+    assert banner.select_one(".verdict").get_text() == "UNDECIDED"
+    assert "did not decide: 65 more clean minutes to accept" in banner.get_text(" ", strip=True)

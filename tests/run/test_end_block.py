@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import pytest
 
 from soak.run.end_block import end_block, format_latency
 from soak.summary_file import RunSummary
@@ -104,7 +107,7 @@ summaries = st.dictionaries(st.sampled_from(["verdict", "verdict_reasons", "thre
 
 
 @settings(max_examples=100, deadline=None)
-@given(obj=summaries, exit_code=st.sampled_from([0, 1, 3, 4, 99, 130]))
+@given(obj=summaries, exit_code=st.sampled_from([0, 1, 2, 3, 4, 5, 99, 130]))
 def test_the_block_is_total_over_any_summary_and_never_prints_a_control_byte(obj, exit_code) -> None:
     block = end_block(RunSummary.from_json(obj), exit_code=exit_code, files=FILES)
     assert not any(not c.isprintable() and c != "\n" for c in block)
@@ -129,3 +132,45 @@ def test_an_incident_says_its_detection_latency_as_the_interval_its_onset_allows
     # a summary.json written before issue 37 (no onset interval, no detection_latency_s): its one estimate
     old = end_block(_summary(incidents=[hang]), exit_code=1, files=FILES)
     assert "1. hang (pp_tail_stall) at +2:29: detected 0.9 s after the onset (point estimate); SIGKILL" in old
+
+
+UNDECIDED_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "prove" / "real_undecided"
+
+
+def test_a_recorded_undecided_run_reads_undecided_exit_5_and_what_would_decide_it() -> None:
+    """A real prove: run too short to decide exits 5: CI shows it red, so the block must not
+    say PASS. Its headline is UNDECIDED, and why is how much more clean time would decide."""
+    summary = RunSummary.from_json(json.loads((UNDECIDED_RUN / "summary.json").read_text()))
+    assert summary.exit_code == 5 and summary.verdict is not None and summary.verdict.value == "pass"
+    block = end_block(summary, exit_code=summary.exit_code, files=FILES)
+    assert _line(block, "verdict") == "verdict     UNDECIDED, exit 5 (the sequential test (prove:) ended undecided: " \
+                                      "soak more)"
+    assert _line(block, "why") == "why         proof: 65 more clean minutes to accept; 2 hangs before minute 37 reject"
+    assert block.splitlines()[-1] == ("soak run: undecided (proof: 65 more clean minutes to accept; 2 hangs before "
+                                      "minute 37 reject); /runs/night/report.html")
+    assert "PASS" not in block and "soak run: pass" not in block
+    # on a terminal: neither pass green nor fail red
+    coloured = end_block(summary, exit_code=5, files=FILES, colour=True)
+    assert "\x1b[1m\x1b[36mUNDECIDED\x1b[0m" in coloured
+
+
+def test_an_undecided_run_says_what_would_decide_it_even_where_the_judge_did_not_list_it() -> None:
+    proof = {"decision": "truncated", "sentence": "undecided at the truncation (α 5%, β 5%): 1 hang in 163.5 minutes, "
+                                                  "leaning fixed"}
+    block = end_block(_summary(verdict="pass", exit_code=5, verdict_reasons=[], thresholds=None, proof=proof),
+                      exit_code=5, files=FILES)
+    assert _line(block, "why") == f"why         proof: {proof['sentence']}"
+
+
+@pytest.mark.parametrize("exit_code, verdict, word", [
+    (0, "pass", "PASS"), (1, "fail", "FAIL"), (2, "aborted", "ABORTED"), (3, "aborted", "ABORTED"),
+    (4, "aborted", "ABORTED"), (5, "pass", "UNDECIDED"), (5, "fail", "UNDECIDED"), (99, "fail", "FAIL"),
+    (130, "aborted", "ABORTED"), (130, "fail", "FAIL"),
+])
+def test_the_headline_word_is_the_exit_statuss(exit_code, verdict, word) -> None:
+    """0 PASS, 1 FAIL, 5 UNDECIDED (also after a hang: the verdict fails, the test did not decide),
+    99 FAIL; 2, 3, 4 and 130 the verdict's word, as before."""
+    proof = {"decision": "undecided", "sentence": "41 more clean minutes to accept"} if exit_code == 5 else None
+    block = end_block(_summary(verdict=verdict, exit_code=exit_code, proof=proof), exit_code=exit_code, files=FILES)
+    assert _line(block, "verdict").startswith(f"verdict     {word}, exit {exit_code} (")
+    assert block.splitlines()[-1].startswith(f"soak run: {word.lower()}")
