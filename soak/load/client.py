@@ -110,8 +110,10 @@ class _Stream:
 # Well below uvicorn's default keep-alive (5 s), which vLLM's API server keeps: the
 # two clocks start at different moments (the server's at its last write, ours when
 # the response is read), and on a loaded box the gap grew past 1 s (a real-vLLM CI
-# night met the race once in 1,300 requests with 4 s).
-IDLE_CONNECTION_S = 2.0
+# night met the race once in 1,300 requests with 4 s; a box at load average 8, two
+# real-vLLM tiers' worth of work on 2 cores, met it 4 times in 466 s with 2 s). A new
+# loopback connection costs well under a millisecond.
+IDLE_CONNECTION_S = 1.0
 
 
 class StreamingClient:

@@ -21,7 +21,11 @@ so a step of the wall clock moves no exposure.
 
 from __future__ import annotations
 
+import math
+from array import array
 from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from soak.work import finite_number, generated_tokens
 from soak.events import EventType
@@ -97,26 +101,34 @@ class ProofTracker:
         # before the first productive one there is no work, as at the end of the run
         # (a server that never answered has no time at risk, live too); else None
         # until a request is fed (a caller with events only).
-        self._work: list[tuple[float | None, float | None]] | None = [] if fed_requests else None
+        self._work: bool | None = True if fed_requests else None
+        # Each productive request's end, twice (NaN: not recorded): a float pair, not the record.
+        self._mono = array("d")
+        self._wall = array("d")
 
     def on_request(self, record: Mapping[str, Any] | Any) -> None:
         """A finished request: time counts at risk only while the target is seen
         working, as at the end of the run and in ``soak history``."""
-        if self._work is None:
-            self._work = []
+        self._work = True
         if generated_tokens(record) > 0:
             get = record.get if isinstance(record, Mapping) else lambda k: getattr(record, k, None)
-            # Two floats a productive request, not the record: a day-long night feeds hundreds of thousands.
-            self._work.append((finite_number(get("ended_mono")), finite_number(get("ended_at"))))
+            mono, wall = finite_number(get("ended_mono")), finite_number(get("ended_at"))
+            if mono is not None or wall is not None:
+                self._mono.append(math.nan if mono is None else mono)
+                self._wall.append(math.nan if wall is None else wall)
 
-    def _work_at(self, events: Sequence[Mapping[str, Any]]) -> list[float] | None:
+    def _work_at(self, events: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
         """The productive ends on the run's time line, as ``soak.work.record_time`` places
         them (monotonic where the run records it, else the wall label moved onto it)."""
         if self._work is None:
             return None
         offset = time_line_offset(events)
-        return [mono if offset is not None and mono is not None else wall - (offset or 0.0)
-                for mono, wall in self._work if mono is not None or wall is not None]
+        mono, wall = np.frombuffer(self._mono, dtype=float), np.frombuffer(self._wall, dtype=float)
+        if offset is None:  # no monotonic line: wall labels, as a run recorded before mono existed
+            return wall[~np.isnan(wall)]
+        # as soak.work.record_time: ended_mono where the record has it, else its label moved onto the line
+        placed = np.where(np.isnan(mono), wall - offset, mono)
+        return placed[~np.isnan(placed)]
 
     def on_event(self, type: str, fields: Mapping[str, Any]) -> None:
         if type not in RISK_EVENTS:
