@@ -150,10 +150,18 @@ def verdicts_of(h: History) -> dict[str, BuildVerdict]:
     """Every build's one verdict, from the evidence the History holds."""
     proofs = proofs_by_build(h)
     rates = {t.b: t for t in h.rate_tests}
-    return {b.build: build_verdict(b, confidence=h.confidence, baseline=h.baseline, baseline_mtbf_s=h.baseline_mtbf_s,
-                                   baseline_mtbf_given=h.baseline_mtbf_given, rate=rates.get(b.build),
-                                   proof=proofs.get(b.build))
-            for b in h.builds}
+    out = {b.build: build_verdict(b, confidence=h.confidence, baseline=h.baseline, baseline_mtbf_s=h.baseline_mtbf_s,
+                                  baseline_mtbf_given=h.baseline_mtbf_given, rate=rates.get(b.build),
+                                  proof=proofs.get(b.build))
+           for b in h.builds}
+    # Nothing broken is called fixed, whichever test speaks: a night its judge withheld
+    # (it failed otherwise: summary.json's at_risk.withheld) keeps the build from "fixed".
+    for build, verdict in out.items():
+        failed = next((r for r in h.runs if r.build == build and r.withheld), None)
+        if verdict.standing is Standing.FIXED and failed is not None:
+            out[build] = BuildVerdict(Standing.OPEN, f"not yet shown: night {failed.run_id or failed.path} failed "
+                                                     f"otherwise ({failed.withheld}), so its hang-free time proves no fix")
+    return out
 
 
 def lead(h: History, verdicts: Mapping[str, BuildVerdict]) -> dict[str, Any] | None:

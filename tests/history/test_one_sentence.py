@@ -226,3 +226,18 @@ def test_the_prove_flags_still_say_the_build_tested(two_nights) -> None:
     assert terminal_lines(h)[-1] == f"fixed: {_fixed(h).verdict}"
     assert _fixed(h).verdict == "fixed (α 5%, β 5%) after 65.4 clean minutes"
     assert_one_sentence(h)
+
+
+def test_a_build_with_a_night_that_failed_otherwise_is_never_fixed_by_any_route() -> None:
+    """Whichever test would speak (here the MTBF bound against a stated MTBF): a night
+    its judge withheld (summary.json's at_risk.withheld) keeps the build from fixed."""
+    import dataclasses
+
+    records = [_night("fix", float(i), [(600.0, False)]) for i in range(6)]
+    fixed = _history(records, baseline=None, baseline_mtbf_s=60.0)
+    assert {b.build: b.standing for b in fixed.builds}["fix"] == "fixed"
+    records[3] = dataclasses.replace(records[3], withheld="the run failed criterion work_rate")
+    h = _history(records, baseline=None, baseline_mtbf_s=60.0)
+    [b] = h.builds
+    assert b.standing == "not yet shown" and "failed otherwise (the run failed criterion work_rate)" in b.verdict
+    assert_one_sentence(h)
