@@ -29,6 +29,7 @@ from soak.judge.recorded import NOWHEN, Recorded
 from soak.prove.live import decide
 from soak.prove.sprt import Decision, ProofState, withheld
 from soak.records import Verdict
+from soak.work import finite_number
 from soak.thresholds.evaluate import ThresholdResult, evaluate_run, evaluate_windows, thresholds_entry
 
 
@@ -96,9 +97,9 @@ def _stop_reason(ending: Ending, *, breached: tuple[str, ...], exit_code: int,
     return reason
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) else None
+def _mapping(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
 def failed_from(criteria: CriteriaDecision, tally: Any) -> tuple[float, str] | None:
@@ -114,24 +115,24 @@ def failed_from(criteria: CriteriaDecision, tally: Any) -> tuple[float, str] | N
     marks: list[tuple[float, str]] = []
     for result in criteria.failed:
         evidence = result.evidence if isinstance(result.evidence, Mapping) else {}
-        breach = evidence.get("breach") if isinstance(evidence.get("breach"), Mapping) else {}
+        breach = _mapping(evidence, "breach")
         at: float | None = None
         if result.name == "work_rate":
-            rel = _num(breach.get("from_s"))
+            rel = finite_number(breach.get("from_s"))
             at = None if rel is None else load_started + rel
         elif result.name == "no_success":
-            at = _num(breach.get("from"))
-        elif result.name == "work_evidence":
-            gap = evidence.get("longest_gap") if isinstance(evidence.get("longest_gap"), Mapping) else {}
-            short = (evidence.get("windows") or {}).get("first_short") if isinstance(evidence.get("windows"), Mapping) \
-                else None
-            rels = [_num(gap.get("from_s")) if (_num(gap.get("length_s")) or 0) >= (_num(evidence.get("max_gap_s"))
-                                                                                   or math.inf) else None,
-                    _num(short.get("from_s")) if isinstance(short, Mapping) else None]
+            at = finite_number(breach.get("from"))
+        elif result.name == "work_evidence" and evidence.get("first_work_s") is not None:
+            # the silence's start: its gap where the gap broke the bound, or its first short window
+            gap = _mapping(evidence, "longest_gap")
+            too_long = (finite_number(gap.get("length_s")) or 0.0) >= (finite_number(evidence.get("max_gap_s"))
+                                                                       or math.inf)
+            rels = [finite_number(gap.get("from_s")) if too_long else None,
+                    finite_number(_mapping(_mapping(evidence, "windows"), "first_short").get("from_s"))]
             found = [r for r in rels if r is not None]
-            at = load_started + min(found) if found and evidence.get("first_work_s") is not None else None
+            at = load_started + min(found) if found else None
         elif result.name == "error_rate":
-            at = _num(tally.first_failed)
+            at = finite_number(tally.first_failed)
         marks.append((load_started if at is None else max(load_started, at), f"criterion {result.name} failed"))
     return min(marks) if marks else None
 
@@ -157,9 +158,9 @@ def load_end_label(recorded: Recorded, intervals: Sequence[Interval]) -> float:
     """Where the load stopped, as a label (where the end's decision stands):
     ``load_stopped``'s, else the record's last, else the end of the path."""
     for event in reversed(recorded.events.risk_events):
-        if event.get("type") == EventType.LOAD_STOPPED and _num(event.get("ts")) is not None:
+        if event.get("type") == EventType.LOAD_STOPPED and finite_number(event.get("ts")) is not None:
             return float(event["ts"])
-    last = _num(recorded.events.last_ts)
+    last = finite_number(recorded.events.last_ts)
     ends = [i.start + i.length_s for i in intervals]
     return last if last is not None else max(ends, default=0.0)
 
